@@ -1,0 +1,1 @@
+"""pdfleet kernels: bf16 index-key indexer kernels."""

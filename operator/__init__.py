@@ -1,0 +1,1 @@
+"""pdfleet operator: reconciles InferencePool resources into SGLang PD fleets."""

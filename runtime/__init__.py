@@ -1,0 +1,1 @@
+"""pdfleet runtime: runs inside engine pods (launcher, patches, rank health)."""

@@ -1,0 +1,25 @@
+"""Maps the top-level component folders into the `pdfleet` namespace.
+
+`operator/` must never become an importable top-level package (it would shadow the standard library's
+`operator`), so each folder is installed as `pdfleet.<folder>`, and every package below it is found here
+instead of being listed by hand.
+"""
+
+from pathlib import Path
+
+from setuptools import setup
+
+COMPONENTS = {"pdfleet.operator": "operator", "pdfleet.runtime": "runtime", "pdfleet.kernels": "kernels"}
+ROOT = Path(__file__).resolve().parent
+
+
+def packages() -> list[str]:
+    found = []
+    for prefix, folder in COMPONENTS.items():
+        for init in sorted((ROOT / folder).rglob("__init__.py")):
+            rel = init.parent.relative_to(ROOT / folder).parts
+            found.append(".".join((prefix, *rel)))
+    return found
+
+
+setup(packages=packages(), package_dir=COMPONENTS)

@@ -1,0 +1,46 @@
+"""Fixtures shared by every tier: a real cluster and a fresh namespace per test."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+
+ROOT = Path(__file__).resolve().parent.parent
+LOCALCLUSTER = ROOT / "hack" / "localcluster.py"
+
+
+def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(LOCALCLUSTER), *args], text=True, capture_output=True)
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """A running cluster: the one PDFLEET_KUBECONFIG names, the local control plane if it is already up, or
+    a local control plane started here (and stopped again at the end of the session)."""
+    started_here = not os.environ.get("PDFLEET_KUBECONFIG") and _localcluster("status").returncode != 0
+    up = _localcluster("up")
+    if up.returncode != 0:
+        pytest.fail(f"could not bring up the local cluster:\n{up.stderr}", pytrace=False)
+    env = dict(line.removeprefix("export ").split("=", 1) for line in _localcluster("env").stdout.splitlines())
+    bin_dir = Path(env["PATH"].split(":", 1)[0])
+    yield Cluster(kubeconfig=Path(env["KUBECONFIG"]), bin_dir=bin_dir)
+    if started_here and not os.environ.get("PDFLEET_KEEP_CLUSTER"):
+        _localcluster("down")
+
+
+@pytest.fixture
+def namespace(cluster: Cluster) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for it to drain)."""
+    name = f"t-{uuid.uuid4().hex[:10]}"
+    cluster.kubectl("create", "namespace", name)
+    cluster.kubectl("label", "namespace", name, "pdfleet.dev/test=true")
+    yield name
+    cluster.kubectl("delete", "namespace", name, "--wait=false", "--ignore-not-found", check=False)

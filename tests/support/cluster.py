@@ -1,0 +1,60 @@
+"""A handle on the cluster under test, and the waiting that tests do on it."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+
+class WaitTimeout(AssertionError):
+    pass
+
+
+def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, interval: float = 0.2) -> T:
+    """Polls `probe` until it returns something truthy and returns that; fails with `what` on timeout.
+    Tests wait for conditions this way, never by sleeping a fixed time."""
+    deadline = time.monotonic() + timeout
+    last: T | None = None
+    while time.monotonic() < deadline:
+        last = probe()
+        if last:
+            return last
+        time.sleep(interval)
+    raise WaitTimeout(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
+
+
+@dataclasses.dataclass(frozen=True)
+class Cluster:
+    kubeconfig: Path
+    bin_dir: Path
+
+    @property
+    def env(self) -> dict[str, str]:
+        return os.environ | {"KUBECONFIG": str(self.kubeconfig), "PATH": f"{self.bin_dir}:{os.environ['PATH']}"}
+
+    def run(self, tool: str, *args: str, input: str | None = None, check: bool = True,
+            timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([tool, *args], input=input, text=True, capture_output=True, env=self.env,
+                              timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"{tool} {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}")
+        return proc
+
+    def kubectl(self, *args: str, input: str | None = None, check: bool = True,
+                timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return self.run("kubectl", *args, input=input, check=check, timeout=timeout)
+
+    def helm(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return self.run("helm", *args, check=check, timeout=timeout)
+
+    def get(self, *args: str) -> Any:
+        """`kubectl get ... -o json`, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
