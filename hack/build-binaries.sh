@@ -4,10 +4,12 @@
 # warm machine pays nothing. Upstream builds these statically (CGO_ENABLED=0); so do we.
 set -euo pipefail
 
-KUBE_VERSION="${KUBE_VERSION:-v1.34.4}"
-ETCD_VERSION="${ETCD_VERSION:-v3.6.16}"
-KWOK_VERSION="${KWOK_VERSION:-v0.8.0}"
-HELM_VERSION="${HELM_VERSION:-v3.22.0}"
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Pinned in one place; a variable already set in the environment wins.
+while IFS='=' read -r key value; do
+  case "$key" in ''|\#*) continue ;; esac
+  [ -n "${!key:-}" ] || export "$key=$value"
+done <"$HERE/versions.env"
 
 CACHE="${PDFLEET_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/pdfleet}"
 BIN="$CACHE/bin"

@@ -31,7 +31,8 @@ def cluster() -> Iterator[Cluster]:
         pytest.fail(f"could not bring up the local cluster:\n{up.stderr}", pytrace=False)
     env = dict(line.removeprefix("export ").split("=", 1) for line in _localcluster("env").stdout.splitlines())
     bin_dir = Path(env["PATH"].split(":", 1)[0])
-    yield Cluster(kubeconfig=Path(env["KUBECONFIG"]), bin_dir=bin_dir)
+    yield Cluster(kubeconfig=Path(env["KUBECONFIG"]), bin_dir=bin_dir,
+                  is_local=not os.environ.get("PDFLEET_KUBECONFIG"))
     if started_here and not os.environ.get("PDFLEET_KEEP_CLUSTER"):
         _localcluster("down")
 

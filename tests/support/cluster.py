@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import base64
 import dataclasses
+import functools
 import json
 import os
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,6 +38,7 @@ def wait_for(what: str, probe: Callable[[], T | None], timeout: float = 60, inte
 class Cluster:
     kubeconfig: Path
     bin_dir: Path
+    is_local: bool = True  # False when PDFLEET_KUBECONFIG names an existing cluster (kind, say)
 
     @property
     def env(self) -> dict[str, str]:
@@ -58,3 +62,23 @@ class Cluster:
     def get(self, *args: str) -> Any:
         """`kubectl get ... -o json`, parsed."""
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    @functools.cached_property
+    def _cluster_entry(self) -> dict[str, Any]:
+        config = json.loads(self.kubectl("config", "view", "--raw", "--minify", "-o", "json").stdout)
+        return config["clusters"][0]["cluster"]
+
+    @property
+    def server(self) -> str:
+        return self._cluster_entry["server"]
+
+    @functools.cached_property
+    def ca_file(self) -> Path:
+        """The cluster's CA bundle as a file, for clients that are given a token instead of the kubeconfig."""
+        entry = self._cluster_entry
+        if "certificate-authority" in entry:
+            return Path(entry["certificate-authority"])
+        fd, name = tempfile.mkstemp(prefix="pdfleet-ca-", suffix=".crt")
+        with os.fdopen(fd, "wb") as f:
+            f.write(base64.b64decode(entry["certificate-authority-data"]))
+        return Path(name)

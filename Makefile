@@ -1,0 +1,64 @@
+# pdfleet: the two commands are `make demo` and `make test`. Everything they need is installed here.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+CLUSTER := $(PY) hack/localcluster.py
+PYTEST_ARGS ?=
+
+.PHONY: help venv binaries sglang cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml setup.py
+	@command -v $(PYTHON) >/dev/null || { echo "Python 3.11+ is required: install it, or set PYTHON=/path/to/python3.11"; exit 1; }
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || { echo "$(PYTHON) is $$($(PYTHON) -V); pdfleet needs Python 3.11+ (set PYTHON=...)"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[dev]'
+	touch $@
+
+venv: $(STAMP) ## create .venv and install pdfleet with its dev extras
+
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok and helm
+	hack/build-binaries.sh
+
+sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
+	hack/install-sglang.sh $(PY)
+
+cluster-up: $(STAMP) binaries ## start the local control plane with fake GPU nodes (idempotent)
+	$(CLUSTER) up
+
+cluster-down: ## stop the local control plane's processes
+	@$(PYTHON) hack/localcluster.py down
+
+cluster-env: ## print the KUBECONFIG and PATH exports: eval "$$(make -s cluster-env)"
+	@$(PYTHON) hack/localcluster.py env
+
+cluster-status: ## what of the local control plane runs
+	@$(PYTHON) hack/localcluster.py status
+
+lint: $(STAMP) ## ruff and the import layering contracts
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+test: $(STAMP) binaries sglang ## the whole suite, against a real local control plane (started and stopped here)
+	@started=0; \
+	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then started=1; $(CLUSTER) up; fi; \
+	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	if [ $$started = 1 ] && [ -z "$${PDFLEET_KEEP_CLUSTER:-}" ]; then $(CLUSTER) down; fi; \
+	exit $$rc
+
+test-unit: $(STAMP) ## the tests that need no cluster
+	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
+
+bench: $(STAMP) sglang ## benchmarks: ratios against a baseline run in the same process
+	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+
+clean: cluster-down ## remove the virtual environment (the binary cache in ~/.cache/pdfleet stays)
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,92 @@
+"""`cluster-up` is idempotent and `cluster-down` leaves nothing running.
+
+These start a second, private control plane (own directory, own ports), so they never disturb the cluster
+the rest of the suite shares.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+PORTS = {
+    "PDFLEET_ETCD_PORT": "33790", "PDFLEET_ETCD_PEER_PORT": "33800", "PDFLEET_APISERVER_PORT": "36443",
+    "PDFLEET_CONTROLLER_MANAGER_PORT": "30257", "PDFLEET_SCHEDULER_PORT": "30259", "PDFLEET_KWOK_PORT": "30247",
+}
+
+
+def processes_of(cluster_dir: Path) -> list[str]:
+    """Command lines of live processes that belong to the cluster in `cluster_dir` (they name it in a flag)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if str(cluster_dir) in cmdline and state not in ("Z", "X") and "pytest" not in cmdline:
+            found.append(cmdline)
+    return found
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    env = os.environ | PORTS | {"PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster"), "PDFLEET_GPU_NODES": "1",
+                                "PDFLEET_CPU_NODES": "0"}
+    env.pop("PDFLEET_KUBECONFIG", None)
+    yield tmp_path / "cluster", env
+    subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), "down"], env=env, capture_output=True)
+
+
+def localcluster(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), *args], env=env, text=True,
+                          capture_output=True, timeout=300)
+
+
+def pids(cluster_dir: Path) -> dict[str, str]:
+    return {p.stem: p.read_text().strip() for p in (cluster_dir / "run").glob("*.pid")}
+
+
+def test_up_twice_is_harmless_and_down_leaves_no_process(private_cluster: tuple[Path, dict[str, str]]) -> None:
+    cluster_dir, env = private_cluster
+    first = localcluster(env, "up")
+    assert first.returncode == 0, first.stderr
+    assert "cluster is up" in first.stderr
+    started = pids(cluster_dir)
+    assert set(started) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
+    assert len(processes_of(cluster_dir)) == 5
+
+    second = localcluster(env, "up")
+    assert second.returncode == 0, second.stderr
+    assert "cluster was already up" in second.stderr
+    assert pids(cluster_dir) == started, "a second `up` must not restart anything"
+    assert localcluster(env, "status").returncode == 0
+
+    down = localcluster(env, "down")
+    assert down.returncode == 0, down.stderr
+    assert processes_of(cluster_dir) == []
+    assert localcluster(env, "status").returncode == 1
+    assert "nothing was running" in localcluster(env, "down").stderr
+
+
+def test_up_restarts_only_a_component_that_died(private_cluster: tuple[Path, dict[str, str]]) -> None:
+    cluster_dir, env = private_cluster
+    assert localcluster(env, "up").returncode == 0
+    before = pids(cluster_dir)
+    os.kill(int(before["kube-scheduler"]), 9)
+    again = localcluster(env, "up")
+    assert again.returncode == 0, again.stderr
+    after = pids(cluster_dir)
+    assert after["kube-scheduler"] != before["kube-scheduler"]
+    assert {k: v for k, v in after.items() if k != "kube-scheduler"} == {
+        k: v for k, v in before.items() if k != "kube-scheduler"}
