@@ -1,0 +1,130 @@
+{{/* The chart name, overridable by nameOverride. */}}
+{{- define "pdfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+The full name of the release's objects: fullnameOverride, or the release name when it already contains the
+chart name, or "<release>-<chart>". Truncated to 63 characters (DNS label).
+*/}}
+{{- define "pdfleet.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Name of cluster-scoped objects (ClusterRole, ClusterRoleBinding): the full name plus the release namespace, so
+that two releases of the same name in different namespaces (namespaced mode) do not collide.
+*/}}
+{{- define "pdfleet.clusterScopedName" -}}
+{{- printf "%s-%s" (include "pdfleet.fullname" .) .Release.Namespace }}
+{{- end }}
+
+{{- define "pdfleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels on every object. */}}
+{{- define "pdfleet.labels" -}}
+helm.sh/chart: {{ include "pdfleet.chart" . }}
+{{ include "pdfleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: pdfleet
+{{- end }}
+
+{{/* Labels that select the operator pod (immutable in the Deployment: never add to them). */}}
+{{- define "pdfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "pdfleet.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The operator's ServiceAccount name. */}}
+{{- define "pdfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "pdfleet.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- required "serviceAccount.name is required when serviceAccount.create is false (the RBAC binds to it)" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image reference: repository, then @digest if set, else :tag (default: appVersion). */}}
+{{- define "pdfleet.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* True (non-empty) in cluster-wide mode: no watchNamespaces given. */}}
+{{- define "pdfleet.clusterWide" -}}
+{{- if not .Values.watchNamespaces }}true{{ end }}
+{{- end }}
+
+{{/* Checks across values that the schema cannot express. */}}
+{{- define "pdfleet.validate" -}}
+{{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
+{{- fail (printf "replicaCount is %d, but the operator runs kopf standalone: only one replica may be active. Set replicaCount to 1 (or 0), or enable leaderElection (not implemented by the operator yet)." (int .Values.replicaCount)) }}
+{{- end }}
+{{- if eq (int .Values.healthPort) (int .Values.metrics.port) }}
+{{- fail (printf "healthPort and metrics.port are both %d: the health and metrics endpoints need their own ports" (int .Values.healthPort)) }}
+{{- end }}
+{{- if and .Values.metrics.serviceMonitor.enabled (not .Values.metrics.service.enabled) }}
+{{- fail "metrics.serviceMonitor.enabled needs metrics.service.enabled: the ServiceMonitor scrapes the metrics Service" }}
+{{- end }}
+{{- end }}
+
+{{/*
+RBAC rules for the namespaced resources the operator reads and writes. Cluster-wide they go into the
+ClusterRole; in namespaced mode into a Role in each watched namespace. tests/unit/test_chart.py holds the
+same table: widening a rule here fails it on purpose.
+*/}}
+{{- define "pdfleet.namespacedRules" -}}
+# The pools: kopf patches finalizers and its annotations; it never updates or deletes them.
+- apiGroups: [pdfleet.dev]
+  resources: [inferencepools]
+  verbs: [get, list, watch, patch]
+- apiGroups: [pdfleet.dev]
+  resources: [inferencepools/status]
+  verbs: [get, patch, update]
+# Engine pods: the operator owns their lifecycle. No pods/exec: evidence comes from the rank-health agent.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [get, list, watch, create, delete, patch]
+- apiGroups: [""]
+  resources: [services, configmaps]
+  verbs: [get, list, watch, create, patch, delete]
+# The router's ServiceAccount (for its Kubernetes service discovery).
+- apiGroups: [""]
+  resources: [serviceaccounts]
+  verbs: [get, list, watch, create, patch]
+# The router.
+- apiGroups: [apps]
+  resources: [deployments]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: ["", events.k8s.io]
+  resources: [events]
+  verbs: [create, patch]
+# The router's Role (pods get/list/watch, for pod discovery) and its RoleBinding. RBAC forbids granting what
+# one does not hold, so the operator keeps pods get/list/watch above; it gets neither `escalate` nor `bind`.
+- apiGroups: [rbac.authorization.k8s.io]
+  resources: [roles, rolebindings]
+  verbs: [get, list, watch, create, patch, delete]
+{{- end }}
+
+{{/* kopf reads CustomResourceDefinitions to discover the InferencePool resource. */}}
+{{- define "pdfleet.crdDiscoveryRules" -}}
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [get, list, watch]
+{{- end }}
