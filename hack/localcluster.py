@@ -11,6 +11,7 @@ can listen on and nothing is ever sent to a private range.
     localcluster.py down     stop the processes this tool started, by pid, and wipe etcd's data
     localcluster.py env      print the shell exports for KUBECONFIG and PATH
     localcluster.py status   say what runs
+    localcluster.py nodes    create the fake GPU nodes only (for a cluster of your own with kwok in it)
 
 Standard library only, so it runs before the project's virtual environment exists. When PDFLEET_KUBECONFIG
 names an existing cluster (kind with kwok installed, say), `up` and `down` start and stop nothing and `env`
@@ -475,7 +476,7 @@ def env() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "env", "status"])
+    parser.add_argument("command", choices=["up", "down", "env", "status", "nodes"])
     args = parser.parse_args(argv)
     try:
         if args.command == "up":
@@ -484,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
             down()
         elif args.command == "env":
             env()
+        elif args.command == "nodes":
+            ensure_nodes()
         else:
             return status()
     except ClusterError as e:
