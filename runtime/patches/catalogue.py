@@ -1,0 +1,142 @@
+"""The patch catalogue: what each pdfleet patch to SGLang is, where it applies, and what it replaces.
+
+Plain data on purpose. The operator reads it to build the CRD's enum of patch ids and to refuse a patch that
+does not apply to a pool's SGLang version; the launcher (inside SGLang's image, standard library only) reads it
+to decide what to patch and to verify each target before touching it. Implementations live elsewhere and are
+looked up by id, so this module never imports SGLang.
+
+Version ranges are the releases a patch was checked against, not a promise: the launcher still verifies that
+every target function looks as expected before it patches anything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+_RELEASE = re.compile(r"^(\d+(?:\.\d+)*)(?:[.-]?(a|b|rc|dev|post)\.?(\d*))?(?:\+.*)?$")
+# Pre-releases sort before the release, post-releases after it (PEP 440, reduced to what SGLang tags use).
+_STAGE = {"dev": -4, "a": -3, "b": -2, "rc": -1, None: 0, "post": 1}
+
+
+def version_key(version: str) -> tuple[tuple[int, ...], int, int]:
+    """A sortable key for an SGLang version such as '0.5.23', '0.5.24rc1' or '0.5.23.post2'.
+
+    Hand-rolled because the launcher cannot count on `packaging` inside every SGLang image.
+    Raises ValueError for text that is not a version.
+    """
+    match = _RELEASE.match(version.strip())
+    if match is None:
+        raise ValueError(f"not a version: {version!r}")
+    release = tuple(int(part) for part in match.group(1).split("."))
+    release = release + (0,) * (3 - len(release)) if len(release) < 3 else release
+    stage, number = match.group(2), match.group(3)
+    return release, _STAGE[stage], int(number) if number else 0
+
+
+@dataclasses.dataclass(frozen=True)
+class VersionRange:
+    """Versions from `min` (inclusive) up to `below` (exclusive; None means no known upper bound)."""
+
+    min: str
+    below: str | None = None
+
+    def __contains__(self, version: object) -> bool:
+        if not isinstance(version, str):
+            return False
+        key = version_key(version)
+        if key < version_key(self.min):
+            return False
+        return self.below is None or key < version_key(self.below)
+
+    def __str__(self) -> str:
+        return f">={self.min}" + (f",<{self.below}" if self.below else "")
+
+
+@dataclasses.dataclass(frozen=True)
+class Patch:
+    """One catalogue entry.
+
+    `targets` are dotted names (module path, then attribute path) of the functions the patch replaces; the
+    launcher resolves and fingerprints each before patching. `fixed_in` is the first upstream release known to
+    contain a fix, after which the patch is refused as redundant. `kv_layout` marks patches that change the
+    layout of KV buffers: prefill and decode must then run the same patch set (they always do, since patches
+    are set per pool), and a rollout that adds or removes one must not mix old and new groups behind a router.
+    """
+
+    id: str
+    summary: str
+    applies_to: VersionRange
+    targets: tuple[str, ...]
+    fixed_in: str | None = None
+    upstream: tuple[str, ...] = ()
+    kv_layout: bool = False
+
+
+CATALOGUE: tuple[Patch, ...] = (
+    Patch(
+        id="kv-poll-lockstep",
+        summary=(
+            "Every TP rank joins the KV-transfer poll all-reduce on every loop iteration with a fixed-shape "
+            "payload, even with an empty local queue, so ranks can never enter different collectives."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        targets=(
+            "sglang.srt.disaggregation.utils.poll_and_all_reduce",
+            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
+            "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
+            "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
+        ),
+        upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
+    ),
+    Patch(
+        id="abort-consensus",
+        summary=(
+            "Rank 0 alone decides which requests to abort (client aborts and timeouts) and broadcasts the list, "
+            "so per-rank clocks and per-rank state cannot make ranks take different branches."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        targets=(
+            "sglang.srt.managers.scheduler.Scheduler.abort_request",
+            "sglang.srt.managers.scheduler.Scheduler.process_input_requests",
+        ),
+        upstream=("sgl-project/sglang#27221", "sgl-project/sglang#27164", "sgl-project/sglang#28039"),
+    ),
+    Patch(
+        id="overlap-loop-report",
+        summary=(
+            "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "
+            "ledger, so a rollout can verify that every rank runs the expected loop."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        targets=("sglang.srt.managers.scheduler.Scheduler._dispatch_event_loop_once",),
+    ),
+    Patch(
+        id="dsml-batch-decode-guard",
+        summary=(
+            "Groups the detokenizer's batch decode by skip_special_tokens, so a tool request batched behind a "
+            "plain request keeps its DSML markers and tool calls never leak into content."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.5.23"),
+        targets=("sglang.srt.managers.detokenizer_manager.DetokenizerManager.handle_batch_token_id_out",),
+        fixed_in="0.5.23",
+        upstream=("sgl-project/sglang#16698", "sgl-project/sglang#11944"),
+    ),
+    Patch(
+        id="bf16-index-keys",
+        summary=(
+            "Stores DSA indexer keys in bf16 and computes index logits with pdfleet's kernels (per-head ReLU, "
+            "fp32 accumulation), replacing FP8 paths that SM120 GPUs lack or compute incorrectly."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        targets=(
+            "sglang.srt.layers.attention.nsa.nsa_indexer.Indexer.forward_cuda",
+            "sglang.srt.mem_cache.memory_pool.NSATokenToKVPool.__init__",
+        ),
+        upstream=("sgl-project/sglang#24692", "sgl-project/sglang#33271"),
+        kv_layout=True,
+    ),
+)
+
+BY_ID: dict[str, Patch] = {patch.id: patch for patch in CATALOGUE}
+IDS: tuple[str, ...] = tuple(patch.id for patch in CATALOGUE)
