@@ -1,0 +1,80 @@
+"""One entry point that says everything wrong with a resource, as (field path, message) problems.
+
+`validate` runs the schema and CEL-mirroring rules (pydantic) and then the checks only Python can make, because
+they need knowledge the apiserver lacks, such as which patches apply to which SGLang version. The operator turns
+the problems into an `Accepted=False` condition; an empty list means the spec is accepted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+from pdfleet.operator.api.base import RULE_ERROR
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.runtime.patches import catalogue
+from pydantic import ValidationError
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """Something wrong with a spec: where (`spec.engine.patches[1]`) and why, in words a person can act on."""
+
+    path: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+def format_path(loc: Sequence[str | int]) -> str:
+    """('spec', 'engine', 'extraArgs', 3) -> 'spec.engine.extraArgs[3]'."""
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def problems_from(error: ValidationError, prefix: Sequence[str | int] = ()) -> list[Problem]:
+    """Pydantic errors as problems. A rule's error points at its object; its `field` names the culprit."""
+    problems = []
+    for item in error.errors(include_url=False):
+        loc = [*prefix, *(part for part in item["loc"] if not _is_union_tag(part))]
+        field = (item.get("ctx") or {}).get("field", "") if item["type"] == RULE_ERROR else ""
+        path = format_path(loc) + field
+        problems.append(Problem(path=path or "spec", message=item["msg"]))
+    return problems
+
+
+def _is_union_tag(part: str | int) -> bool:
+    # pydantic adds the union member it tried (e.g. 'str', 'int', 'function-after[...]') to the location
+    return isinstance(part, str) and (part in ("int", "str") or "[" in part)
+
+
+def version_problems(spec: InferencePoolSpec) -> Iterator[Problem]:
+    """Patches that do not apply to the pool's SGLang version, or that upstream has made redundant."""
+    version = spec.engine.sglang_version
+    for index, patch_id in enumerate(spec.engine.patches):
+        patch = catalogue.BY_ID[patch_id]
+        path = f"spec.engine.patches[{index}]"
+        if patch.fixed_in is not None and catalogue.version_key(version) >= catalogue.version_key(patch.fixed_in):
+            yield Problem(path, f"patch {patch_id} is fixed upstream in SGLang {patch.fixed_in}; "
+                                f"sglangVersion {version} does not need it, remove it")
+        elif version not in patch.applies_to:
+            yield Problem(path, f"patch {patch_id} applies to SGLang {patch.applies_to}, "
+                                f"not to sglangVersion {version}")
+
+
+def validate_spec(raw_spec: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[Problem]]:
+    """The typed spec (None if it does not parse) and every problem found, schema and Python-only alike."""
+    try:
+        spec = InferencePoolSpec.model_validate(raw_spec)
+    except ValidationError as error:
+        return None, problems_from(error, prefix=("spec",))
+    return spec, list(version_problems(spec))
+
+
+def validate(body: Mapping[str, Any]) -> list[Problem]:
+    """Every problem with an InferencePool body (as kopf hands it over); [] when it is acceptable."""
+    return validate_spec(body.get("spec") or {})[1]

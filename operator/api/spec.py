@@ -1,0 +1,44 @@
+"""`spec`: the whole InferencePool spec, and the rules that relate its sections."""
+
+from __future__ import annotations
+
+from pdfleet.operator.api.base import ApiModel, Rule
+from pdfleet.operator.api.engine import EngineSpec
+from pdfleet.operator.api.health import HealthSpec
+from pdfleet.operator.api.model import ModelSpec
+from pdfleet.operator.api.roles import DecodeSpec, PrefillSpec, Role, RoleSpec
+from pdfleet.operator.api.rollout import RolloutSpec
+from pdfleet.operator.api.router import RouterSpec
+from pdfleet.operator.api.transfer import TransferSpec
+from pydantic import Field
+
+
+def _replicas_rule(role: Role) -> Rule:
+    return Rule(
+        cel=f"self.paused || self.{role}.replicas >= 1",
+        holds=lambda s: s.paused or s.role(role).replicas >= 1,
+        message=f"{role}.replicas must be at least 1 unless the pool is paused: a PD pool needs both roles",
+        field=f".{role}.replicas",
+    )
+
+
+class InferencePoolSpec(ApiModel):
+    """The desired state of a prefill/decode disaggregated SGLang pool."""
+
+    RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE))
+
+    model: ModelSpec = Field(description="The served model and its chat format.")
+    engine: EngineSpec = Field(description="The SGLang engine every group runs: image, version, patches, args.")
+    prefill: PrefillSpec = Field(description="Prefill engine groups.")
+    decode: DecodeSpec = Field(description="Decode engine groups.")
+    router: RouterSpec = Field(default_factory=RouterSpec, description="The PD router.")
+    transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV-cache transfer backend.")
+    health: HealthSpec = Field(default_factory=HealthSpec, description="Rank-health detection and restarts.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How new revisions roll out.")
+    paused: bool = Field(
+        default=False,
+        description="Stop reconciling engines: nothing is created, replaced or restarted. Replicas may be 0.",
+    )
+
+    def role(self, role: Role) -> RoleSpec:
+        return self.prefill if role is Role.PREFILL else self.decode

@@ -1,0 +1,92 @@
+"""`status`: what the operator observed, written only by the operator (status subresource)."""
+
+from __future__ import annotations
+
+import enum
+from typing import Annotated
+
+from pdfleet.operator.api.base import ApiModel
+from pdfleet.operator.api.conditions import Condition
+from pdfleet.operator.api.roles import Role
+from pydantic import Field
+
+Count = Annotated[int, Field(ge=0)]
+
+
+class Phase(enum.StrEnum):
+    """A one-word summary for `kubectl get`; conditions carry the detail."""
+
+    PENDING = "Pending"
+    PROGRESSING = "Progressing"
+    READY = "Ready"
+    DEGRADED = "Degraded"
+    FAILED = "Failed"
+    PAUSED = "Paused"
+
+
+class Verdict(enum.StrEnum):
+    """A group's rank-health verdict (see DESIGN.md, "Rank health")."""
+
+    UNKNOWN = "Unknown"
+    HEALTHY = "Healthy"
+    DESYNC = "Desync"
+    HANG = "Hang"
+    DEAD = "Dead"
+    UNREACHABLE = "Unreachable"
+
+
+class RoleStatus(ApiModel):
+    """Engine-group counts of one role."""
+
+    desired: Count = Field(default=0, description="Engine groups the spec asks for.")
+    ready: Count = Field(default=0, description="Groups whose every rank is Healthy and that serve.")
+    updated: Count = Field(default=0, description="Groups at the update revision.")
+    summary: Annotated[str, Field(max_length=32)] = Field(
+        default="0/0", description="ready/desired, for kubectl get."
+    )
+
+    @classmethod
+    def of(cls, *, desired: int, ready: int, updated: int) -> RoleStatus:
+        return cls(desired=desired, ready=ready, updated=updated, summary=f"{ready}/{desired}")
+
+
+class GroupStatus(ApiModel):
+    """One engine group, as last observed."""
+
+    name: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="Group name.")
+    role: Role = Field(description="prefill or decode.")
+    revision: Annotated[str, Field(max_length=64)] = Field(description="Engine revision the group runs.")
+    ranks: Count = Field(default=0, description="TP ranks reporting health (tp when all are up).")
+    verdict: Verdict = Field(default=Verdict.UNKNOWN, description="Rank-health verdict.")
+    event_loop: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="Scheduler event loop every rank runs, e.g. event_loop_normal_disagg_decode.",
+    )
+    restarts: Count = Field(default=0, description="Restarts of this group within the current budget window.")
+    message: Annotated[str, Field(max_length=4096)] | None = Field(
+        default=None, description="Why the verdict is what it is, for a person."
+    )
+
+
+class InferencePoolStatus(ApiModel):
+    """The observed state of the pool."""
+
+    phase: Phase = Field(default=Phase.PENDING, description="One-word summary.")
+    observed_generation: Count | None = Field(
+        default=None, description="metadata.generation this status was computed from."
+    )
+    current_revision: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="Last revision that passed verification."
+    )
+    update_revision: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="Revision the spec asks for; differs from currentRevision during a rollout."
+    )
+    prefill: RoleStatus = Field(default_factory=RoleStatus, description="Prefill group counts.")
+    decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode group counts.")
+    groups: tuple[GroupStatus, ...] = Field(
+        default=(), max_length=4096, description="One entry per engine group.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    conditions: tuple[Condition, ...] = Field(
+        default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+    )
