@@ -1,0 +1,413 @@
+"""The Helm chart renders a least-privilege, locked-down operator, and its schema refuses bad values.
+
+Runs the real `helm` (lint and template, no cluster). The RBAC tables below are the contract: a rule that
+widens the operator's permissions fails here until the table is changed with it, on purpose.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+import subprocess
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+CHART = ROOT / "charts" / "pdfleet"
+RELEASE, RELEASE_NS = "pdfleet", "pdfleet-system"
+_CACHE = Path(os.environ.get("PDFLEET_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+              / "pdfleet")
+BIN = Path(os.environ.get("PDFLEET_BIN") or _CACHE / "bin")
+
+Rules = dict[tuple[str, str], frozenset[str]]
+
+
+def _verbs(*verbs: str) -> frozenset[str]:
+    return frozenset(verbs)
+
+
+READ = ("get", "list", "watch")
+# What the operator may do in every namespace it watches: resource (group, plural) -> verbs.
+NAMESPACED_RULES: Rules = {
+    ("pdfleet.dev", "inferencepools"): _verbs(*READ, "patch"),
+    ("pdfleet.dev", "inferencepools/status"): _verbs("get", "patch", "update"),
+    ("", "pods"): _verbs(*READ, "create", "delete", "patch"),
+    ("", "services"): _verbs(*READ, "create", "patch", "delete"),
+    ("", "configmaps"): _verbs(*READ, "create", "patch", "delete"),
+    ("", "serviceaccounts"): _verbs(*READ, "create", "patch"),
+    ("apps", "deployments"): _verbs(*READ, "create", "patch", "delete"),
+    ("", "events"): _verbs("create", "patch"),
+    ("events.k8s.io", "events"): _verbs("create", "patch"),
+    ("rbac.authorization.k8s.io", "roles"): _verbs(*READ, "create", "patch", "delete"),
+    ("rbac.authorization.k8s.io", "rolebindings"): _verbs(*READ, "create", "patch", "delete"),
+}
+CRD_DISCOVERY_RULES: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"): _verbs(*READ)}
+CLUSTER_WIDE_RULES: Rules = NAMESPACED_RULES | CRD_DISCOVERY_RULES | {("", "namespaces"): _verbs("list", "watch")}
+LEADER_ELECTION_RULES: Rules = {("coordination.k8s.io", "leases"): _verbs("get", "create", "update")}
+# The router's Role, which the operator creates, grants these; RBAC lets it only grant what it holds.
+ROUTER_DISCOVERY_RULES: Rules = {("", "pods"): _verbs(*READ)}
+
+SCENARIOS: dict[str, dict[str, Any]] = {
+    "default": {},
+    "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
+    "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
+    "leader-election": {"leaderElection": {"enabled": True}},
+    "operator-disabled": {"operator": {"enabled": False}},
+    "scaled-to-zero": {"replicaCount": 0},
+}
+RBAC_KINDS = ("ClusterRole", "Role")
+
+
+def kube_version() -> str:
+    env = dict(line.split("=", 1) for line in (ROOT / "hack" / "versions.env").read_text().splitlines()
+               if line and not line.startswith("#"))
+    return env["KUBE_VERSION"]
+
+
+def helm(*args: str, values: dict[str, Any] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """Runs the real helm; `values` go in through stdin (`--values -`)."""
+    binary = BIN / "helm"
+    if not os.access(binary, os.X_OK):
+        pytest.fail(f"helm is not installed at {binary}: run `make binaries`", pytrace=False)
+    if values:
+        args = (*args, "--values", "-")
+    proc = subprocess.run([str(binary), *args], input=yaml.safe_dump(values or {}), text=True,
+                          capture_output=True, timeout=60)
+    if check and proc.returncode != 0:
+        pytest.fail(f"helm {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}{proc.stdout}", pytrace=False)
+    return proc
+
+
+def template(values: dict[str, Any], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+    # The kube version is the one the local control plane runs: a helm built without its release ldflags
+    # assumes Kubernetes 1.20, below the chart's kubeVersion.
+    return helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", kube_version(),
+                values=values, check=check)
+
+
+def documents(text: str) -> tuple[dict[str, Any], ...]:
+    return tuple(doc for doc in yaml.safe_load_all(text) if doc)
+
+
+@functools.cache
+def render(scenario: str) -> tuple[dict[str, Any], ...]:
+    return documents(template(SCENARIOS[scenario]).stdout)
+
+
+def of_kind(docs: Iterable[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
+    found = of_kind(docs, kind)
+    assert len(found) == 1, f"expected one {kind}, found {[d['metadata']['name'] for d in found]}"
+    return found[0]
+
+
+def rule_table(role: dict[str, Any]) -> Rules:
+    table: dict[tuple[str, str], set[str]] = {}
+    for rule in role.get("rules") or []:
+        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields in {rule}"
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                table.setdefault((group, resource), set()).update(rule["verbs"])
+    return {key: frozenset(verbs) for key, verbs in table.items()}
+
+
+def format_table(table: Rules) -> str:
+    return "\n".join(f"  {g or 'core'}/{r}: {sorted(v)}" for (g, r), v in sorted(table.items()))
+
+
+def assert_rules(role: dict[str, Any], expected: Rules) -> None:
+    got = rule_table(role)
+    widened = {k: v - expected.get(k, frozenset()) for k, v in got.items()}
+    narrowed = {k: v - got.get(k, frozenset()) for k, v in expected.items()}
+    assert got == expected, (
+        f"{role['kind']} {role['metadata']['name']} differs from the RBAC table in tests/unit/test_chart.py\n"
+        f"granted beyond the table:\n{format_table({k: v for k, v in widened.items() if v}) or '  nothing'}\n"
+        f"in the table but not granted:\n{format_table({k: v for k, v in narrowed.items() if v}) or '  nothing'}\n"
+        "A wider grant must be justified and added to the table in the same change.")
+
+
+def deployment_pod(scenario: str = "default") -> dict[str, Any]:
+    return one(render(scenario), "Deployment")["spec"]["template"]["spec"]
+
+
+def operator_container(scenario: str = "default") -> dict[str, Any]:
+    (container,) = deployment_pod(scenario)["containers"]
+    return container
+
+
+# --- lint and schema ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_the_chart_passes_strict_lint(scenario: str) -> None:
+    result = helm("lint", "--strict", str(CHART), "--namespace", RELEASE_NS, "--kube-version", kube_version(),
+                  values=SCENARIOS[scenario])
+    assert "0 chart(s) failed" in result.stdout
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    ({"replicaCount": "two"}, "/replicaCount': got string, want integer"),
+    ({"replicaCount": -1}, "/replicaCount'"),
+    ({"replicaCuont": 1}, "additional properties 'replicaCuont' not allowed"),
+    ({"metrics": {"serviceMonitor": {"enable": True}}}, "additional properties 'enable' not allowed"),
+    ({"logFormat": "xml"}, "/logFormat': value must be one of"),
+    ({"logLevel": "verbose"}, "/logLevel': value must be one of"),
+    ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy'"),
+    ({"healthPort": 0}, "/healthPort'"),
+    ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0'"),
+    ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory'"),
+])
+def test_a_bad_value_is_rejected_by_the_schema_with_a_message_naming_it(values: dict[str, Any],
+                                                                         message: str) -> None:
+    rendered = template(values, check=False)
+    assert rendered.returncode != 0
+    assert "don't meet the specifications of the schema" in rendered.stderr
+    assert message in rendered.stderr
+    linted = helm("lint", "--strict", str(CHART), "--kube-version", kube_version(), values=values, check=False)
+    assert linted.returncode != 0
+    assert message in linted.stdout + linted.stderr
+
+
+def test_more_than_one_replica_without_leader_election_is_refused_with_the_reason() -> None:
+    result = template({"replicaCount": 2}, check=False)
+    assert result.returncode != 0
+    assert "only one replica may be active" in result.stderr
+
+
+def test_the_health_and_metrics_ports_must_differ() -> None:
+    result = template({"healthPort": 9090}, check=False)
+    assert result.returncode != 0
+    assert "need their own ports" in result.stderr
+
+
+def test_not_creating_the_service_account_requires_naming_one() -> None:
+    result = template({"serviceAccount": {"create": False}}, check=False)
+    assert result.returncode != 0
+    assert "serviceAccount.name is required" in result.stderr
+
+
+def test_the_chart_metadata_pins_api_v2_its_versions_and_the_minimum_kubernetes() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2"
+    assert chart["name"] == "pdfleet"
+    assert chart["version"] == "0.1.0"
+    assert chart["appVersion"] == "0.1.0"
+    assert chart["kubeVersion"] == ">=1.29.0-0"
+
+
+# --- the operator pod --------------------------------------------------------------------------------------
+
+
+def test_the_operator_pod_runs_as_non_root_65532_with_the_runtime_default_seccomp_profile() -> None:
+    pod = deployment_pod()
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+
+
+def test_the_operator_container_has_a_read_only_root_no_escalation_and_no_capabilities() -> None:
+    sc = operator_container()["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert sc.get("privileged") is not True
+
+
+def test_the_operator_gets_a_writable_tmp_and_its_api_token() -> None:
+    pod = deployment_pod()
+    (tmp,) = [v for v in pod["volumes"] if v["name"] == "tmp"]
+    assert "emptyDir" in tmp
+    assert {"name": "tmp", "mountPath": "/tmp"} in operator_container()["volumeMounts"]
+    assert pod["automountServiceAccountToken"] is True
+    assert pod["serviceAccountName"] == RELEASE
+
+
+def test_the_operator_has_resource_requests_and_a_memory_limit() -> None:
+    resources = operator_container()["resources"]
+    assert set(resources["requests"]) == {"cpu", "memory"}
+    assert "memory" in resources["limits"]
+
+
+def test_liveness_and_readiness_probe_the_health_port() -> None:
+    container = operator_container()
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"health": 8080, "metrics": 9090}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+
+
+def test_cluster_wide_mode_runs_the_operator_on_all_namespaces_with_json_logs() -> None:
+    args = operator_container()["args"]
+    assert "--all-namespaces" in args
+    assert not [a for a in args if a.startswith("--namespace")]
+    assert {"--metrics-port=9090", "--health-port=8080", "--log-format=json", "--log-level=info"} <= set(args)
+
+
+def test_namespaced_mode_passes_one_namespace_flag_per_watched_namespace() -> None:
+    args = operator_container("namespaced")["args"]
+    assert "--all-namespaces" not in args
+    assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
+
+
+def test_the_operator_learns_its_namespace_from_the_downward_api() -> None:
+    env = {e["name"]: e for e in operator_container()["env"]}
+    assert env["PDFLEET_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+
+
+def test_a_single_replica_is_replaced_by_recreate_so_two_operators_never_overlap() -> None:
+    spec = one(render("default"), "Deployment")["spec"]
+    assert spec["replicas"] == 1
+    assert spec["strategy"] == {"type": "Recreate"}
+
+
+def test_the_image_tag_defaults_to_the_app_version() -> None:
+    assert operator_container()["image"].endswith(":0.1.0")
+
+
+def test_the_deployment_can_be_disabled_or_scaled_to_zero_while_the_account_and_rbac_stay() -> None:
+    disabled = render("operator-disabled")
+    assert not of_kind(disabled, "Deployment")
+    assert not of_kind(disabled, "Service")
+    assert one(disabled, "ServiceAccount")["metadata"]["name"] == RELEASE
+    assert_rules(one(disabled, "ClusterRole"), CLUSTER_WIDE_RULES)
+    assert one(render("scaled-to-zero"), "Deployment")["spec"]["replicas"] == 0
+
+
+def test_the_service_account_name_is_the_full_name_and_can_be_overridden() -> None:
+    assert one(render("default"), "ServiceAccount")["metadata"]["name"] == RELEASE
+    docs = documents(template({"serviceAccount": {"name": "custom"}}).stdout)
+    assert one(docs, "ServiceAccount")["metadata"]["name"] == "custom"
+    assert one(docs, "ClusterRoleBinding")["subjects"][0]["name"] == "custom"
+    assert deployment_pod_of(docs)["serviceAccountName"] == "custom"
+
+
+def deployment_pod_of(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    return one(docs, "Deployment")["spec"]["template"]["spec"]
+
+
+# --- RBAC --------------------------------------------------------------------------------------------------
+
+
+def test_cluster_wide_mode_grants_exactly_the_operator_table_through_one_cluster_role() -> None:
+    docs = render("default")
+    assert not of_kind(docs, "Role")
+    assert_rules(one(docs, "ClusterRole"), CLUSTER_WIDE_RULES)
+
+
+def test_namespaced_mode_grants_the_table_by_a_role_in_each_watched_namespace() -> None:
+    docs = render("namespaced")
+    roles = of_kind(docs, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    for role in roles:
+        assert_rules(role, NAMESPACED_RULES)
+    bindings = of_kind(docs, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+
+
+def test_namespaced_mode_has_no_cluster_role_granting_pods_or_anything_but_crd_discovery() -> None:
+    (cluster_role,) = of_kind(render("namespaced"), "ClusterRole")
+    assert ("", "pods") not in rule_table(cluster_role)
+    assert_rules(cluster_role, CRD_DISCOVERY_RULES)
+
+
+def test_leases_are_granted_only_with_leader_election_and_only_in_the_release_namespace() -> None:
+    for scenario in SCENARIOS:
+        for role in of_kind(render(scenario), "ClusterRole"):
+            assert ("coordination.k8s.io", "leases") not in rule_table(role)
+    assert not any(("coordination.k8s.io", "leases") in rule_table(r) for r in of_kind(render("default"), "Role"))
+    (role,) = of_kind(render("leader-election"), "Role")
+    assert role["metadata"]["namespace"] == RELEASE_NS
+    assert_rules(role, LEADER_ELECTION_RULES)
+    assert "--leader-elect" in operator_container("leader-election")["args"]
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_no_rule_grants_secrets_pods_exec_or_a_wildcard(scenario: str) -> None:
+    for role in (d for d in render(scenario) if d["kind"] in RBAC_KINDS):
+        for rule in role["rules"]:
+            fields = [*rule["apiGroups"], *rule["resources"], *rule["verbs"]]
+            assert "*" not in fields, f"wildcard in {role['kind']} {role['metadata']['name']}: {rule}"
+            assert "secrets" not in rule["resources"], f"{role['kind']} {role['metadata']['name']} grants secrets"
+            assert "pods/exec" not in rule["resources"]
+            assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"])
+
+
+@pytest.mark.parametrize("scenario", ["default", "namespaced"])
+def test_wherever_the_operator_may_create_roles_it_holds_what_the_router_role_grants(scenario: str) -> None:
+    for role in (d for d in render(scenario) if d["kind"] in RBAC_KINDS):
+        table = rule_table(role)
+        if "create" in table.get(("rbac.authorization.k8s.io", "roles"), ()):
+            for resource, verbs in ROUTER_DISCOVERY_RULES.items():
+                assert verbs <= table.get(resource, frozenset()), (
+                    f"{role['kind']} {role['metadata']['name']} may create Roles but lacks {resource}: {verbs}")
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_binding_binds_only_the_operator_service_account(scenario: str) -> None:
+    docs = render(scenario)
+    roles = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"])
+             for d in docs if d["kind"] in RBAC_KINDS}
+    for binding in (d for d in docs if d["kind"] in ("ClusterRoleBinding", "RoleBinding")):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": RELEASE, "namespace": RELEASE_NS}]
+        ref = binding["roleRef"]
+        namespace = binding["metadata"].get("namespace") if ref["kind"] == "Role" else None
+        assert (ref["kind"], namespace, ref["name"]) in roles, f"{binding['metadata']['name']} binds a missing role"
+
+
+# --- metrics, labels, notes --------------------------------------------------------------------------------
+
+
+def test_the_metrics_service_exposes_a_port_named_metrics_on_the_operator_pod() -> None:
+    docs = render("default")
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 9090, "targetPort": "metrics", "protocol": "TCP"}]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= pod_labels.items()
+    assert not of_kind(docs, "ServiceMonitor")
+
+
+def test_the_service_monitor_scrapes_the_metrics_port_of_the_metrics_service() -> None:
+    docs = render("service-monitor")
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= one(docs, "Service")["metadata"]["labels"].items()
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS)
+def test_every_object_carries_the_standard_labels(scenario: str) -> None:
+    for doc in render(scenario):
+        labels = doc["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "pdfleet"
+        assert labels["app.kubernetes.io/instance"] == RELEASE
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["helm.sh/chart"] == "pdfleet-0.1.0"
+
+
+def test_the_notes_tell_how_to_watch_a_pool_and_its_events() -> None:
+    notes = (CHART / "templates" / "NOTES.txt").read_text()
+    assert "kubectl get pdpool" in notes
+    assert "--field-selector involvedObject.kind=InferencePool" in notes
+
+
+# --- the operator image matches the chart ------------------------------------------------------------------
+
+
+def test_the_image_runs_as_the_user_the_chart_requires_and_exposes_its_ports() -> None:
+    dockerfile = (ROOT / "Dockerfile").read_text()
+    final_stage = dockerfile.split("\nFROM ")[-1]
+    assert re.search(r"^USER 65532(:65532)?$", final_stage, re.M)
+    assert re.search(r'^ENTRYPOINT \["pdfleet-operator"\]$', final_stage, re.M)
+    assert re.search(r"^EXPOSE 8080 9090$", final_stage, re.M)
+    assert deployment_pod()["securityContext"]["runAsUser"] == 65532
