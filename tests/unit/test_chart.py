@@ -83,11 +83,12 @@ def helm(*args: str, values: dict[str, Any] | None = None, check: bool = True) -
     return proc
 
 
-def template(values: dict[str, Any], *, check: bool = True) -> subprocess.CompletedProcess[str]:
+def template(values: dict[str, Any], *, extra: tuple[str, ...] = (), check: bool = True
+             ) -> subprocess.CompletedProcess[str]:
     # The kube version is the one the local control plane runs: a helm built without its release ldflags
     # assumes Kubernetes 1.20, below the chart's kubeVersion.
     return helm("template", RELEASE, str(CHART), "--namespace", RELEASE_NS, "--kube-version", kube_version(),
-                values=values, check=check)
+                *extra, values=values, check=check)
 
 
 def documents(text: str) -> tuple[dict[str, Any], ...]:
