@@ -1,0 +1,81 @@
+"""The fixed tables a ledger record refers to by number: the phase a rank is in, and its event loop.
+
+Records store small integers, never strings, so the hot path writes one machine word. The numbers are a
+wire format shared by writers and readers that may run different pdfleet versions (an engine image and
+the operator are upgraded separately), so they are append-only: never renumber or reuse a value. A value
+a reader does not know decodes to UNKNOWN instead of failing.
+"""
+
+from __future__ import annotations
+
+import enum
+
+# Phases at or above this value are collectives: the rank waits there for its peers.
+_FIRST_COLLECTIVE = 16
+
+
+class Phase(enum.IntEnum):
+    """Where a rank is inside its scheduler loop iteration."""
+
+    UNKNOWN = 0
+    STARTING = 1  # writer attached; the event loop has not begun (model load, warmup)
+    LOCAL = 2  # rank-local work between collectives: scheduling, result processing
+    IDLE = 3  # no batch this iteration (`on_idle`)
+    FORWARD = 4  # running a batch; its NCCL collectives are inside and shared by all ranks
+    EXITED = 5  # the writer was closed cleanly
+    RECV_BROADCAST = _FIRST_COLLECTIVE  # request intake: `broadcast_pyobj` over the TP CPU group
+    KV_POLL_ALL_REDUCE = 17  # `poll_and_all_reduce` of KV-transfer poll states (gloo)
+    MLP_SYNC_ALL_GATHER = 18  # DP-attention batch sync before the forward
+    OTHER_COLLECTIVE = 19  # any other cross-rank collective the instrumentation wraps
+
+    @classmethod
+    def _missing_(cls, value: object) -> Phase:
+        return cls.UNKNOWN
+
+    @property
+    def is_collective(self) -> bool:
+        """A rank in a collective cannot leave it until every peer enters the same one."""
+        return self >= _FIRST_COLLECTIVE
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class LoopName(enum.IntEnum):
+    """SGLang's scheduler event loops, by the method name `_dispatch_event_loop_once` calls."""
+
+    UNKNOWN = 0
+    EVENT_LOOP_NORMAL = 1
+    EVENT_LOOP_OVERLAP = 2
+    EVENT_LOOP_PP = 3
+    EVENT_LOOP_NORMAL_DISAGG_PREFILL = 4
+    EVENT_LOOP_OVERLAP_DISAGG_PREFILL = 5
+    EVENT_LOOP_PP_DISAGG_PREFILL = 6
+    EVENT_LOOP_NORMAL_DISAGG_DECODE = 7
+    EVENT_LOOP_OVERLAP_DISAGG_DECODE = 8
+    EVENT_LOOP_PP_DISAGG_DECODE = 9
+
+    @classmethod
+    def _missing_(cls, value: object) -> LoopName:
+        return cls.UNKNOWN
+
+    @classmethod
+    def from_method(cls, method_name: str) -> LoopName:
+        """The id of a loop method name; UNKNOWN for a loop this table does not know yet (a new SGLang
+        version), so instrumentation never fails on it and the operator sees that it is unknown."""
+        return cls.__members__.get(method_name.upper(), cls.UNKNOWN)
+
+    @property
+    def method(self) -> str:
+        return self.name.lower()
+
+
+def phase_from_label(label: str) -> Phase:
+    """The phase a JSON label names (UNKNOWN when it names none)."""
+    return Phase.__members__.get(label.upper(), Phase.UNKNOWN)
+
+
+def loop_from_label(label: str) -> LoopName:
+    """The loop a JSON label names (UNKNOWN when it names none)."""
+    return LoopName.from_method(label)
