@@ -82,6 +82,8 @@ class ApiModel(BaseModel):
 
     @model_validator(mode="after")
     def _check_rules(self) -> Self:
+        # The first broken rule of an object is reported (the apiserver reports all of them): pydantic takes
+        # one error per validator, and a second rule on an object already known to be wrong rarely helps.
         for rule in type(self).RULES:
             if not rule.holds(self):
                 raise rule.error()

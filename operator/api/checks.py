@@ -11,10 +11,11 @@ import dataclasses
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
+from pydantic import ValidationError
+
 from pdfleet.operator.api.base import RULE_ERROR
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.runtime.patches import catalogue
-from pydantic import ValidationError
 
 
 @dataclasses.dataclass(frozen=True)

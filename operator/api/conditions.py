@@ -6,8 +6,9 @@ import enum
 from datetime import UTC, datetime
 from typing import Annotated
 
-from pdfleet.operator.api.base import ApiModel
 from pydantic import AwareDatetime, Field, PlainSerializer
+
+from pdfleet.operator.api.base import ApiModel
 
 
 class ConditionType(enum.StrEnum):

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from pdfleet.operator.api import meta
 from pdfleet.operator.api.pool import InferencePool
 from pdfleet.operator.api.schema import structural_schema

@@ -9,12 +9,13 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import AfterValidator, Field
+from pydantic_core import PydanticCustomError
+
 from pdfleet.operator.api import flags
 from pdfleet.operator.api.base import RULE_ERROR, ApiModel, Rule
 from pdfleet.operator.api.patches import PatchId
 from pdfleet.operator.api.scalars import ImageRef
-from pydantic import AfterValidator, Field
-from pydantic_core import PydanticCustomError
 
 MAX_EXTRA_ARGS = 64
 MAX_EXTRA_ARG_LENGTH = 256

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.scalars import Duration, parse_duration
-from pydantic import Field
 
 
 def _longer(a: str, b: str) -> bool:

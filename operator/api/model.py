@@ -10,9 +10,10 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.scalars import AbsolutePath, DnsSubdomain
-from pydantic import Field
 
 
 class ChatEncoding(enum.StrEnum):
@@ -70,23 +71,29 @@ class ModelSource(ApiModel):
 
 
 def _rules_for_pairs() -> tuple[Rule, ...]:
-    rules: list[Rule] = []
-    for encoding, parser in PARSER_FOR_ENCODING.items():
-        rules.append(Rule(
+    """Both directions of every encoding/parser pair. The encoding-side rules come first: Python reports the
+    first broken rule of an object, and "dsv32 needs deepseekv32" is the more useful thing to hear."""
+    needs_parser = tuple(
+        Rule(
             cel=f"self.encoding != '{encoding}' || (has(self.toolCallParser) && self.toolCallParser == '{parser}')",
             holds=lambda m, e=encoding, p=parser: m.encoding != e or m.tool_call_parser == p,
             message=f"encoding {encoding} requires toolCallParser {parser}: other parsers leak its tool-call "
                     "markup into content",
             field=".toolCallParser",
-        ))
-        rules.append(Rule(
+        )
+        for encoding, parser in PARSER_FOR_ENCODING.items()
+    )
+    needs_encoding = tuple(
+        Rule(
             cel=f"!has(self.toolCallParser) || self.toolCallParser != '{parser}' || self.encoding == '{encoding}'",
             holds=lambda m, e=encoding, p=parser: m.tool_call_parser != p or m.encoding == e,
             message=f"toolCallParser {parser} requires encoding {encoding}: the prompt must use the markup "
                     "the parser expects",
             field=".encoding",
-        ))
-    return tuple(rules)
+        )
+        for encoding, parser in PARSER_FOR_ENCODING.items()
+    )
+    return needs_parser + needs_encoding
 
 
 _TEMPLATE_ONLY_WITH_TEMPLATE_ENCODING = Rule(

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pdfleet.runtime.patches import catalogue
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
+
+from pdfleet.runtime.patches import catalogue
 
 PATCH_IDS: tuple[str, ...] = tuple(sorted(catalogue.IDS))
 

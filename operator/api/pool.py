@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.meta import API_VERSION, KIND
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pydantic import Field
 
 
 class InferencePool(ApiModel):

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.scalars import Quantity
-from pydantic import Field
 
 GPU_RESOURCE = "nvidia.com/gpu"
 

@@ -17,11 +17,12 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.resources import Resources
 from pdfleet.operator.api.scalars import Port
 from pdfleet.operator.api.scheduling import Scheduling
-from pydantic import Field
 
 DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998

@@ -10,9 +10,10 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.scalars import Duration
-from pydantic import Field
 
 
 class RolloutOrder(enum.StrEnum):

@@ -5,10 +5,11 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.scalars import ImageRef, Port
 from pdfleet.operator.api.scheduling import Scheduling
-from pydantic import Field
 
 
 class RouterPolicy(enum.StrEnum):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.engine import EngineSpec
 from pdfleet.operator.api.health import HealthSpec
@@ -10,7 +12,6 @@ from pdfleet.operator.api.roles import DecodeSpec, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.rollout import RolloutSpec
 from pdfleet.operator.api.router import RouterSpec
 from pdfleet.operator.api.transfer import TransferSpec
-from pydantic import Field
 
 
 def _replicas_rule(role: Role) -> Rule:

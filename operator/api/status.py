@@ -5,10 +5,11 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
+from pydantic import Field
+
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.conditions import Condition
 from pdfleet.operator.api.roles import Role
-from pydantic import Field
 
 Count = Annotated[int, Field(ge=0)]
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pdfleet.operator.api.base import ApiModel, Rule
 from pydantic import Field
+
+from pdfleet.operator.api.base import ApiModel, Rule
 
 
 class TransferBackend(enum.StrEnum):
