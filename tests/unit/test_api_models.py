@@ -1,0 +1,134 @@
+"""The API models in Python: defaults, the wire form, durations, status helpers and Python-only checks."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from pdfleet.operator.api import (
+    Condition,
+    ConditionStatus,
+    InferencePool,
+    InferencePoolSpec,
+    Role,
+    RoleStatus,
+    Switch,
+    validate,
+)
+from pdfleet.operator.api.scalars import parse_duration
+from tests.unit.test_api_rejections import merged, minimal_spec
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+
+
+def test_defaults_fill_every_omitted_section() -> None:
+    spec = InferencePoolSpec.model_validate(minimal_spec())
+    assert spec.router.replicas == 1
+    assert spec.engine.overlap_schedule is Switch.ENABLED
+    assert spec.prefill.bootstrap_port == 8998
+    assert spec.health.hang_after == "10m"
+    assert spec.rollout.playbooks.overlap_desync.action == "Restart"
+    assert spec.engine.extra_args == ()
+    assert spec.engine.patches == ()
+
+
+def test_models_are_frozen() -> None:
+    spec = InferencePoolSpec.model_validate(minimal_spec())
+    with pytest.raises(ValidationError):
+        spec.paused = True  # type: ignore[misc]
+
+
+def test_python_names_and_wire_names_both_validate() -> None:
+    spec = InferencePoolSpec.model_validate(minimal_spec())
+    again = InferencePoolSpec(**{name: getattr(spec, name) for name in InferencePoolSpec.model_fields})
+    assert again == spec
+
+
+def test_the_wire_form_uses_camel_case_and_omits_unset_optionals() -> None:
+    wire = InferencePoolSpec.model_validate(minimal_spec()).model_dump(mode="json")
+    assert wire["model"] == {"servedName": "tiny", "source": {"path": "/models/tiny"}, "encoding": "template",
+                             "trustRemoteCode": False}
+    assert "extraArgs" not in wire["engine"]
+    assert "toolCallParser" not in wire["model"]
+    assert wire["prefill"]["bootstrapPort"] == 8998
+
+
+def test_the_wire_form_validates_back_to_the_same_spec() -> None:
+    spec = InferencePoolSpec.model_validate(merged(minimal_spec(), {
+        "engine": {"extraArgs": ["--mem-fraction-static", "0.8"], "patches": ["abort-consensus"],
+                   "env": [{"name": "A", "value": "1"}]}}))
+    assert InferencePoolSpec.model_validate(spec.model_dump(mode="json")) == spec
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_is_accepted(path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    assert validate(body) == []
+    pool = InferencePool.model_validate(body)
+    assert pool.kind == "InferencePool"
+    assert pool.api_version == "pdfleet.dev/v1alpha1"
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    ("30s", timedelta(seconds=30)),
+    ("5m", timedelta(minutes=5)),
+    ("1h30m", timedelta(hours=1, minutes=30)),
+    ("250ms", timedelta(milliseconds=250)),
+])
+def test_durations_parse_like_go_durations(text: str, expected: timedelta) -> None:
+    assert parse_duration(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "5", "1d", "1.5s", "-5s", "5 m", "m5"])
+def test_durations_outside_the_pattern_do_not_parse(text: str) -> None:
+    with pytest.raises(ValueError, match="not a duration"):
+        parse_duration(text)
+
+
+def test_a_patch_fixed_upstream_is_refused_as_redundant() -> None:
+    spec = merged(minimal_spec(), {"engine": {"patches": ["abort-consensus", "dsml-batch-decode-guard"]}})
+    [problem] = validate({"spec": spec})
+    assert problem.path == "spec.engine.patches[1]"
+    assert "fixed upstream in SGLang 0.5.23" in problem.message
+
+
+def test_a_patch_for_another_sglang_version_is_refused() -> None:
+    spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.4.9", "patches": ["kv-poll-lockstep"]}})
+    [problem] = validate({"spec": spec})
+    assert problem.path == "spec.engine.patches[0]"
+    assert "applies to SGLang >=0.5.0,<0.6.0, not to sglangVersion 0.4.9" in problem.message
+
+
+def test_an_older_sglang_may_use_the_patch_upstream_fixed_later() -> None:
+    spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.22", "patches": ["dsml-batch-decode-guard"]}})
+    assert validate({"spec": spec}) == []
+
+
+def test_validate_reports_a_missing_spec_instead_of_raising() -> None:
+    problems = validate({})
+    assert {p.path for p in problems} >= {"spec.model", "spec.engine", "spec.prefill", "spec.decode"}
+
+
+def test_role_status_summary_reads_ready_over_desired() -> None:
+    status = RoleStatus.of(desired=3, ready=2, updated=1)
+    assert status.summary == "2/3"
+    assert status.model_dump(mode="json") == {"desired": 3, "ready": 2, "updated": 1, "summary": "2/3"}
+
+
+def test_conditions_serialise_as_metav1_conditions() -> None:
+    condition = Condition(type="Ready", status=ConditionStatus.TRUE, reason="AllGroupsReady",
+                          last_transition_time=datetime(2025, 1, 2, 3, 4, 5, tzinfo=UTC), observed_generation=4)
+    assert condition.model_dump(mode="json") == {
+        "type": "Ready", "status": "True", "observedGeneration": 4, "lastTransitionTime": "2025-01-02T03:04:05Z",
+        "reason": "AllGroupsReady", "message": "",
+    }
+
+
+def test_spec_role_returns_the_role_section() -> None:
+    spec = InferencePoolSpec.model_validate(merged(minimal_spec(), {"decode": {"replicas": 3}}))
+    assert spec.role(Role.DECODE).replicas == 3
+    assert spec.role(Role.PREFILL) is spec.prefill

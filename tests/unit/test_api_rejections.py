@@ -1,0 +1,194 @@
+"""Invalid InferencePool specs, each refused with a message that names the offending field.
+
+The table is shared: these tests check the Python side (pydantic models plus the Python-only checks), and
+tests/integration/test_crd.py runs the same table against a real kube-apiserver with the generated CRD. A rule
+that one side enforces and the other does not fails one of the two.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from typing import Any
+
+import pytest
+
+from pdfleet.operator.api import validate
+
+_DELETE = object()
+
+
+def minimal_spec() -> dict[str, Any]:
+    """The smallest valid spec; every case below breaks exactly one thing in it."""
+    return {
+        "model": {"servedName": "tiny", "source": {"path": "/models/tiny"}},
+        "engine": {"image": "lmsysorg/sglang:v0.5.23", "sglangVersion": "0.5.23"},
+        "prefill": {"replicas": 1},
+        "decode": {"replicas": 1},
+    }
+
+
+def merged(base: dict[str, Any], patch: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `patch` merged in: dicts merge, anything else replaces, `_DELETE` removes the key."""
+    out = copy.deepcopy(base)
+    for key, value in patch.items():
+        if value is _DELETE:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merged(out[key], value)
+        else:
+            out[key] = copy.deepcopy(value)
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    id: str
+    patch: dict[str, Any]
+    path: str  # the field the refusal must name (the apiserver's message must contain it too)
+    says: str  # a fragment of the Python message
+    apiserver_says: str | None = None  # where the apiserver words a schema error differently
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return merged(minimal_spec(), self.patch)
+
+
+INVALID_SPECS: tuple[Case, ...] = (
+    Case("dsv4 encoding with the v3.2 parser",
+         {"model": {"encoding": "dsv4", "toolCallParser": "deepseekv32"}},
+         "spec.model.toolCallParser", "encoding dsv4 requires toolCallParser deepseekv4"),
+    Case("dsv4 encoding without a parser",
+         {"model": {"encoding": "dsv4"}},
+         "spec.model.toolCallParser", "encoding dsv4 requires toolCallParser deepseekv4"),
+    Case("dsv32 encoding with the v4 parser",
+         {"model": {"encoding": "dsv32", "toolCallParser": "deepseekv4"}},
+         "spec.model.toolCallParser", "encoding dsv32 requires toolCallParser deepseekv32"),
+    Case("v4 parser with a template encoding",
+         {"model": {"encoding": "template", "toolCallParser": "deepseekv4"}},
+         "spec.model.encoding", "toolCallParser deepseekv4 requires encoding dsv4"),
+    Case("chat template with a built-in encoding",
+         {"model": {"encoding": "dsv32", "toolCallParser": "deepseekv32", "chatTemplate": "/t.jinja"}},
+         "spec.model.chatTemplate", "chatTemplate is only used with encoding template"),
+    Case("unknown chat encoding",
+         {"model": {"encoding": "chatml"}},
+         "spec.model.encoding", "Input should be", apiserver_says="Unsupported value"),
+    Case("two model sources",
+         {"model": {"source": {"path": "/m", "pvc": {"claimName": "weights"}}}},
+         "spec.model.source", "exactly one of path, pvc, hostPath"),
+    Case("no model source",
+         {"model": {"source": {"path": _DELETE}}},
+         "spec.model.source", "exactly one of path, pvc, hostPath"),
+    Case("no served name",
+         {"model": {"servedName": _DELETE}},
+         "spec.model.servedName", "Field required", apiserver_says="Required value"),
+    Case("tp smaller than the GPUs of the group",
+         {"prefill": {"tp": 4, "gpusPerNode": 8}},
+         "spec.prefill.tp", "tp must equal gpusPerNode * nodesPerGroup"),
+    Case("tp larger than the GPUs of a multi-node group",
+         {"decode": {"tp": 32, "gpusPerNode": 8, "nodesPerGroup": 2}},
+         "spec.decode.tp", "tp must equal gpusPerNode * nodesPerGroup"),
+    Case("dp that does not divide tp",
+         {"decode": {"tp": 8, "gpusPerNode": 8, "dp": 3}},
+         "spec.decode.dp", "dp (DP attention) must divide tp"),
+    Case("no decode groups in a running pool",
+         {"decode": {"replicas": 0}},
+         "spec.decode.replicas", "decode.replicas must be at least 1 unless the pool is paused"),
+    Case("no prefill groups in a running pool",
+         {"prefill": {"replicas": 0}},
+         "spec.prefill.replicas", "prefill.replicas must be at least 1 unless the pool is paused"),
+    Case("bootstrap port above 65535",
+         {"prefill": {"bootstrapPort": 70000}},
+         "spec.prefill.bootstrapPort", "less than or equal to 65535"),
+    Case("engine port 0",
+         {"decode": {"port": 0}},
+         "spec.decode.port", "greater than or equal to 1"),
+    Case("bootstrap port equal to the HTTP port",
+         {"prefill": {"port": 9000, "bootstrapPort": 9000}},
+         "spec.prefill.bootstrapPort", "bootstrapPort must differ from port"),
+    Case("a duration in words",
+         {"health": {"heartbeatPeriod": "5 seconds"}},
+         "spec.health.heartbeatPeriod", "should match"),
+    Case("a duration in days",
+         {"health": {"hangAfter": "1d"}},
+         "spec.health.hangAfter", "should match"),
+    Case("a zero duration",
+         {"health": {"restartBudget": {"window": "0s"}}},
+         "spec.health.restartBudget.window", "must be a positive duration"),
+    Case("desync detected faster than the heartbeat",
+         {"health": {"heartbeatPeriod": "10s", "desyncAfter": "5s"}},
+         "spec.health.desyncAfter", "desyncAfter must be longer than heartbeatPeriod"),
+    Case("backoff that shrinks",
+         {"health": {"backoff": {"initial": "10m", "max": "1m"}}},
+         "spec.health.backoff.max", "backoff.max must be at least backoff.initial"),
+    Case("extra arg setting the TP size",
+         {"engine": {"extraArgs": ["--mem-fraction-static", "0.8", "--tp-size", "8"]}},
+         "spec.engine.extraArgs[2]", "extraArgs may not set"),
+    Case("extra arg setting the disaggregation mode with =",
+         {"engine": {"extraArgs": ["--disaggregation-mode=decode"]}},
+         "spec.engine.extraArgs[0]", "extraArgs may not set"),
+    Case("extra arg abbreviating a managed flag",
+         {"engine": {"extraArgs": ["--disable-overlap"]}},
+         "spec.engine.extraArgs[0]", "extraArgs may not set"),
+    Case("extra arg using the --tp alias",
+         {"engine": {"extraArgs": ["--tp", "8"]}},
+         "spec.engine.extraArgs[0]", "extraArgs may not set"),
+    Case("extra arg setting the host",
+         {"engine": {"extraArgs": ["--host", "127.0.0.1"]}},
+         "spec.engine.extraArgs[0]", "extraArgs may not set"),
+    Case("unknown patch id",
+         {"engine": {"patches": ["make-it-fast"]}},
+         "spec.engine.patches[0]", "unknown patch make-it-fast", apiserver_says="Unsupported value"),
+    Case("repeated patch id",
+         {"engine": {"patches": ["abort-consensus", "abort-consensus"]}},
+         "spec.engine.patches", "patches must not repeat an id", apiserver_says="Duplicate value"),
+    Case("repeated env name",
+         {"engine": {"env": [{"name": "A", "value": "1"}, {"name": "A", "value": "2"}]}},
+         "spec.engine.env", "env names must be unique", apiserver_says="Duplicate value"),
+    Case("unknown overlap switch",
+         {"engine": {"overlapSchedule": "Off"}},
+         "spec.engine.overlapSchedule", "Input should be", apiserver_says="Unsupported value"),
+    Case("SGLang version that is not a version",
+         {"engine": {"sglangVersion": "latest"}},
+         "spec.engine.sglangVersion", "should match"),
+    Case("GPUs in resources instead of gpusPerNode",
+         {"prefill": {"resources": {"limits": {"nvidia.com/gpu": 8}}}},
+         "spec.prefill.resources.limits", "may not set nvidia.com/gpu"),
+    Case("IB device with the fake transfer",
+         {"transfer": {"backend": "fake", "ibDevice": "mlx5_0"}},
+         "spec.transfer.ibDevice", "ibDevice has no meaning with backend fake"),
+    Case("toleration Exists with a value",
+         {"decode": {"scheduling": {"tolerations": [{"key": "gpu", "operator": "Exists", "value": "yes"}]}}},
+         "spec.decode.scheduling.tolerations[0].value", "a toleration with operator Exists may not set value"),
+    Case("rollout that may take no group down",
+         {"rollout": {"maxUnavailable": {"decode": 0}}},
+         "spec.rollout.maxUnavailable.decode", "greater than or equal to 1"),
+    Case("unknown router policy",
+         {"router": {"prefillPolicy": "least_loaded"}},
+         "spec.router.prefillPolicy", "Input should be", apiserver_says="Unsupported value"),
+    Case("unknown field",
+         {"engine": {"overlap": "Disabled"}},
+         "spec.engine.overlap", "Extra inputs are not permitted", apiserver_says="unknown field"),
+)
+
+
+def test_the_minimal_spec_is_valid() -> None:
+    assert validate({"spec": minimal_spec()}) == []
+
+
+def test_a_paused_pool_may_have_no_groups() -> None:
+    spec = merged(minimal_spec(), {"paused": True, "prefill": {"replicas": 0}, "decode": {"replicas": 0}})
+    assert validate({"spec": spec}) == []
+
+
+def test_the_table_has_at_least_twenty_distinct_cases() -> None:
+    assert len(INVALID_SPECS) >= 20
+    assert len({case.id for case in INVALID_SPECS}) == len(INVALID_SPECS)
+
+
+@pytest.mark.parametrize("case", INVALID_SPECS, ids=lambda case: case.id)
+def test_python_refuses_the_spec_naming_the_field(case: Case) -> None:
+    problems = validate({"spec": case.spec})
+    assert any(p.path == case.path and case.says in p.message for p in problems), (
+        f"expected a problem at {case.path} saying {case.says!r}, got: {[str(p) for p in problems]}"
+    )
