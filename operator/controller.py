@@ -1,0 +1,82 @@
+"""The executor: reads one pool's snapshot from the cache, asks the pure planner what to do, and does it.
+
+This is the only place where reconcile decisions turn into API calls, and it makes them in a fixed order:
+objects first, then deletions, then status, then events. Nothing here decides *what* to do.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from pdfleet.operator import metrics
+from pdfleet.operator.cache import Cache, ObjectKey, PoolKey
+from pdfleet.operator.kube import events as kube_events
+from pdfleet.operator.kube import resources
+from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.planning import plan as plan_mod
+from pdfleet.operator.planning import reconcile
+
+log = logging.getLogger(__name__)
+
+
+class Controller:
+    def __init__(self, *, client: KubeClient, cache: Cache) -> None:
+        self._client = client
+        self._cache = cache
+        # What this process applied and the watch may not have shown yet (client-go's "expectations"):
+        # without it, a reconcile that runs before the watch catches up would write the same object again.
+        self._applied: dict[PoolKey, dict[ObjectKey, str]] = {}
+
+    def forget(self, key: PoolKey) -> None:
+        self._applied.pop(key, None)
+
+    async def reconcile(self, key: PoolKey) -> None:
+        started = time.perf_counter()
+        result = "error"
+        try:
+            result = await self._reconcile(key)
+        finally:
+            metrics.RECONCILES.labels(result=result).inc()
+            metrics.RECONCILE_DURATION.labels(result=result).observe(time.perf_counter() - started)
+
+    async def _reconcile(self, key: PoolKey) -> str:
+        observed = self._cache.snapshot(key)
+        pool = observed.pool
+        if pool is None or pool["metadata"].get("deletionTimestamp"):
+            self.forget(key)
+            return "deleted"  # owner references let the garbage collector remove everything else
+        applied = self._applied.setdefault(key, {})
+        plan = reconcile.plan(pool, observed, applied=applied)
+        for obj in plan.apply:
+            await self._client.apply(obj)
+            applied[(obj["kind"], obj["metadata"]["name"])] = plan_mod.applied_hash(obj) or ""
+        for ref in plan.delete:
+            await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+            applied.pop((ref.kind, ref.name), None)
+        if plan.status is not None:
+            await self._write_status(pool, plan.status)
+        for event in plan.events:
+            await self._post_event(pool, event)
+        if not plan.empty:
+            log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
+                     len(plan.delete), "written" if plan.status is not None else "unchanged",
+                     extra={"pool": key[1], "namespace": key[0]})
+        return "rejected" if reconcile.rejected(plan) else "success"
+
+    async def _write_status(self, pool: Mapping[str, Any], status: Mapping[str, Any]) -> None:
+        meta = pool["metadata"]
+        path = resources.object_path(pool) + "/status"
+        # A merge patch of the whole status, guarded by the resourceVersion we planned from: a status
+        # computed from a stale pool is refused (409) and recomputed, never written over newer news.
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
+        await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+
+    async def _post_event(self, pool: Mapping[str, Any], event: kube_events.Event) -> None:
+        body = kube_events.event_body(pool, event)
+        try:
+            await self._client.create(body)
+        except Exception:  # an event is news, not state: losing one must not fail the reconcile
+            log.warning("could not post event %s for %s", event.reason, pool["metadata"]["name"], exc_info=True)

@@ -1,0 +1,125 @@
+"""The operator's only door to the Kubernetes API.
+
+Everything the operator writes goes through `KubeClient.request`: one method, so every call is counted (by
+verb, resource and status code) and every third-party error is translated here into `KubeError`. Code above
+this module deals in plain dicts and never sees aiohttp or kubernetes_asyncio.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import aiohttp
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import config as k8s_config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from pdfleet.operator import metrics
+from pdfleet.operator.kube import resources
+
+log = logging.getLogger(__name__)
+
+FIELD_MANAGER = "pdfleet-operator"
+Body = dict[str, Any]
+
+
+@dataclasses.dataclass
+class KubeError(Exception):
+    status: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.status} {self.reason}: {self.message}"
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+async def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
+    """In-cluster credentials when running in a pod, else the kubeconfig (KUBECONFIG or the given path)."""
+    cfg = k8s.Configuration()
+    try:
+        k8s_config.load_incluster_config(client_configuration=cfg)
+    except k8s_config.ConfigException:
+        await k8s_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    return cfg
+
+
+class KubeClient:
+    def __init__(self, configuration: k8s.Configuration) -> None:
+        self._api = k8s.ApiClient(configuration)
+
+    async def close(self) -> None:
+        await self._api.close()
+
+    async def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Mapping[str, Any] | None = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+        timeout: float = 30,
+    ) -> Body:
+        resource = resources.resource_of(path)
+        try:
+            response = await self._api.call_api(
+                path, method,
+                query_params=list((query or {}).items()),
+                header_params={"Content-Type": content_type, "Accept": "application/json"},
+                body=dict(body) if body is not None else None,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+            status = response.status
+            raw = await response.read()
+        except (aiohttp.ClientError, TimeoutError, ApiException) as e:
+            metrics.KUBE_REQUESTS.labels(verb=method, resource=resource, code="error").inc()
+            raise KubeError(0, "ConnectionError", f"{method} {path}: {e}") from e
+        metrics.KUBE_REQUESTS.labels(verb=method, resource=resource, code=str(status)).inc()
+        data: Body = json.loads(raw) if raw else {}
+        if not 200 <= status < 300:
+            raise KubeError(status, data.get("reason", "Unknown"), data.get("message", raw.decode(errors="replace")))
+        return data
+
+    async def apply(self, obj: Mapping[str, Any], *, force: bool = True) -> Body:
+        """Server-side apply with pdfleet's single field manager."""
+        query = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
+        return await self.request("PATCH", resources.object_path(obj), body=obj, query=query,
+                                  content_type="application/apply-patch+yaml")
+
+    async def apply_status(self, obj: Mapping[str, Any]) -> Body:
+        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
+        return await self.request("PATCH", resources.object_path(obj) + "/status", body=obj, query=query,
+                                  content_type="application/apply-patch+yaml")
+
+    async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
+                     *, uid: str | None = None) -> None:
+        """Deletes in the background (dependents go with it); a precondition on `uid` avoids deleting a
+        same-named successor. A 404 is success: the object is already gone."""
+        body: Body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        if uid:
+            body["preconditions"] = {"uid": uid}
+        path = resources.path_for(api_version, kind, namespace, name)
+        try:
+            await self.request("DELETE", path, body=body)
+        except KubeError as e:
+            if not e.not_found:
+                raise
+
+    async def create(self, obj: Mapping[str, Any]) -> Body:
+        meta = obj["metadata"]
+        path = resources.path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        return await self.request("POST", path, body=obj)

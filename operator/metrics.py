@@ -1,0 +1,29 @@
+"""Prometheus metrics of the operator, with conventional names (`pdfleet_*`, base units, `_total`)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+REGISTRY = CollectorRegistry(auto_describe=True)
+
+RECONCILES = Counter(
+    "pdfleet_reconcile_total", "Reconciles of InferencePools, by result (success, error, rejected).",
+    ["result"], registry=REGISTRY,
+)
+RECONCILE_DURATION = Histogram(
+    "pdfleet_reconcile_duration_seconds", "Time one reconcile of one InferencePool took, by result.",
+    ["result"], registry=REGISTRY,
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+POOLS = Gauge("pdfleet_pools", "InferencePools known to the operator, by phase.", ["phase"], registry=REGISTRY)
+ENGINE_GROUPS = Gauge(
+    "pdfleet_engine_groups", "Engine groups, by role and health verdict.", ["role", "verdict"], registry=REGISTRY,
+)
+KUBE_REQUESTS = Counter(
+    "pdfleet_kube_requests_total", "Requests the operator sent to the Kubernetes API, by verb, resource and code.",
+    ["verb", "resource", "code"], registry=REGISTRY,
+)
+WRITES_SKIPPED = Counter(
+    "pdfleet_apply_skipped_total", "Desired objects not written because the cluster already matched them.",
+    ["kind"], registry=REGISTRY,
+)

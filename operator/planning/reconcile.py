@@ -1,0 +1,274 @@
+"""The planner: (pool, what the cluster has, what we just wrote, now) -> Plan. Pure: no I/O, no clock.
+
+Level-based and idempotent: it derives everything from its inputs every time, so create, update, resume and a
+periodic resync all run the same code, and planning again right after applying a plan yields an empty plan.
+
+Engine groups live and die as units. A group with an ended pod is deleted whole and recreated (a restart); a
+group rendered from an older spec is replaced whole, a role at a time within `rollout.maxUnavailable`; groups
+beyond `replicas` are deleted from the highest index down.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping
+from typing import Any
+
+from pdfleet.operator.api import checks
+from pdfleet.operator.api.conditions import ConditionType
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.rollout import RolloutOrder
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
+from pdfleet.operator.cache import Observed
+from pdfleet.operator.kube.events import Event
+from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning.groups import Expectations, GroupState, classify, pod_ready, pods_by_group
+from pdfleet.operator.planning.plan import ObjectRef, Plan, applied_hash
+from pdfleet.operator.render import labels, revision
+from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
+
+Body = dict[str, Any]
+UNAVAILABLE = {GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,
+               GroupState.FAILED}
+
+
+@dataclasses.dataclass
+class _Builder:
+    apply: list[Body] = dataclasses.field(default_factory=list)
+    delete: list[ObjectRef] = dataclasses.field(default_factory=list)
+    events: list[Event] = dataclasses.field(default_factory=list)
+
+    def delete_objects(self, objects: list[Body]) -> None:
+        for obj in objects:
+            if not obj["metadata"].get("deletionTimestamp"):
+                self.delete.append(ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"],
+                                             obj["metadata"].get("uid")))
+
+
+def rejected(plan: Plan) -> bool:
+    return any(e.reason == "SpecRejected" for e in plan.events) or (
+        plan.status is not None and any(c.get("type") == "Accepted" and c.get("status") == "False"
+                                        for c in plan.status.get("conditions", [])))
+
+
+def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
+         now: datetime.datetime | None = None, runtime_image: str | None = None) -> Plan:
+    expect = expect or Expectations()
+    now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
+    generation = pool["metadata"].get("generation")
+    previous = status_mod.parse_status(pool.get("status"))
+    spec, problems = checks.validate_spec(pool.get("spec") or {})
+    if spec is None or problems:
+        return _rejected_plan(pool, previous, problems, generation, now)
+    ctx = RenderContext.of(pool) if runtime_image is None else RenderContext.of(pool, runtime_image=runtime_image)
+    if spec.paused:
+        return _status_only(pool, previous, _paused_status(previous, generation, now))
+
+    want = desired(ctx, spec)
+    out = _Builder()
+    _plan_shared_objects(want, observed, expect, out)
+    states = _plan_groups(spec, want, observed, expect, out)
+    _plan_removals(want, observed, expect, out)
+    new_status = _status(spec, want, states, observed, previous, generation, now, out)
+    return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
+                status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
+                events=tuple(out.events))
+
+
+def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
+    key = (obj["kind"], obj["metadata"]["name"])
+    want = applied_hash(obj)
+    current = observed.get(key)
+    if current is not None and applied_hash(current) == want:
+        return False
+    return expect.applied.get(key) != want
+
+
+def _plan_shared_objects(want: Desired, observed: Observed, expect: Expectations, out: _Builder) -> None:
+    """Router objects and the groups' Services: mutable, so a changed one is simply applied again."""
+    for obj in [*want.router, *(g.service for g in want.groups)]:
+        if _needs_write(obj, observed.owned, expect):
+            out.apply.append(obj)
+
+
+def _role_order(spec: InferencePoolSpec) -> list[Role]:
+    return [Role.DECODE, Role.PREFILL] if spec.rollout.order is RolloutOrder.DECODE_FIRST else \
+        [Role.PREFILL, Role.DECODE]
+
+
+def _max_unavailable(spec: InferencePoolSpec, role: Role) -> int:
+    mu = spec.rollout.max_unavailable
+    return mu.prefill if role is Role.PREFILL else mu.decode
+
+
+def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, expect: Expectations,
+                 out: _Builder) -> dict[str, GroupState]:
+    pods = pods_by_group(observed.of_kind("Pod"))
+    states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
+    for role in _role_order(spec):
+        groups = [g for g in want.groups if g.id.role is role]
+        budget = _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)
+        for group in groups:
+            state = states[group.name]
+            current = pods.get(group.name, [])
+            if state is GroupState.FAILED:
+                ended = next(p["metadata"]["name"] for p in current
+                             if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
+                out.delete_objects(current)
+                out.events.append(Event("Warning", "GroupRestarted",
+                                        f"restarting {role} group {group.name} as a unit: pod {ended} ended"))
+            elif state is GroupState.OUTDATED and budget > 0:
+                budget -= 1
+                out.delete_objects(current)
+                out.events.append(Event("Normal", "GroupReplaced",
+                                        f"replacing {role} group {group.name} with revision {group.revision}"))
+            elif state in (GroupState.MISSING, GroupState.PARTIAL):
+                _create_missing_pods(group, current, expect, out, announce=state is GroupState.MISSING)
+    return states
+
+
+def _create_missing_pods(group: DesiredGroup, current: list[Body], expect: Expectations, out: _Builder,
+                         *, announce: bool) -> None:
+    have = {p["metadata"]["name"] for p in current}
+    missing = [p for p in group.pods if p["metadata"]["name"] not in have
+               and expect.applied.get(("Pod", p["metadata"]["name"])) != applied_hash(p)]
+    out.apply.extend(missing)
+    if announce and missing:
+        gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in group.pods)
+        out.events.append(Event("Normal", "GroupCreated",
+                                f"created {group.id.role} group {group.name} at revision {group.revision}: "
+                                f"{len(group.pods)} pod(s), {gpus} GPU(s)"))
+
+
+def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
+                   out: _Builder) -> None:
+    """Objects the pool owns that the spec no longer asks for: groups past `replicas`, a router scaled to 0."""
+    wanted = {(o["kind"], o["metadata"]["name"]) for o in want.objects()}
+    stale_groups: dict[str, list[Body]] = {}
+    for key, obj in sorted(observed.owned.items()):
+        if key in wanted or key in expect.deleting:
+            continue
+        group = (obj["metadata"].get("labels") or {}).get(labels.GROUP)
+        if group:
+            stale_groups.setdefault(group, []).append(obj)
+        else:
+            out.delete_objects([obj])
+    for group, objects in sorted(stale_groups.items()):
+        if any(o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp") for o in objects):
+            out.events.append(Event("Normal", "GroupDeleted", f"deleted group {group}: scaled down"))
+        out.delete_objects(objects)
+
+
+def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], previous: InferencePoolStatus,
+                  spec: InferencePoolSpec) -> GroupStatus:
+    before = next((g for g in previous.groups if g.name == group.name), None)
+    revisions = {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in pods} - {None}
+    gpus_per_pod = spec.role(group.id.role).gpus_per_node
+    ready_pods = sum(pod_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp"))
+    restarts = (before.restarts if before else 0) + (1 if state is GroupState.FAILED else 0)
+    return GroupStatus(
+        name=group.name,
+        role=group.id.role,
+        revision=revisions.pop() if len(revisions) == 1 else group.revision,
+        ranks=ready_pods * gpus_per_pod,
+        verdict=before.verdict if before else Verdict.UNKNOWN,
+        event_loop=before.event_loop if before else None,
+        restarts=restarts,
+        message=f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready",
+    )
+
+
+def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
+            previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
+            out: _Builder) -> InferencePoolStatus:
+    pods = pods_by_group(observed.of_kind("Pod"))
+    groups = tuple(_group_status(g, states[g.name], pods.get(g.name, []), previous, spec) for g in want.groups)
+    counts = {}
+    for role in Role:
+        mine = [g for g in want.groups if g.id.role is role]
+        counts[role] = RoleStatus.of(
+            desired=spec.role(role).replicas,
+            ready=sum(states[g.name] is GroupState.READY for g in mine),
+            updated=sum(states[g.name] in (GroupState.READY, GroupState.STARTING) for g in mine),
+        )
+    router_ok = _router_available(spec, observed)
+    all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
+    settled = all(s is GroupState.READY for s in states.values()) and router_ok
+    failed = [n for n, s in states.items() if s is GroupState.FAILED]
+    summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"
+               + ("" if router_ok else ", router not available"))
+    prev_conds = previous.conditions
+    progressing_reason = "RollingOut" if any(s is GroupState.OUTDATED for s in states.values()) else "Reconciling"
+    conds = [
+        status_mod.condition(prev_conds, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
+                             generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
+                             "GroupsNotReady", summary, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.PROGRESSING, not settled,
+                             "Stable" if settled else progressing_reason, summary, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.DEGRADED, bool(failed),
+                             "GroupFailed" if failed else "AsExpected",
+                             f"restarting {', '.join(failed)}" if failed else "no group has failed",
+                             generation=generation, now=now),
+    ]
+    phase = Phase.READY if all_ready else Phase.DEGRADED if failed else Phase.PROGRESSING \
+        if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
+    was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
+    if all_ready and not was_ready:
+        out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
+    for role in Role:
+        before = (previous.prefill if role is Role.PREFILL else previous.decode).desired
+        if previous.observed_generation is not None and before != counts[role].desired:
+            out.events.append(Event("Normal", "Scaled",
+                                    f"scaled {role} from {before} to {counts[role].desired} group(s)"))
+    update_rev = revision.pool_revision(spec)
+    return InferencePoolStatus(
+        phase=phase,
+        observed_generation=generation,
+        current_revision=update_rev if settled else previous.current_revision,
+        update_revision=update_rev,
+        prefill=counts[Role.PREFILL],
+        decode=counts[Role.DECODE],
+        groups=groups,
+        conditions=status_mod.merge_conditions(prev_conds, conds),
+    )
+
+
+def _router_available(spec: InferencePoolSpec, observed: Observed) -> bool:
+    if spec.router.replicas == 0:
+        return True
+    for deployment in observed.of_kind("Deployment"):
+        if (deployment.get("status") or {}).get("availableReplicas", 0) >= 1:
+            return True
+    return False
+
+
+def _paused_status(previous: InferencePoolStatus, generation: int | None,
+                   now: datetime.datetime) -> InferencePoolStatus:
+    conds = [status_mod.condition(previous.conditions, ConditionType.PROGRESSING, False, "Paused",
+                                  "the pool is paused: nothing is created, replaced or restarted",
+                                  generation=generation, now=now)]
+    return previous.model_copy(update={"phase": Phase.PAUSED, "observed_generation": generation,
+                                       "conditions": status_mod.merge_conditions(previous.conditions, conds)})
+
+
+def _status_only(pool: Body, previous: InferencePoolStatus, new: InferencePoolStatus,
+                 events: tuple[Event, ...] = ()) -> Plan:
+    return Plan(status=status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None, events=events)
+
+
+def _rejected_plan(pool: Body, previous: InferencePoolStatus, problems: list[checks.Problem],
+                   generation: int | None, now: datetime.datetime) -> Plan:
+    message = "; ".join(str(p) for p in problems[:10]) or "the spec could not be read"
+    cond = status_mod.condition(previous.conditions, ConditionType.ACCEPTED, False, "InvalidSpec", message,
+                                generation=generation, now=now)
+    new = previous.model_copy(update={"observed_generation": generation,
+                                      "conditions": status_mod.merge_conditions(previous.conditions, [cond])})
+    before = next((c for c in previous.conditions if c.type == ConditionType.ACCEPTED), None)
+    events: tuple[Event, ...] = ()
+    if before is None or before.status != "False" or before.message != message:
+        events = (Event("Warning", "SpecRejected", f"nothing in the fleet was changed: {message}"),)
+    return _status_only(pool, previous, new, events)

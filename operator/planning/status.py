@@ -1,0 +1,66 @@
+"""Status and conditions as pure functions of what was planned and observed.
+
+`lastTransitionTime` moves only when a condition's status flips, so recomputing an unchanged status gives an
+identical object and nothing is written.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
+from pdfleet.operator.api.status import InferencePoolStatus
+
+Body = dict[str, Any]
+
+
+def parse_status(raw: Mapping[str, Any] | None) -> InferencePoolStatus:
+    """The pool's current status; a status this operator cannot read counts as none."""
+    try:
+        return InferencePoolStatus.model_validate(raw or {})
+    except ValidationError:
+        return InferencePoolStatus()
+
+
+def condition(
+    previous: Iterable[Condition],
+    type_: ConditionType,
+    status: bool,
+    reason: str,
+    message: str,
+    *,
+    generation: int | None,
+    now: datetime.datetime,
+) -> Condition:
+    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    before = next((c for c in previous if c.type == type_), None)
+    moved = before is None or before.status != value
+    return Condition(
+        type=str(type_),
+        status=value,
+        observed_generation=generation,
+        last_transition_time=now if moved else before.last_transition_time,  # type: ignore[union-attr]
+        reason=reason,
+        message=message,
+    )
+
+
+def merge_conditions(previous: Iterable[Condition], updated: Iterable[Condition]) -> tuple[Condition, ...]:
+    """pdfleet's conditions in a fixed order, then any other writer's conditions untouched."""
+    ours = {c.type: c for c in updated}
+    order = [str(t) for t in ConditionType]
+    kept = [c for c in previous if c.type not in ours]
+    return tuple(sorted(ours.values(), key=lambda c: order.index(c.type) if c.type in order else 99)) + tuple(kept)
+
+
+def wire(status: InferencePoolStatus) -> Body:
+    return status.model_dump(mode="json")
+
+
+def changed(new: InferencePoolStatus, raw_previous: Mapping[str, Any] | None) -> bool:
+    """Compares in the wire form the apiserver stores, so defaults and ordering cannot cause a write."""
+    return wire(new) != wire(parse_status(raw_previous)) or raw_previous is None

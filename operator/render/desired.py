@@ -1,0 +1,51 @@
+"""Everything a pool should own, as plain objects: engine groups of both roles and the router."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.planning.plan import stamped
+from pdfleet.operator.render import engine_group, revision, router
+from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.engine_group import GroupId
+
+Body = dict[str, Any]
+
+
+@dataclasses.dataclass(frozen=True)
+class DesiredGroup:
+    id: GroupId
+    name: str
+    revision: str
+    service: Body
+    pods: tuple[Body, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Desired:
+    groups: tuple[DesiredGroup, ...]
+    router: tuple[Body, ...]
+    revisions: dict[Role, str]
+
+    def objects(self) -> list[Body]:
+        out: list[Body] = list(self.router)
+        for group in self.groups:
+            out += [group.service, *group.pods]
+        return out
+
+
+def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
+    """Every object of the pool, each stamped with its content hash."""
+    groups = []
+    revisions = {role: revision.role_revision(spec, role) for role in Role}
+    for role in Role:
+        for index in range(spec.role(role).replicas):
+            gid = GroupId(role, index)
+            service, *pods = engine_group.group_objects(ctx, spec, gid, revisions[role])
+            groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
+                                       service=stamped(service), pods=tuple(stamped(p) for p in pods)))
+    return Desired(groups=tuple(groups), router=tuple(stamped(o) for o in router.router_objects(ctx, spec)),
+                   revisions=revisions)

@@ -1,0 +1,194 @@
+"""An engine group's objects: its pods (one per node of the group) and the headless Service they meet on.
+
+The engine container runs the user's SGLang image unchanged; pdfleet's runtime reaches it through an init
+container that copies the runtime into a shared volume, and the launcher from that volume starts SGLang with
+the pool's patches. Probes are cheap on purpose: SGLang's `/health` runs a generation (it is
+`/health_generate`), so kubelet never calls it; rank health is the operator's job, from the rank agents.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from pdfleet.operator.api.model import ModelSource
+from pdfleet.operator.api.roles import PrefillSpec, Role, RoleSpec
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.transfer import TransferBackend
+from pdfleet.operator.render import engine_args, labels
+from pdfleet.operator.render.context import RenderContext
+
+Body = dict[str, Any]
+
+AGENT_PORT = 8470  # the rank-health agent inside every engine pod
+DIST_PORT = 5000  # torch.distributed rendezvous of a multi-node group (--dist-init-addr)
+RUNTIME_MOUNT = "/opt/pdfleet"
+MODEL_MOUNT = "/models"
+TERMINATION_GRACE_SECONDS = 180  # a drain lets in-flight requests finish; long generations need minutes
+GPU_RESOURCE = "nvidia.com/gpu"
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupId:
+    role: Role
+    index: int
+
+    def name(self, pool: str) -> str:
+        return f"{pool}-{self.role}-{self.index}"
+
+    def pod_name(self, pool: str, node_rank: int) -> str:
+        return f"{self.name(pool)}-{node_rank}"
+
+
+def group_labels(ctx: RenderContext, group: GroupId, revision: str) -> dict[str, str]:
+    return {
+        **labels.common(ctx.pool, f"{group.role}-engine"),
+        labels.ROLE: str(group.role),
+        labels.GROUP: group.name(ctx.pool),
+        labels.REVISION: revision,
+    }
+
+
+def headless_service(ctx: RenderContext, group: GroupId) -> Body:
+    """Gives each pod of the group a stable DNS name (`<pod>.<group>.<ns>.svc`) for rendezvous, before any
+    pod is Ready: ranks must find each other to become Ready at all."""
+    name = group.name(ctx.pool)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": ctx.metadata(name, {**labels.common(ctx.pool, f"{group.role}-engine"), labels.ROLE: str(group.role),
+                                        labels.GROUP: name}),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": labels.selector(ctx.pool, **{labels.GROUP: name}),
+            "ports": [{"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT}],
+        },
+    }
+
+
+def _model_volume(source: ModelSource) -> tuple[list[Body], list[Body], str | None]:
+    """(volumes, mounts, model path inside the container) for the model source."""
+    if source.pvc is not None:
+        sub = source.pvc.sub_path or ""
+        return ([{"name": "model", "persistentVolumeClaim": {"claimName": source.pvc.claim_name, "readOnly": True}}],
+                [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
+                f"{MODEL_MOUNT}/{sub}".rstrip("/"))
+    if source.host_path is not None:
+        return ([{"name": "model", "hostPath": {"path": source.host_path.path, "type": "Directory"}}],
+                [{"name": "model", "mountPath": MODEL_MOUNT, "readOnly": True}],
+                MODEL_MOUNT)
+    return [], [], None
+
+
+def _tolerations(role_spec: RoleSpec) -> list[Body]:
+    given = [t.model_dump(mode="json", by_alias=True) for t in role_spec.scheduling.tolerations]
+    # Engines ask for GPUs; clusters commonly taint GPU nodes so that nothing else lands there.
+    if not any(t.get("key") == GPU_RESOURCE for t in given):
+        given.append({"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"})
+    return given
+
+
+def _resources(role_spec: RoleSpec) -> Body:
+    requests = dict(role_spec.resources.requests)
+    limits = dict(role_spec.resources.limits)
+    limits[GPU_RESOURCE] = str(role_spec.gpus_per_node)
+    requests[GPU_RESOURCE] = str(role_spec.gpus_per_node)
+    return {"requests": requests, "limits": limits}
+
+
+def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_rank: int, revision: str) -> Body:
+    role_spec = spec.role(group.role)
+    group_name = group.name(ctx.pool)
+    pod_name = group.pod_name(ctx.pool, node_rank)
+    volumes, mounts, model_path = _model_volume(spec.model.source)
+    dist_init_addr = None
+    if role_spec.nodes_per_group > 1:
+        leader = group.pod_name(ctx.pool, 0)
+        dist_init_addr = f"{leader}.{group_name}.{ctx.namespace}.svc:{DIST_PORT}"
+    args = engine_args.engine_args(
+        spec, group.role, node_rank=node_rank, dist_init_addr=dist_init_addr, model_path=model_path,
+    )
+    ports = [{"name": "http", "containerPort": role_spec.port},
+             {"name": "agent", "containerPort": AGENT_PORT}]
+    if isinstance(role_spec, PrefillSpec):
+        ports.append({"name": "bootstrap", "containerPort": role_spec.bootstrap_port})
+    if role_spec.nodes_per_group > 1:
+        ports.append({"name": "dist", "containerPort": DIST_PORT})
+    patches = [str(p) for p in spec.engine.patches]
+    pod_labels = {**group_labels(ctx, group, revision), labels.RANK: str(node_rank)}
+    annotations = {labels.PATCHES: ",".join(patches), labels.IMAGE: spec.engine.image}
+    if isinstance(role_spec, PrefillSpec):
+        # sglang-router's Kubernetes service discovery reads a prefill worker's bootstrap port from here.
+        annotations["sglang.ai/bootstrap-port"] = str(role_spec.bootstrap_port)
+    capabilities: Body = {"drop": ["ALL"]}
+    if spec.transfer.backend in (TransferBackend.MOONCAKE, TransferBackend.NIXL) and spec.transfer.ib_device:
+        capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration pins pages
+    http = {"path": "/v1/models", "port": "http"}
+    pod_spec: Body = {
+        "hostname": pod_name,
+        "subdomain": group_name,
+        "restartPolicy": "Never",  # a group lives and dies as a unit; the operator restarts it whole
+        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "enableServiceLinks": False,
+        "automountServiceAccountToken": False,  # engines never talk to the Kubernetes API
+        "nodeSelector": dict(role_spec.scheduling.node_selector),
+        "tolerations": _tolerations(role_spec),
+        "initContainers": [{
+            "name": "pdfleet-runtime",
+            "image": ctx.runtime_image,
+            "command": ["pdfleet-install-runtime", RUNTIME_MOUNT],
+            "volumeMounts": [{"name": "pdfleet-runtime", "mountPath": RUNTIME_MOUNT}],
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": True},
+        }],
+        "containers": [{
+            "name": "engine",
+            "image": spec.engine.image,
+            "imagePullPolicy": str(spec.engine.image_pull_policy),
+            "command": ["python3", "-m", "pdfleet.runtime.launcher"],
+            "args": [*(f"--patch={p}" for p in patches), f"--agent-port={AGENT_PORT}", "--", *args],
+            "env": [
+                {"name": "PYTHONPATH", "value": f"{RUNTIME_MOUNT}/lib"},
+                {"name": "PDFLEET_POOL", "value": ctx.pool},
+                {"name": "PDFLEET_GROUP", "value": group_name},
+                {"name": "PDFLEET_NODE_RANK", "value": str(node_rank)},
+                *({"name": e.name, "value": e.value} for e in spec.engine.env),
+            ],
+            "ports": ports,
+            "resources": _resources(role_spec),
+            "volumeMounts": [
+                {"name": "pdfleet-runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True},
+                {"name": "dshm", "mountPath": "/dev/shm"},
+                *mounts,
+            ],
+            # Loading weights takes minutes: startup allows an hour before liveness applies.
+            "startupProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 360},
+            "readinessProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 3},
+            "livenessProbe": {"httpGet": {"path": "/livez", "port": "agent"}, "periodSeconds": 20,
+                              "failureThreshold": 3},
+            "lifecycle": {"preStop": {"exec": {"command": ["python3", "-m", "pdfleet.runtime.drain"]}}},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": capabilities},
+        }],
+        "volumes": [
+            {"name": "pdfleet-runtime", "emptyDir": {}},
+            {"name": "dshm", "emptyDir": {"medium": "Memory"}},  # NCCL and the rank ledger live in /dev/shm
+            *volumes,
+        ],
+    }
+    if role_spec.scheduling.affinity:
+        pod_spec["affinity"] = role_spec.scheduling.affinity
+    if role_spec.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = role_spec.scheduling.priority_class_name
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": ctx.metadata(pod_name, pod_labels, annotations),
+        "spec": pod_spec,
+    }
+
+
+def group_objects(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, revision: str) -> list[Body]:
+    nodes = spec.role(group.role).nodes_per_group
+    return [headless_service(ctx, group),
+            *(engine_pod(ctx, spec, group, rank, revision) for rank in range(nodes))]

@@ -1,0 +1,100 @@
+"""The pool's PD router: the real sglang-router in PD mode, finding engines by Kubernetes service discovery.
+
+Discovery (not a static worker list) means scaling the pool never restarts the router: it watches the
+pool's engine pods by label and adds or drops workers as they come and go. That needs `pods` get/list/watch in
+the pool's namespace, granted to the router's own ServiceAccount by a Role the operator creates.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.render import labels
+from pdfleet.operator.render.context import RenderContext
+
+Body = dict[str, Any]
+METRICS_PORT = 29000
+COMPONENT = "router"
+
+
+def router_name(pool: str) -> str:
+    return f"{pool}-router"
+
+
+def _selector_args(ctx: RenderContext, role: Role) -> list[str]:
+    return [f"{k}={v}" for k, v in labels.selector(ctx.pool, **{labels.ROLE: str(role)}).items()]
+
+
+def router_args(ctx: RenderContext, spec: InferencePoolSpec) -> list[str]:
+    router = spec.router
+    return [
+        "--pd-disaggregation",
+        "--host", "0.0.0.0",
+        "--port", str(router.port),
+        "--prefill-policy", str(router.prefill_policy),
+        "--decode-policy", str(router.decode_policy),
+        "--service-discovery",
+        "--service-discovery-namespace", ctx.namespace,
+        "--service-discovery-port", str(spec.decode.port),
+        "--prefill-selector", *_selector_args(ctx, Role.PREFILL),
+        "--decode-selector", *_selector_args(ctx, Role.DECODE),
+        "--prometheus-host", "0.0.0.0",
+        "--prometheus-port", str(METRICS_PORT),
+    ]
+
+
+def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
+    if spec.router.replicas == 0:
+        return []
+    name = router_name(ctx.pool)
+    common = labels.common(ctx.pool, COMPONENT)
+    selector = labels.selector(ctx.pool, **{labels.COMPONENT: COMPONENT})
+    router = spec.router
+    image = router.image or spec.engine.image
+    pod_spec: Body = {
+        "serviceAccountName": name,
+        "enableServiceLinks": False,
+        "nodeSelector": dict(router.scheduling.node_selector),
+        "tolerations": [t.model_dump(mode="json", by_alias=True) for t in router.scheduling.tolerations],
+        "containers": [{
+            "name": "router",
+            "image": image,
+            "imagePullPolicy": str(spec.engine.image_pull_policy),
+            "command": ["python3", "-m", "sglang_router.launch_router"],
+            "args": router_args(ctx, spec),
+            "ports": [{"name": "http", "containerPort": router.port},
+                      {"name": "metrics", "containerPort": METRICS_PORT}],
+            "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 10},
+            "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 20,
+                              "failureThreshold": 3},
+            "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
+            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": True},
+        }],
+    }
+    if router.scheduling.affinity:
+        pod_spec["affinity"] = router.scheduling.affinity
+    if router.scheduling.priority_class_name:
+        pod_spec["priorityClassName"] = router.scheduling.priority_class_name
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": ctx.metadata(name, common),
+         "automountServiceAccountToken": True},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": ctx.metadata(name, common),
+         "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding", "metadata": ctx.metadata(name, common),
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+         "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": ctx.namespace}]},
+        {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": ctx.metadata(name, common),
+         "spec": {
+             "replicas": router.replicas,
+             "selector": {"matchLabels": selector},
+             "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}},
+             "template": {"metadata": {"labels": common}, "spec": pod_spec},
+         }},
+        {"apiVersion": "v1", "kind": "Service", "metadata": ctx.metadata(name, common),
+         "spec": {"selector": selector, "ports": [
+             {"name": "http", "port": router.port, "targetPort": "http"},
+             {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}},
+    ]

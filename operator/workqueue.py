@@ -1,0 +1,101 @@
+"""A work queue of pool keys, in the manner of client-go's: level-based reconcile needs exactly this.
+
+- A key waiting in the queue is there once, however many events poked it (they coalesce).
+- A key is never handled by two workers at once; a key poked while it is being handled is handled again
+  once more afterwards, so no change is lost.
+- A failed key comes back after an exponential backoff; a success forgets its failures.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Hashable
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+log = logging.getLogger(__name__)
+
+
+class WorkQueue(Generic[K]):
+    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
+        self._ready: asyncio.Queue[K] = asyncio.Queue()
+        self._queued: set[K] = set()
+        self._active: set[K] = set()
+        self._dirty: set[K] = set()  # poked while active
+        self._failures: dict[K, int] = {}
+        self._timers: dict[K, asyncio.TimerHandle] = {}
+        self._base_delay = base_delay
+        self._max_delay = max_delay
+
+    def add(self, key: K) -> None:
+        if key in self._active:
+            self._dirty.add(key)
+        elif key not in self._queued:
+            self._queued.add(key)
+            self._ready.put_nowait(key)
+
+    def add_after(self, key: K, delay: float) -> None:
+        if key in self._timers:
+            return
+        loop = asyncio.get_running_loop()
+
+        def fire() -> None:
+            self._timers.pop(key, None)
+            self.add(key)
+
+        self._timers[key] = loop.call_later(delay, fire)
+
+    def forget(self, key: K) -> None:
+        """Drops a key's failure history and pending retry (its object is gone)."""
+        self._failures.pop(key, None)
+        timer = self._timers.pop(key, None)
+        if timer:
+            timer.cancel()
+
+    def __len__(self) -> int:
+        return len(self._queued)
+
+    @property
+    def idle(self) -> bool:
+        return not self._queued and not self._active
+
+    async def _next(self) -> K:
+        key = await self._ready.get()
+        self._queued.discard(key)
+        self._active.add(key)
+        return key
+
+    def _done(self, key: K, *, failed: bool) -> None:
+        self._active.discard(key)
+        if failed:
+            n = self._failures.get(key, 0) + 1
+            self._failures[key] = n
+            self.add_after(key, min(self._base_delay * 2 ** (n - 1), self._max_delay))
+        else:
+            self._failures.pop(key, None)
+        if key in self._dirty:
+            self._dirty.discard(key)
+            self.add(key)
+
+    async def run_worker(self, handle: Callable[[K], Awaitable[None]]) -> None:
+        """Handles keys forever. `handle` raising means: retry later with backoff."""
+        while True:
+            key = await self._next()
+            failed = False
+            try:
+                await handle(key)
+            except asyncio.CancelledError:
+                self._done(key, failed=False)
+                raise
+            except Exception:
+                failed = True
+                log.exception("reconcile of %s failed; retrying with backoff", key)
+            self._done(key, failed=failed)
+
+    def close(self) -> None:
+        for timer in self._timers.values():
+            with contextlib.suppress(Exception):
+                timer.cancel()
+        self._timers.clear()

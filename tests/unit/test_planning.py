@@ -1,0 +1,200 @@
+"""The planner, walked through a pool's life without a cluster: create, become ready, resync, scale,
+roll out, restart a failed group, reject a bad spec."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+from pdfleet.operator.cache import Observed
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.render import labels
+from tests.support.pools import pool_body
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
+Body = dict[str, Any]
+
+
+class FakeCluster:
+    """Applies plans the way the apiserver, kwok and the controllers would, instantly: pods become Ready,
+    deletions complete, status is stored. Enough to walk the planner through a whole life."""
+
+    def __init__(self, pool: Body) -> None:
+        self.pool = pool
+        self.owned: dict[tuple[str, str], Body] = {}
+        self.writes = 0
+
+    def observed(self) -> Observed:
+        return Observed(pool=copy.deepcopy(self.pool), owned=copy.deepcopy(self.owned))
+
+    def apply(self, plan: Plan) -> None:
+        for obj in plan.apply:
+            self.writes += 1
+            obj = copy.deepcopy(obj)
+            obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
+            if obj["kind"] == "Pod":
+                obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            if obj["kind"] == "Deployment":
+                obj["status"] = {"availableReplicas": obj["spec"]["replicas"]}
+            self.owned[(obj["kind"], obj["metadata"]["name"])] = obj
+        for ref in plan.delete:
+            self.writes += 1
+            self.owned.pop((ref.kind, ref.name), None)
+        if plan.status is not None:
+            self.writes += 1
+            self.pool["status"] = plan.status
+
+    def step(self) -> Plan:
+        plan = reconcile.plan(self.pool, self.observed(), now=NOW)
+        self.apply(plan)
+        return plan
+
+    def converge(self, limit: int = 10) -> list[Plan]:
+        plans = []
+        for _ in range(limit):
+            plan = self.step()
+            plans.append(plan)
+            if plan.empty:
+                return plans
+        raise AssertionError(f"no convergence in {limit} steps: {plans[-1]}")
+
+    def pods(self) -> list[str]:
+        return sorted(name for kind, name in self.owned if kind == "Pod")
+
+
+def reasons(plans: list[Plan]) -> list[str]:
+    return [e.reason for p in plans for e in p.events]
+
+
+def test_a_new_pool_gets_its_groups_and_router_and_becomes_ready() -> None:
+    cluster = FakeCluster(pool_body(prefill=1, decode=2))
+    plans = cluster.converge()
+    assert cluster.pods() == ["tiny-decode-0-0", "tiny-decode-1-0", "tiny-prefill-0-0"]
+    kinds = sorted({k for k, _ in cluster.owned})
+    assert kinds == ["Deployment", "Pod", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    status = cluster.pool["status"]
+    assert status["phase"] == "Ready"
+    assert status["decode"] == {"desired": 2, "ready": 2, "updated": 2, "summary": "2/2"}
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "True"
+    assert reasons(plans).count("GroupCreated") == 3
+    assert reasons(plans).count("PoolReady") == 1
+
+
+def test_planning_again_after_convergence_writes_nothing() -> None:
+    cluster = FakeCluster(pool_body())
+    cluster.converge()
+    writes = cluster.writes
+    for _ in range(3):
+        assert cluster.step().empty
+    assert cluster.writes == writes
+
+
+def test_every_owned_object_carries_the_standard_labels_and_an_owner_reference() -> None:
+    cluster = FakeCluster(pool_body())
+    cluster.converge()
+    for obj in cluster.owned.values():
+        meta = obj["metadata"]
+        assert meta["labels"][labels.MANAGED_BY] == "pdfleet"
+        assert meta["labels"][labels.POOL] == "tiny"
+        assert meta["labels"]["app.kubernetes.io/part-of"] == "pdfleet"
+        assert meta["ownerReferences"] == [{"apiVersion": "pdfleet.dev/v1alpha1", "kind": "InferencePool",
+                                            "name": "tiny", "uid": "uid-1", "controller": True,
+                                            "blockOwnerDeletion": True}]
+
+
+def test_objects_written_but_not_yet_seen_are_not_written_again() -> None:
+    pool = pool_body()
+    first = reconcile.plan(pool, Observed(pool=pool, owned={}), now=NOW)
+    expect = Expectations(applied={(o["kind"], o["metadata"]["name"]): o["metadata"]["annotations"][
+        labels.APPLIED_HASH] for o in first.apply})
+    again = reconcile.plan(pool, Observed(pool=pool, owned={}), expect=expect, now=NOW)
+    assert again.apply == ()
+
+
+def test_scaling_down_deletes_the_highest_groups_and_says_so() -> None:
+    cluster = FakeCluster(pool_body(decode=3))
+    cluster.converge()
+    cluster.pool["spec"]["decode"]["replicas"] = 1
+    cluster.pool["metadata"]["generation"] = 2
+    plans = cluster.converge()
+    assert cluster.pods() == ["tiny-decode-0-0", "tiny-prefill-0-0"]
+    assert ("Service", "tiny-decode-2") not in cluster.owned
+    assert reasons(plans).count("GroupDeleted") == 2
+    assert "Scaled" in reasons(plans)
+    assert cluster.pool["status"]["decode"]["desired"] == 1
+
+
+def test_scaling_never_replaces_the_groups_that_stay() -> None:
+    cluster = FakeCluster(pool_body(decode=1))
+    cluster.converge()
+    uid = cluster.owned[("Pod", "tiny-decode-0-0")]["metadata"]["uid"]
+    cluster.pool["spec"]["decode"]["replicas"] = 2
+    plans = cluster.converge()
+    assert cluster.owned[("Pod", "tiny-decode-0-0")]["metadata"]["uid"] == uid
+    assert not any(ref.name == "tiny-decode-0-0" for p in plans for ref in p.delete)
+
+
+def test_an_engine_change_replaces_groups_one_at_a_time_per_role() -> None:
+    cluster = FakeCluster(pool_body(prefill=2, decode=2))
+    cluster.converge()
+    cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
+    plan = cluster.step()
+    replaced = [e.message for e in plan.events if e.reason == "GroupReplaced"]
+    assert len(replaced) == 2, "maxUnavailable 1 per role: one prefill and one decode group at a time"
+    assert {m.split()[1] for m in replaced} == {"prefill", "decode"}
+    cluster.converge(limit=20)
+    for kind, name in cluster.owned:
+        if kind == "Pod":
+            assert "--disable-overlap-schedule" in cluster.owned[(kind, name)]["spec"]["containers"][0]["args"]
+    assert cluster.pool["status"]["phase"] == "Ready"
+
+
+def test_a_group_with_a_failed_pod_restarts_as_a_unit() -> None:
+    cluster = FakeCluster(pool_body(base="multinode-decode"))
+    cluster.converge()
+    decode_pods = [n for n in cluster.pods() if "-decode-0-" in n]
+    assert len(decode_pods) >= 2
+    cluster.owned[("Pod", decode_pods[1])]["status"]["phase"] = "Failed"
+    plan = cluster.step()
+    assert sorted(ref.name for ref in plan.delete) == decode_pods, "every pod of the group goes, not just one"
+    assert [e.reason for e in plan.events] == ["GroupRestarted"]
+    cluster.converge()
+    group = next(g for g in cluster.pool["status"]["groups"] if g["name"].endswith("decode-0"))
+    assert group["restarts"] == 1
+
+
+def test_an_invalid_spec_is_rejected_and_nothing_in_the_fleet_changes() -> None:
+    cluster = FakeCluster(pool_body())
+    cluster.converge()
+    before = copy.deepcopy(cluster.owned)
+    cluster.pool["spec"]["engine"]["patches"] = ["kv-poll-lockstep"]
+    cluster.pool["spec"]["engine"]["sglangVersion"] = "0.4.0"
+    plan = cluster.step()
+    assert plan.apply == () and plan.delete == ()
+    accepted = next(c for c in cluster.pool["status"]["conditions"] if c["type"] == "Accepted")
+    assert accepted["status"] == "False"
+    assert "spec.engine.patches[0]" in accepted["message"]
+    assert [e.reason for e in plan.events] == ["SpecRejected"]
+    assert cluster.owned == before
+    assert cluster.step().empty, "the rejection is reported once, not on every resync"
+
+
+def test_a_paused_pool_creates_nothing() -> None:
+    cluster = FakeCluster(pool_body(prefill=0, decode=0, paused=True))
+    cluster.converge()
+    assert cluster.owned == {}
+    assert cluster.pool["status"]["phase"] == "Paused"
+
+
+def test_condition_times_move_only_when_a_status_flips() -> None:
+    cluster = FakeCluster(pool_body())
+    cluster.converge()
+    first = {c["type"]: c["lastTransitionTime"] for c in cluster.pool["status"]["conditions"]}
+    later = NOW + datetime.timedelta(hours=1)
+    plan = reconcile.plan(cluster.pool, cluster.observed(), now=later)
+    assert plan.status is None
+    assert first["Ready"] == "2026-11-30T12:00:00Z"

@@ -1,0 +1,101 @@
+"""The work queue coalesces pokes, never runs a key twice at once, and retries failures with backoff."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from pdfleet.operator.workqueue import WorkQueue
+
+
+async def drain(queue: WorkQueue[str], handled: list[str], *, fail: set[str] | None = None) -> asyncio.Task[None]:
+    async def handle(key: str) -> None:
+        handled.append(key)
+        if fail and key in fail:
+            fail.discard(key)
+            raise RuntimeError("boom")
+
+    return asyncio.create_task(queue.run_worker(handle))
+
+
+async def wait_idle(queue: WorkQueue[str]) -> None:
+    while not queue.idle:
+        await asyncio.sleep(0)
+
+
+async def test_many_pokes_of_a_waiting_key_are_handled_once() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for _ in range(5):
+        queue.add("a")
+    queue.add("b")
+    assert len(queue) == 2
+    handled: list[str] = []
+    worker = await drain(queue, handled)
+    await wait_idle(queue)
+    worker.cancel()
+    assert handled == ["a", "b"]
+
+
+async def test_a_key_poked_while_being_handled_is_handled_again_afterwards() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    entered, release = asyncio.Event(), asyncio.Event()
+    handled: list[str] = []
+    running = 0
+    max_running = 0
+
+    async def handle(key: str) -> None:
+        nonlocal running, max_running
+        running += 1
+        max_running = max(max_running, running)
+        handled.append(key)
+        entered.set()
+        await release.wait()
+        running -= 1
+
+    workers = [asyncio.create_task(queue.run_worker(handle)) for _ in range(2)]
+    queue.add("a")
+    await entered.wait()
+    queue.add("a")  # arrives mid-handling: must not start a second concurrent handler
+    for _ in range(10):
+        await asyncio.sleep(0)
+    assert max_running == 1
+    release.set()
+    await wait_idle(queue)
+    for w in workers:
+        w.cancel()
+    assert handled == ["a", "a"]
+    assert max_running == 1
+
+
+async def test_a_failed_key_is_retried_after_a_backoff() -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.01)
+    handled: list[str] = []
+    worker = await drain(queue, handled, fail={"a"})
+    queue.add("a")
+    for _ in range(500):
+        if handled == ["a", "a"]:
+            break
+        await asyncio.sleep(0.01)
+    worker.cancel()
+    assert handled == ["a", "a"]
+
+
+@pytest.mark.parametrize(("failures", "expected"), [(1, 0.5), (2, 1.0), (3, 2.0), (20, 60.0)])
+async def test_backoff_doubles_up_to_a_ceiling(failures: int, expected: float) -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.5, max_delay=60)
+    delays: list[float] = []
+    queue.add_after = lambda key, delay: delays.append(delay)  # type: ignore[method-assign]
+    for _ in range(failures):
+        queue._active.add("k")
+        queue._done("k", failed=True)
+    assert delays[-1] == expected
+
+
+async def test_forget_cancels_a_pending_retry() -> None:
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.05)
+    queue._active.add("gone")
+    queue._done("gone", failed=True)
+    queue.forget("gone")
+    await asyncio.sleep(0.1)
+    assert len(queue) == 0
