@@ -1,0 +1,124 @@
+"""The generated CRD on a real kube-apiserver: it installs, it keeps examples as written (plus defaults), it
+refuses every invalid spec of the shared table with a message naming the field, and kubectl explains and
+prints it.
+
+The invalid-spec table is the one tests/unit/test_api_rejections.py runs against the Python models, so a rule
+enforced on one side only fails here or there.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from pdfleet.operator.api import InferencePool, InferencePoolStatus, Phase, RoleStatus, crd, meta
+from tests.support.cluster import Cluster, wait_for
+from tests.unit.test_api_rejections import INVALID_SPECS, Case, minimal_spec
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_FILE = ROOT / crd.DEFAULT_OUTPUT
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.fixture(scope="module")
+def installed(cluster: Cluster) -> Cluster:
+    """The committed CRD, applied server-side and Established, with the resource served."""
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pdfleet-tests",
+                    "-f", str(CRD_FILE))
+    cluster.kubectl("wait", "--for=condition=Established", f"crd/{meta.CRD_NAME}", "--timeout=60s")
+    wait_for("the inferencepools resource to be served",
+             lambda: cluster.kubectl("get", "pdpool", "-A", check=False).returncode == 0)
+    return cluster
+
+
+def manifest(name: str, spec: dict[str, Any]) -> str:
+    return json.dumps({"apiVersion": meta.API_VERSION, "kind": meta.KIND, "metadata": {"name": name}, "spec": spec})
+
+
+def test_the_crd_is_established_with_its_names_accepted(installed: Cluster) -> None:
+    got = installed.get(f"crd/{meta.CRD_NAME}")
+    conditions = {c["type"]: c["status"] for c in got["status"]["conditions"]}
+    assert conditions["Established"] == "True"
+    assert conditions["NamesAccepted"] == "True"
+    assert got["status"]["acceptedNames"]["shortNames"] == ["pdpool"]
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
+def test_an_example_reads_back_as_written_plus_the_defaults_python_expects(
+        installed: Cluster, namespace: str, path: Path) -> None:
+    body = yaml.safe_load(path.read_text())
+    installed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(path))
+    stored = installed.get("pdpool", body["metadata"]["name"], "-n", namespace)
+    expected = InferencePool.model_validate(body).spec.model_dump(mode="json")
+    assert stored["spec"] == expected
+    assert _contains(stored["spec"], body["spec"]), "the apiserver changed or pruned a field that was written"
+
+
+def _contains(whole: Any, part: Any) -> bool:
+    if isinstance(part, dict):
+        return isinstance(whole, dict) and all(k in whole and _contains(whole[k], v) for k, v in part.items())
+    return whole == part
+
+
+@pytest.mark.parametrize("case", INVALID_SPECS, ids=lambda case: case.id)
+def test_the_apiserver_refuses_the_spec_naming_the_field(installed: Cluster, namespace: str, case: Case) -> None:
+    says = case.apiserver_says or case.says
+    for dry_run in ((), ("--dry-run=server",)):
+        proc = installed.kubectl("apply", *dry_run, "-n", namespace, "-f", "-",
+                                 input=manifest("bad", case.spec), check=False)
+        output = proc.stderr + proc.stdout
+        assert proc.returncode != 0, f"accepted{' (dry run)' if dry_run else ''}: {output}"
+        assert case.path in output, f"the refusal does not name {case.path}: {output}"
+        assert says in output, f"the refusal does not say {says!r}: {output}"
+    assert installed.kubectl("get", "pdpool", "bad", "-n", namespace, check=False).returncode != 0
+
+
+def test_the_minimal_spec_of_the_table_is_accepted(installed: Cluster, namespace: str) -> None:
+    installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest("ok", minimal_spec()))
+
+
+def test_kubectl_explain_prints_the_field_descriptions(installed: Cluster) -> None:
+    def explained() -> str | None:
+        proc = installed.kubectl("explain", "inferencepool.spec.engine", check=False)
+        return proc.stdout if proc.returncode == 0 and "overlapSchedule" in proc.stdout else None
+
+    text = wait_for("kubectl explain to know the InferencePool schema", explained, timeout=60)
+    assert "The SGLang engine every group runs" in text
+    assert "--disable-overlap-schedule" in text
+    for field in ("image", "sglangVersion", "patches", "extraArgs", "env"):
+        assert field in text
+
+
+def test_kubectl_get_shows_the_printer_columns(installed: Cluster, namespace: str) -> None:
+    installed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(ROOT / "examples" / "minimal.yaml"))
+    status = InferencePoolStatus(
+        phase=Phase.READY, observed_generation=1, current_revision="abc123", update_revision="abc123",
+        prefill=RoleStatus.of(desired=1, ready=1, updated=1), decode=RoleStatus.of(desired=1, ready=0, updated=1),
+    )
+    installed.kubectl("patch", "pdpool", "tiny", "-n", namespace, "--subresource=status", "--type=merge",
+                      "-p", json.dumps({"status": status.model_dump(mode="json")}))
+    lines = installed.kubectl("get", "pdpool", "-n", namespace).stdout.splitlines()
+    assert lines[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "AGE"]
+    assert lines[1].split()[:5] == ["tiny", "Ready", "1/1", "0/1", "abc123"]
+    wide = installed.kubectl("get", "pdpool", "-n", namespace, "-o", "wide").stdout.splitlines()
+    assert wide[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "UPDATE", "PAUSED", "AGE"]
+
+
+def test_the_status_the_operator_writes_is_accepted_and_kept_apart_from_the_spec(
+        installed: Cluster, namespace: str) -> None:
+    installed.kubectl("apply", "--server-side", "-n", namespace, "-f", str(ROOT / "examples" / "minimal.yaml"))
+    written = InferencePoolStatus(phase=Phase.PROGRESSING).model_dump(mode="json")
+    installed.kubectl("patch", "pdpool", "tiny", "-n", namespace, "--subresource=status", "--type=merge",
+                      "-p", json.dumps({"status": written}))
+    stored = installed.get("pdpool", "tiny", "-n", namespace)
+    assert InferencePoolStatus.model_validate(stored["status"]).phase is Phase.PROGRESSING
+    # A write to the main resource cannot change status: the status subresource owns it.
+    installed.kubectl("patch", "pdpool", "tiny", "-n", namespace, "--type=merge",
+                      "-p", json.dumps({"status": {"phase": "Failed"}}))
+    assert installed.get("pdpool", "tiny", "-n", namespace)["status"]["phase"] == "Progressing"
