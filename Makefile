@@ -60,5 +60,9 @@ test-unit: $(STAMP) ## the tests that need no cluster
 bench: $(STAMP) sglang ## benchmarks: ratios against a baseline run in the same process
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
+demo: $(STAMP) binaries ## the main job, locally: cluster, chart, operator, an example pool going Ready
+	$(CLUSTER) up
+	hack/demo.sh
+
 clean: cluster-down ## remove the virtual environment (the binary cache in ~/.cache/pdfleet stays)
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -315,6 +315,8 @@ def components(ports: Ports) -> list[Component]:
             f"--service-account-key-file={pki / 'sa.pub'}",
             f"--service-account-signing-key-file={pki / 'sa.key'}",
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
+            f"--audit-policy-file={HACK / 'audit-policy.yaml'}", f"--audit-log-path={DIR / 'logs' / 'audit.log'}",
+            "--audit-log-maxsize=200", "--audit-log-maxbackup=2",
         ], lambda: _https_ok(ports.apiserver, "/readyz", client_cert=True)),
         Component("kube-controller-manager", "kube-controller-manager", ports.controller_manager,
                   "PDFLEET_CONTROLLER_MANAGER_PORT", [

@@ -18,20 +18,41 @@ from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.planning import plan as plan_mod
 from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.groups import Expectations
 
 log = logging.getLogger(__name__)
 
 
+EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then never will (client-go: 5 min)
+
+
 class Controller:
-    def __init__(self, *, client: KubeClient, cache: Cache) -> None:
+    def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None) -> None:
         self._client = client
         self._cache = cache
-        # What this process applied and the watch may not have shown yet (client-go's "expectations"):
-        # without it, a reconcile that runs before the watch catches up would write the same object again.
-        self._applied: dict[PoolKey, dict[ObjectKey, str]] = {}
+        self._runtime_image = runtime_image
+        # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
+        # reconcile that runs before the watch catches up would write the same object again.
+        self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
+        self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
 
     def forget(self, key: PoolKey) -> None:
         self._applied.pop(key, None)
+        self._deleting.pop(key, None)
+
+    def _expectations(self, key: PoolKey, owned: Mapping[ObjectKey, Mapping[str, Any]]) -> Expectations:
+        """Drops what the watch has caught up with, or what is too old to trust, and returns the rest."""
+        now = time.monotonic()
+        applied = self._applied.setdefault(key, {})
+        for obj_key, (digest, at) in list(applied.items()):
+            seen = owned.get(obj_key)
+            if now - at > EXPECTATION_TTL or (seen is not None and plan_mod.applied_hash(seen) == digest):
+                del applied[obj_key]
+        deleting = self._deleting.setdefault(key, {})
+        for obj_key, at in list(deleting.items()):
+            if now - at > EXPECTATION_TTL or obj_key not in owned:
+                del deleting[obj_key]
+        return Expectations(applied={k: d for k, (d, _) in applied.items()}, deleting=frozenset(deleting))
 
     async def reconcile(self, key: PoolKey) -> None:
         started = time.perf_counter()
@@ -48,13 +69,15 @@ class Controller:
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return "deleted"  # owner references let the garbage collector remove everything else
-        applied = self._applied.setdefault(key, {})
-        plan = reconcile.plan(pool, observed, applied=applied)
+        expect = self._expectations(key, observed.owned)
+        plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image)
+        applied, deleting = self._applied[key], self._deleting[key]
         for obj in plan.apply:
             await self._client.apply(obj)
-            applied[(obj["kind"], obj["metadata"]["name"])] = plan_mod.applied_hash(obj) or ""
+            applied[(obj["kind"], obj["metadata"]["name"])] = (plan_mod.applied_hash(obj) or "", time.monotonic())
         for ref in plan.delete:
             await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+            deleting[(ref.kind, ref.name)] = time.monotonic()
             applied.pop((ref.kind, ref.name), None)
         if plan.status is not None:
             await self._write_status(pool, plan.status)

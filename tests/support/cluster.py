@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -62,6 +63,19 @@ class Cluster:
     def get(self, *args: str) -> Any:
         """`kubectl get ... -o json`, parsed."""
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
+
+    @property
+    def audit_log(self) -> Path:
+        """The local apiserver's audit log of writes (hack/audit-policy.yaml)."""
+        return self.kubeconfig.parent / "logs" / "audit.log"
+
+    def restart_local(self) -> None:
+        """Starts whatever part of the local control plane is not running (after a test stopped it)."""
+        root = Path(__file__).resolve().parents[2]
+        proc = subprocess.run([sys.executable, str(root / "hack" / "localcluster.py"), "up"], text=True,
+                              capture_output=True, timeout=300)
+        if proc.returncode != 0:
+            raise AssertionError(f"localcluster up failed:\n{proc.stderr}")
 
     @functools.cached_property
     def _cluster_entry(self) -> dict[str, Any]:

@@ -1,0 +1,174 @@
+"""End to end: the chart installed by real helm, the operator running with the chart's ServiceAccount token,
+pools applied with real kubectl onto fake GPU nodes."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, wait_for
+from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
+from tests.support.pools import example
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+RELEASE_NAMESPACE = "pdfleet-system"
+SERVICE_ACCOUNT = "pdfleet"
+OPERATOR_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
+OWNED_KINDS = "pods,services,deployments,replicasets,serviceaccounts,roles,rolebindings"
+
+
+@pytest.fixture(scope="module")
+def chart(cluster: Cluster) -> Iterator[None]:
+    """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only."""
+    cluster.helm("upgrade", "--install", "pdfleet", str(ROOT / "charts" / "pdfleet"), "--namespace",
+                 RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
+    yield
+    cluster.helm("uninstall", "pdfleet", "--namespace", RELEASE_NAMESPACE, check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp / "kubeconfig")
+    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1") as op:
+        yield op
+        assert "Traceback" not in op.logs(), op.logs()[-5000:]
+        forbidden = [r for r in op.log_records() if "403" in r.get("message", "") or "Forbidden" in str(r)]
+        assert forbidden == [], f"the chart's RBAC is missing a permission: {forbidden[:3]}"
+
+
+def apply_pool(cluster: Cluster, namespace: str, *, name: str = "tiny", decode: int = 1) -> dict:
+    body = example("minimal")
+    body["metadata"] = {"name": name, "namespace": namespace}
+    body["spec"]["decode"]["replicas"] = decode
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    return body
+
+
+def pool_status(cluster: Cluster, namespace: str, name: str = "tiny") -> dict:
+    return cluster.get("pdpool", name, "-n", namespace).get("status") or {}
+
+
+def wait_pool_ready(cluster: Cluster, namespace: str, *, decode: int, name: str = "tiny") -> dict:
+    def ready() -> dict | None:
+        status = pool_status(cluster, namespace, name)
+        ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode
+        return status if ok else None
+    return wait_for(f"pool {name} Ready with {decode} decode group(s)", ready, timeout=120)
+
+
+def owned(cluster: Cluster, namespace: str, name: str = "tiny") -> list[dict]:
+    return cluster.get(OWNED_KINDS, "-n", namespace, "-l", f"pdfleet.dev/pool={name}")["items"]
+
+
+def audit_writes_by(cluster: Cluster, user: str, start: int) -> list[dict]:
+    writes = []
+    with cluster.audit_log.open() as log:
+        log.seek(start)
+        for line in log:
+            entry = json.loads(line)
+            if entry.get("user", {}).get("username") == user and entry.get("stage") == "ResponseComplete":
+                writes.append({"verb": entry["verb"], "uri": entry["requestURI"]})
+    return writes
+
+
+def test_a_pool_goes_ready_on_fake_gpu_nodes_scales_and_leaves_nothing_behind(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    apply_pool(cluster, namespace, decode=1)
+    status = wait_pool_ready(cluster, namespace, decode=1)
+    assert status["prefill"]["summary"] == "1/1"
+    conditions = {c["type"]: c["status"] for c in status["conditions"]}
+    assert conditions == {"Accepted": "True", "Ready": "True", "Progressing": "False", "Degraded": "False"}
+
+    pods = cluster.get("pods", "-n", namespace, "-l", "pdfleet.dev/pool=tiny,app.kubernetes.io/component!=router")
+    assert len(pods["items"]) == 2
+    for pod in pods["items"]:
+        node = cluster.get("node", pod["spec"]["nodeName"])
+        assert node["metadata"]["labels"].get("nvidia.com/gpu.present") == "true"
+        assert ipaddress.ip_address(pod["status"]["podIP"]).is_loopback
+
+    events = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.kind=InferencePool")
+    reasons = [e["reason"] for e in events["items"]]
+    assert reasons.count("GroupCreated") == 2
+    assert "PoolReady" in reasons
+
+    table = cluster.kubectl("get", "pdpool", "-n", namespace).stdout
+    assert table.split("\n")[0].split()[:2] == ["NAME", "PHASE"]
+    assert "Ready" in table.split("\n")[1]
+
+    cluster.kubectl("patch", "pdpool", "tiny", "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"decode": {"replicas": 2}}}')
+    status = wait_pool_ready(cluster, namespace, decode=2)
+    assert status["decode"]["summary"] == "2/2"
+
+    cluster.kubectl("delete", "pdpool", "tiny", "-n", namespace)
+    wait_for("every owned object to be garbage-collected", lambda: owned(cluster, namespace) == [], timeout=120)
+
+
+def test_a_resync_with_nothing_changed_writes_nothing(cluster: Cluster, operator: OperatorProcess,
+                                                      namespace: str) -> None:
+    if not cluster.is_local:
+        pytest.skip("counts writes in the local apiserver's audit log")
+    apply_pool(cluster, namespace, name="quiet")
+    wait_pool_ready(cluster, namespace, decode=1, name="quiet")
+    def writes() -> float:
+        return sum(operator.metric("pdfleet_kube_requests_total", verb=v) for v in ("PATCH", "POST", "DELETE"))
+
+    def reconciles_without_writes(n: int) -> bool:
+        """True when `n` reconciles passed and the operator wrote nothing meanwhile."""
+        before, start = writes(), operator.metric("pdfleet_reconcile_total")
+        wait_for(f"{n} reconciles", lambda: operator.metric("pdfleet_reconcile_total") >= start + n, timeout=60)
+        return writes() == before
+
+    # Settle first: the last status write and events of becoming Ready come back through the watch.
+    wait_for("a window of reconciles with no writes", lambda: reconciles_without_writes(2), timeout=60)
+    start = cluster.audit_log.stat().st_size
+    assert reconciles_without_writes(5)
+    assert audit_writes_by(cluster, OPERATOR_USER, start) == []
+
+
+def test_an_invalid_spec_is_reported_and_changes_nothing(cluster: Cluster, operator: OperatorProcess,
+                                                         namespace: str) -> None:
+    apply_pool(cluster, namespace, name="strict")
+    wait_pool_ready(cluster, namespace, decode=1, name="strict")
+    pods_before = sorted(p["metadata"]["uid"] for p in owned(cluster, namespace, "strict") if p["kind"] == "Pod")
+    # Admissible to the apiserver, refused by pdfleet: this patch does not apply to this SGLang version.
+    cluster.kubectl("patch", "pdpool", "strict", "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"engine": {"sglangVersion": "0.4.9", "patches": ["kv-poll-lockstep"]}}}))
+
+    def rejected() -> dict | None:
+        conds = {c["type"]: c for c in pool_status(cluster, namespace, "strict").get("conditions", [])}
+        accepted = conds.get("Accepted", {})
+        return accepted if accepted.get("status") == "False" else None
+
+    accepted = wait_for("Accepted=False", rejected, timeout=60)
+    assert "spec.engine.patches[0]" in accepted["message"]
+    events = cluster.get("events", "-n", namespace, "--field-selector",
+                         "involvedObject.name=strict,reason=SpecRejected")["items"]
+    assert events and events[0]["type"] == "Warning"
+    pods_after = sorted(p["metadata"]["uid"] for p in owned(cluster, namespace, "strict") if p["kind"] == "Pod")
+    assert pods_after == pods_before
+
+
+def test_the_operator_catches_up_after_the_apiserver_restarts(cluster: Cluster, operator: OperatorProcess,
+                                                             namespace: str) -> None:
+    if not cluster.is_local:
+        pytest.skip("restarts the local apiserver")
+    apply_pool(cluster, namespace, name="steady")
+    wait_pool_ready(cluster, namespace, decode=1, name="steady")
+    pid = int((cluster.kubeconfig.parent / "run" / "kube-apiserver.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    cluster.restart_local()
+    cluster.kubectl("patch", "pdpool", "steady", "-n", namespace, "--type=merge",
+                    "-p", '{"spec": {"decode": {"replicas": 2}}}')
+    wait_pool_ready(cluster, namespace, decode=2, name="steady")
