@@ -35,6 +35,7 @@ class Rule:
     message: str
     field: str | None = None
     reason: str | None = None
+    message_expression: str | None = None  # CEL building a more specific message; `message` is the fallback
 
     def to_crd(self) -> dict[str, str]:
         assert self.cel is not None, "a schema-enforced rule has no CEL form"
@@ -43,6 +44,8 @@ class Rule:
             out["fieldPath"] = self.field
         if self.reason:
             out["reason"] = self.reason
+        if self.message_expression:
+            out["messageExpression"] = self.message_expression
         return out
 
     def error(self) -> PydanticCustomError:

@@ -41,6 +41,8 @@ _NOT_MANAGED = Rule(
     cel=f"!self.startsWith('--') || !{flags.cel_list()}.exists(f, f.startsWith(self.split('=')[0]))",
     holds=lambda arg: flags.reserved_flag(arg) is None,
     message="extraArgs may not set a flag the operator manages (or an abbreviation of one); use the typed field",
+    message_expression="'extraArgs may not set ' + self.split('=')[0] + ': it is (or abbreviates) a flag the "
+                       "operator manages; use the typed field'",
     reason="FieldValueForbidden",
 )
 

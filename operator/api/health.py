@@ -14,11 +14,20 @@ from typing import Annotated
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel, Rule
-from pdfleet.operator.api.scalars import Duration, parse_duration
+from pdfleet.operator.api.scalars import DURATION_PATTERN, Duration, parse_duration
 
 
 def _longer(a: str, b: str) -> bool:
     return parse_duration(a) > parse_duration(b)
+
+
+def _when_set(*fields: str, rule: str) -> str:
+    """Guards a duration rule. has(): the apiserver checks a `default: {}` against the rules before it fills in
+    nested defaults, so a rule must hold while its fields are absent. matches(): a malformed duration is already
+    refused by its pattern, and duration() on it would only add a confusing type-conversion error."""
+    guards = [f"!has(self.{field})" for field in fields]
+    guards += [f"!self.{field}.matches('{DURATION_PATTERN}')" for field in fields]
+    return " || ".join([*guards, f"({rule})"])
 
 
 class RestartBudget(ApiModel):
@@ -31,7 +40,7 @@ class RestartBudget(ApiModel):
 
 
 _BACKOFF_GROWS = Rule(
-    cel="duration(self.max) >= duration(self.initial)",
+    cel=_when_set("max", "initial", rule="duration(self.max) >= duration(self.initial)"),
     holds=lambda b: not _longer(b.initial, b.max),
     message="backoff.max must be at least backoff.initial",
     field=".max",
@@ -58,13 +67,14 @@ class Evidence(ApiModel):
 
 
 _DESYNC_AFTER_A_HEARTBEAT = Rule(
-    cel="duration(self.desyncAfter) > duration(self.heartbeatPeriod)",
+    cel=_when_set("desyncAfter", "heartbeatPeriod",
+                  rule="duration(self.desyncAfter) > duration(self.heartbeatPeriod)"),
     holds=lambda h: _longer(h.desync_after, h.heartbeat_period),
     message="desyncAfter must be longer than heartbeatPeriod",
     field=".desyncAfter",
 )
 _HANG_AFTER_A_HEARTBEAT = Rule(
-    cel="duration(self.hangAfter) > duration(self.heartbeatPeriod)",
+    cel=_when_set("hangAfter", "heartbeatPeriod", rule="duration(self.hangAfter) > duration(self.heartbeatPeriod)"),
     holds=lambda h: _longer(h.hang_after, h.heartbeat_period),
     message="hangAfter must be longer than heartbeatPeriod",
     field=".hangAfter",

@@ -42,7 +42,8 @@ Duration = Annotated[
         max_length=32,
         json_schema_extra={
             "x-kubernetes-validations": [
-                {"rule": "duration(self) > duration('0s')", "message": "must be a positive duration such as 30s"}
+                {"rule": f"!self.matches('{DURATION_PATTERN}') || duration(self) > duration('0s')",
+                 "message": "must be a positive duration such as 30s"}
             ]
         },
     ),

@@ -19,7 +19,7 @@ class TransferBackend(enum.StrEnum):
 
 
 _NO_IB_FOR_FAKE = Rule(
-    cel="self.backend != 'fake' || !has(self.ibDevice)",
+    cel="!has(self.ibDevice) || self.backend != 'fake'",
     holds=lambda t: t.backend != TransferBackend.FAKE or t.ib_device is None,
     message="ibDevice has no meaning with backend fake",
     field=".ibDevice",
