@@ -43,6 +43,10 @@ cluster-env: ## print the KUBECONFIG and PATH exports: eval "$$(make -s cluster-
 cluster-status: ## what of the local control plane runs
 	@$(PYTHON) hack/localcluster.py status
 
+crds: $(STAMP) ## regenerate crds/ from the API models and copy them into the chart
+	$(PY) -m pdfleet.operator.api.crd
+	$(PY) hack/sync-chart-crds.py
+
 lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports

@@ -17,6 +17,8 @@ step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 step "Installing the pdfleet chart (CRD, ServiceAccount, least-privilege RBAC)"
 # The in-cluster operator Deployment would be a kwok pod without a process, so the demo runs the operator
 # here, with the very ServiceAccount token the Deployment would use: a missing permission shows up.
+# helm installs a chart's CRDs once and never upgrades them; keep the cluster's CRD current.
+kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 helm upgrade --install pdfleet charts/pdfleet --namespace "$RELEASE_NS" --create-namespace \
   --set operator.enabled=false --wait
 kubectl wait --for=condition=Established crd/inferencepools.pdfleet.dev --timeout=60s

@@ -60,6 +60,8 @@ def configure_logging(fmt: str, level: str) -> None:
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
     logging.getLogger("kopf").setLevel(max(logging.INFO, root.level))
+    # kopf reports every handled watch event at INFO; the operator's own logs say what changed.
+    logging.getLogger("kopf.objects").setLevel(max(logging.WARNING, root.level))
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 

@@ -11,7 +11,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from pdfleet.operator.render import labels
+from pdfleet.operator.kube import resources
 
 Body = dict[str, Any]
 PoolKey = tuple[str, str]  # (namespace, name)
@@ -27,6 +27,16 @@ class Observed:
 
     def of_kind(self, kind: str) -> list[Body]:
         return [body for (k, _), body in sorted(self.owned.items()) if k == kind]
+
+
+def owning_pool(meta: Mapping[str, Any]) -> str | None:
+    """The pool that controls an object, by its controller owner reference. Labels are not enough: the router
+    Deployment's pods carry the pool's labels but belong to a ReplicaSet, and must never be judged as ours."""
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("controller") and ref.get("kind") == "InferencePool" and \
+                str(ref.get("apiVersion", "")).startswith(f"{resources.GROUP}/"):
+            return ref.get("name")
+    return None
 
 
 class Cache:
@@ -47,7 +57,7 @@ class Cache:
         """Records an object pdfleet manages; returns the key of its pool, or None if it names none.
         The type is given because objects from an initial list carry no kind of their own."""
         meta = body["metadata"]
-        pool = (meta.get("labels") or {}).get(labels.POOL)
+        pool = owning_pool(meta)
         if not pool:
             return None
         key = (meta["namespace"], pool)

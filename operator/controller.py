@@ -15,10 +15,11 @@ from pdfleet.operator import metrics
 from pdfleet.operator.cache import Cache, ObjectKey, PoolKey
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.planning import plan as plan_mod
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.workqueue import Retry
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,12 @@ class Controller:
         result = "error"
         try:
             result = await self._reconcile(key)
+        except KubeError as e:
+            # The API said no (a terminating namespace, a conflict on a stale status, a lost connection):
+            # expected in a live cluster, so one line, and a retry with backoff.
+            log.warning("reconcile of %s/%s failed, will retry: %s", key[0], key[1], e,
+                        extra={"pool": key[1], "namespace": key[0]})
+            raise Retry from e
         finally:
             metrics.RECONCILES.labels(result=result).inc()
             metrics.RECONCILE_DURATION.labels(result=result).observe(time.perf_counter() - started)

@@ -18,6 +18,10 @@ K = TypeVar("K", bound=Hashable)
 log = logging.getLogger(__name__)
 
 
+class Retry(Exception):
+    """Raised by a handler that already reported why it failed: retry with backoff, log no traceback."""
+
+
 class WorkQueue(Generic[K]):
     def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
         self._ready: asyncio.Queue[K] = asyncio.Queue()
@@ -89,9 +93,11 @@ class WorkQueue(Generic[K]):
             except asyncio.CancelledError:
                 self._done(key, failed=False)
                 raise
+            except Retry:
+                failed = True
             except Exception:
                 failed = True
-                log.exception("reconcile of %s failed; retrying with backoff", key)
+                log.exception("handling %s failed; retrying with backoff", key)
             self._done(key, failed=failed)
 
     def close(self) -> None:

@@ -68,8 +68,9 @@ def test_gpu_deployment_runs_on_fake_gpu_nodes_with_loopback_pod_ips(cluster: Cl
 def test_pod_asking_for_more_gpus_than_any_node_has_stays_pending_with_a_reason(
     cluster: Cluster, namespace: str
 ) -> None:
+    template = gpu_pod_template(9)
     pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "too-big", "namespace": namespace},
-           **gpu_pod_template(9)}
+           "spec": template["spec"]}
     cluster.kubectl("apply", "-f", "-", input=json.dumps(pod))
 
     def scheduling_failure() -> str | None:

@@ -7,8 +7,11 @@ from pdfleet.operator.render import labels
 
 
 def pod(name: str, pool: str = "p", namespace: str = "ns") -> dict:
+    owner = {"apiVersion": "pdfleet.dev/v1alpha1", "kind": "InferencePool", "name": pool, "uid": "u",
+             "controller": True}
     return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": namespace, "labels": {labels.POOL: pool}}}
+            "metadata": {"name": name, "namespace": namespace, "labels": {labels.POOL: pool},
+                         "ownerReferences": [owner]}}
 
 
 def test_owned_objects_are_grouped_under_the_pool_their_label_names() -> None:
@@ -19,11 +22,13 @@ def test_owned_objects_are_grouped_under_the_pool_their_label_names() -> None:
     assert [p["metadata"]["name"] for p in cache.snapshot(("ns", "p")).of_kind("Pod")] == ["a", "b"]
 
 
-def test_an_object_without_a_pool_label_is_ignored() -> None:
+def test_an_object_the_pool_does_not_control_is_ignored_even_with_the_pools_labels() -> None:
     cache = Cache()
-    body = pod("x")
-    body["metadata"]["labels"] = {}
+    body = pod("router-abc")
+    body["metadata"]["ownerReferences"] = [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "rs",
+                                            "uid": "u", "controller": True}]
     assert cache.record_owned("v1", "Pod", "ADDED", body) is None
+    assert cache.snapshot(("ns", "p")).owned == {}
 
 
 def test_deleted_objects_leave_the_snapshot() -> None:
