@@ -23,6 +23,7 @@ helm upgrade --install pdfleet charts/pdfleet --namespace "$RELEASE_NS" --create
   --set operator.enabled=false --wait
 kubectl wait --for=condition=Established crd/inferencepools.pdfleet.dev --timeout=60s
 
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 step "Starting the operator as system:serviceaccount:$RELEASE_NS:pdfleet"
 TOKEN=$(kubectl create token pdfleet -n "$RELEASE_NS" --duration=8h)
 SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
@@ -39,7 +40,8 @@ KC
 if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
   kill "$(cat "$STATE/operator.pid")"; wait "$(cat "$STATE/operator.pid")" 2>/dev/null || true
 fi
-$PY -m pdfleet.operator --kubeconfig "$STATE/operator.kubeconfig" --bind-address 127.0.0.1 \
+# Watching only the demo namespace keeps it out of the way of test runs on the same cluster.
+$PY -m pdfleet.operator --kubeconfig "$STATE/operator.kubeconfig" --namespace "$NS" --bind-address 127.0.0.1 \
   --metrics-port 19090 --health-port 18080 --log-format text >"$STATE/operator.log" 2>&1 &
 echo $! >"$STATE/operator.pid"
 for _ in $(seq 1 100); do
@@ -50,7 +52,6 @@ done
 echo "operator ready; logs: $STATE/operator.log, metrics: http://127.0.0.1:19090/metrics"
 
 step "Applying $POOL_FILE in namespace $NS"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl apply -n "$NS" -f "$POOL_FILE"
 POOL=$(kubectl apply -n "$NS" -f "$POOL_FILE" --dry-run=client -o jsonpath='{.metadata.name}')
 
