@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 disables)")
     p.add_argument("--health-port", type=int, default=8080, help="/healthz and /readyz port (0 disables)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the metrics and health servers bind")
+    p.add_argument("--runtime-image", help="image of the init container that brings pdfleet's runtime into "
+                   "engine pods (default: the runtime image of this operator's version)")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     return p.parse_args(argv)
@@ -108,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         namespaces=tuple(args.namespace), kubeconfig=args.kubeconfig, workers=args.workers,
         resync_period=args.resync_period, metrics_port=args.metrics_port, health_port=args.health_port,
-        bind_address=args.bind_address,
+        bind_address=args.bind_address, runtime_image=args.runtime_image,
     )
     try:
         asyncio.run(run(options))

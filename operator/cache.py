@@ -1,14 +1,17 @@
-"""What the operator has seen of the cluster, kept current by watch events (an informer cache).
+"""What the operator has seen of the cluster: a read-only view over kopf's in-memory indices.
 
-Reconciles read from here, not from the API: at steady state the operator sends no reads and no writes.
-The cache holds raw bodies; it makes no decisions and performs no I/O.
+kopf keeps the indices current from its watch streams and, crucially, holds back every event handler until all
+indices are filled from their initial listings. So the first reconcile of a pool (triggered by its event
+handler) sees every object the pool owns, and a restarted operator never mistakes "not listed yet" for
+"missing". Reconciles read from here, not from the API: at steady state the operator sends no reads and no
+writes. This module makes no decisions and performs no I/O.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pdfleet.operator.kube import resources
@@ -16,6 +19,8 @@ from pdfleet.operator.kube import resources
 Body = dict[str, Any]
 PoolKey = tuple[str, str]  # (namespace, name)
 ObjectKey = tuple[str, str]  # (kind, name)
+# What kopf.Index is, structurally: a key maps to the values of every object indexed under it.
+IndexView = Mapping[PoolKey, Iterable[Body]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,42 +44,34 @@ def owning_pool(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def pool_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body]:
+    """What the pool index stores for one pool."""
+    meta = body["metadata"]
+    return {(meta["namespace"], meta["name"]): copy.deepcopy(dict(body))}
+
+
+def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
+    """What an owned-object index stores for one object, or None for an object no pool controls. The type is
+    set here because objects from an initial list carry no kind of their own."""
+    meta = body["metadata"]
+    pool = owning_pool(meta)
+    if pool is None:
+        return None
+    return {(meta["namespace"], pool): {**copy.deepcopy(dict(body)), "apiVersion": api_version, "kind": kind}}
+
+
 class Cache:
-    def __init__(self) -> None:
-        self._pools: dict[PoolKey, Body] = {}
-        self._owned: dict[PoolKey, dict[ObjectKey, Body]] = {}
-
-    def record_pool(self, event_type: str | None, body: Mapping[str, Any]) -> PoolKey:
-        key = (body["metadata"]["namespace"], body["metadata"]["name"])
-        if event_type == "DELETED":
-            self._pools.pop(key, None)
-        else:
-            self._pools[key] = copy.deepcopy(dict(body))
-        return key
-
-    def record_owned(self, api_version: str, kind: str, event_type: str | None,
-                     body: Mapping[str, Any]) -> PoolKey | None:
-        """Records an object pdfleet manages; returns the key of its pool, or None if it names none.
-        The type is given because objects from an initial list carry no kind of their own."""
-        meta = body["metadata"]
-        pool = owning_pool(meta)
-        if not pool:
-            return None
-        key = (meta["namespace"], pool)
-        objects = self._owned.setdefault(key, {})
-        obj_key = (kind, meta["name"])
-        if event_type == "DELETED":
-            objects.pop(obj_key, None)
-            if not objects:
-                self._owned.pop(key, None)
-        else:
-            objects[obj_key] = {**copy.deepcopy(dict(body)), "apiVersion": api_version, "kind": kind}
-        return key
+    def __init__(self, pools: IndexView, owned: Iterable[IndexView]) -> None:
+        self._pools = pools
+        self._owned = tuple(owned)
 
     def snapshot(self, key: PoolKey) -> Observed:
-        pool = self._pools.get(key)
-        return Observed(pool=copy.deepcopy(pool) if pool else None,
-                        owned={k: copy.deepcopy(v) for k, v in self._owned.get(key, {}).items()})
+        pools = list(self._pools.get(key, ()))
+        objects: dict[ObjectKey, Body] = {}
+        for index in self._owned:
+            for body in index.get(key, ()):
+                objects[(body["kind"], body["metadata"]["name"])] = copy.deepcopy(body)
+        return Observed(pool=copy.deepcopy(pools[0]) if pools else None, owned=objects)
 
     def pool_keys(self) -> list[PoolKey]:
         return sorted(self._pools)

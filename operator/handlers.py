@@ -14,7 +14,9 @@ from typing import Any
 
 import kopf
 
+from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
+from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.kube import resources
 from pdfleet.operator.render import labels
@@ -45,8 +47,11 @@ async def login(memo: kopf.Memo, **_: Any) -> kopf.ConnectionInfo:
 
 
 @kopf.on.startup()
-async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     state: OperatorState = memo["state"]
+    # kopf hands every index to activity handlers by its id; they fill up as the watches list.
+    state.cache = cache_mod.Cache(pools=kwargs["pool_index"],
+                                  owned=[kwargs[f"owned_{plural}"] for _, _, plural, _ in OWNED_KINDS])
     # Anything kopf itself stores lives under pdfleet's own group.
     settings.persistence.finalizer = f"{resources.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=resources.GROUP)
@@ -58,7 +63,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
     settings.networking.request_timeout = 60
     cfg = await kube_client.load_configuration(state.options.kubeconfig)
     state.client = kube_client.KubeClient(cfg)
-    state.controller = controller_mod.Controller(client=state.client, cache=state.cache)
+    state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
+                                                 runtime_image=state.options.runtime_image)
     for _i in range(state.options.workers):
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
@@ -66,11 +72,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) ->
 
 
 async def _resync(state: OperatorState) -> None:
-    """Level-based safety net: every pool is reconciled periodically even when no event arrives."""
+    """Level-based safety net: every pool is reconciled periodically even when no event arrives. Only pools
+    whose event handler has run are resynced: before that, kopf may still be listing what they own."""
     while True:
         await asyncio.sleep(state.options.resync_period)
         for key in state.cache.pool_keys():
-            state.queue.add(key)
+            if key in state.seen:
+                state.queue.add(key)
 
 
 @kopf.on.cleanup()
@@ -86,51 +94,48 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         await state.client.close()
 
 
+# Indices: kopf's in-memory caches, which `cache.Cache` reads. kopf fills every index from its initial listing
+# before it runs any event handler, so the first reconcile of a pool sees everything the pool owns.
+OWNED_KINDS = (
+    ("", "v1", "pods", "Pod"),
+    ("", "v1", "services", "Service"),
+    ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("apps", "v1", "deployments", "Deployment"),
+    ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
+    ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+)
+
+
+@kopf.index(resources.GROUP, resources.VERSION, "inferencepools")
+def pool_index(body: kopf.Body, **_: Any) -> dict[PoolKey, Any]:
+    return cache_mod.pool_entry(body)
+
+
+def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
+    api_version = f"{group}/{version}" if group else version
+
+    def index(body: kopf.Body, **_: Any) -> dict[PoolKey, Any] | None:
+        return cache_mod.owned_entry(api_version, kind, body)
+
+    async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+        pool = cache_mod.owning_pool(event["object"].get("metadata", {}))
+        if pool:
+            memo["state"].poke((event["object"]["metadata"]["namespace"], pool))
+
+    kopf.index(group, version, plural, labels=MANAGED, id=f"owned_{plural}")(index)
+    kopf.on.event(group, version, plural, labels=MANAGED, id=f"{plural}_event")(on_event)
+
+
+for _group, _version, _plural, _kind in OWNED_KINDS:
+    _register_owned(_group, _version, _plural, _kind)
+
+
 @kopf.on.event(resources.GROUP, resources.VERSION, "inferencepools")
 async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState = memo["state"]
-    key = state.cache.record_pool(event["type"], event["object"])
-    state.ready.set()
+    meta = event["object"]["metadata"]
+    key = (meta["namespace"], meta["name"])
     if event["type"] == "DELETED":
-        state.queue.forget(key)
-        if state.controller:
-            state.controller.forget(key)
+        state.forget(key)
     else:
-        state.queue.add(key)
-
-
-async def _owned_event(api_version: str, kind: str, event: kopf.RawEvent, memo: kopf.Memo) -> None:
-    state: OperatorState = memo["state"]
-    key = state.cache.record_owned(api_version, kind, event["type"], event["object"])
-    if key is not None:
-        state.queue.add(key)
-
-
-@kopf.on.event("", "v1", "pods", labels=MANAGED)
-async def pod_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("v1", "Pod", event, memo)
-
-
-@kopf.on.event("", "v1", "services", labels=MANAGED)
-async def service_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("v1", "Service", event, memo)
-
-
-@kopf.on.event("apps", "v1", "deployments", labels=MANAGED)
-async def deployment_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("apps/v1", "Deployment", event, memo)
-
-
-@kopf.on.event("", "v1", "serviceaccounts", labels=MANAGED)
-async def serviceaccount_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("v1", "ServiceAccount", event, memo)
-
-
-@kopf.on.event("rbac.authorization.k8s.io", "v1", "roles", labels=MANAGED)
-async def role_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("rbac.authorization.k8s.io/v1", "Role", event, memo)
-
-
-@kopf.on.event("rbac.authorization.k8s.io", "v1", "rolebindings", labels=MANAGED)
-async def rolebinding_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
-    await _owned_event("rbac.authorization.k8s.io/v1", "RoleBinding", event, memo)
+        state.poke(key)

@@ -20,14 +20,26 @@ class Options:
     metrics_port: int = 9090
     health_port: int = 8080
     bind_address: str = "0.0.0.0"
+    runtime_image: str | None = None
 
 
 @dataclasses.dataclass
 class OperatorState:
     options: Options
-    cache: Cache = dataclasses.field(default_factory=Cache)
+    cache: Cache | None = None  # set at startup, from kopf's indices
     queue: WorkQueue[PoolKey] = dataclasses.field(default_factory=WorkQueue)
+    seen: set[PoolKey] = dataclasses.field(default_factory=set)  # pools whose event handler has run
     client: KubeClient | None = None
     controller: Controller | None = None
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def poke(self, key: PoolKey) -> None:
+        self.seen.add(key)
+        self.queue.add(key)
+
+    def forget(self, key: PoolKey) -> None:
+        self.seen.discard(key)
+        self.queue.forget(key)
+        if self.controller:
+            self.controller.forget(key)

@@ -179,3 +179,23 @@ def test_the_operator_catches_up_after_the_apiserver_restarts(cluster: Cluster, 
     cluster.kubectl("patch", "pdpool", "steady", "-n", namespace, "--type=merge",
                     "-p", '{"spec": {"decode": {"replicas": 2}}}')
     wait_pool_ready(cluster, namespace, decode=2, name="steady")
+
+
+def test_a_restarted_operator_writes_nothing_for_a_converged_pool(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
+) -> None:
+    """After a restart the first reconcile must see everything the pool owns (kopf fills its indices before
+    any handler runs), or it would 'create' what exists and announce groups that were always there."""
+    if not cluster.is_local:
+        pytest.skip("counts writes in the local apiserver's audit log")
+    apply_pool(cluster, namespace, name="calm")
+    wait_pool_ready(cluster, namespace, decode=1, name="calm")
+    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp_path / "kubeconfig")
+    start = cluster.audit_log.stat().st_size
+    # A second operator watching only this namespace: it has never seen the pool before.
+    with running_operator(kubeconfig, tmp_path / "restarted.log", "--namespace", namespace,
+                          "--resync-period", "1") as fresh:
+        wait_for("three reconciles of the pool", lambda: fresh.metric("pdfleet_reconcile_total") >= 3, timeout=60)
+        writes = [w for w in audit_writes_by(cluster, OPERATOR_USER, start) if f"/namespaces/{namespace}/" in w["uri"]]
+        assert "Traceback" not in fresh.logs()
+    assert writes == []
