@@ -38,7 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 HACK = Path(__file__).resolve().parent
-CACHE = Path(os.environ.get("PDFLEET_CACHE") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "pdfleet")
+_XDG = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+CACHE = Path(os.environ.get("PDFLEET_CACHE") or _XDG / "pdfleet")
 BIN = Path(os.environ.get("PDFLEET_BIN") or CACHE / "bin")
 DIR = Path(os.environ.get("PDFLEET_CLUSTER_DIR") or CACHE / "cluster")
 HOST = "127.0.0.1"
@@ -158,7 +159,8 @@ def _start(c: Component) -> None:
     deadline = time.monotonic() + float(os.environ.get("PDFLEET_START_TIMEOUT", "120"))
     while not c.ready():
         if proc.poll() is not None:
-            raise ClusterError(f"{c.name} exited with code {proc.returncode} while starting. Last lines of {log}:\n{_tail(log)}")
+            raise ClusterError(f"{c.name} exited with code {proc.returncode} while starting. "
+                               f"Last lines of {log}:\n{_tail(log)}")
         if time.monotonic() > deadline:
             raise ClusterError(f"{c.name} did not become ready in time. Last lines of {log}:\n{_tail(log)}")
         time.sleep(0.2)
@@ -221,7 +223,8 @@ def ensure_pki() -> None:
     if (pki / "complete").exists():
         return
     if shutil.which("openssl") is None:
-        raise ClusterError("openssl is not installed; it makes the cluster's certificates. Install it (apt-get install openssl).")
+        raise ClusterError("openssl is not installed; it makes the cluster's certificates. "
+                           "Install it (apt-get install openssl).")
     shutil.rmtree(pki, ignore_errors=True)
     pki.mkdir(parents=True)
     _openssl(
@@ -355,7 +358,8 @@ def node_manifests() -> list[dict[str, object]]:
         spec: dict[str, object] = {"podCIDR": f"127.1.{i}.0/24", "podCIDRs": [f"127.1.{i}.0/24"]}
         if gpu:
             labels |= {"nvidia.com/gpu.present": "true", "nvidia.com/gpu.product": product,
-                       "nvidia.com/gpu.count": str(gpus), "node.kubernetes.io/instance-type": f"fake-{gpus}x{product.lower()}"}
+                       "nvidia.com/gpu.count": str(gpus),
+                       "node.kubernetes.io/instance-type": f"fake-{gpus}x{product.lower()}"}
             capacity["nvidia.com/gpu"] = str(gpus)
             spec["taints"] = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
         nodes.append({

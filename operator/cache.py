@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pdfleet.operator.kube import resources
+from pdfleet.operator.api import meta as api_meta
 
 Body = dict[str, Any]
 PoolKey = tuple[str, str]  # (namespace, name)
@@ -38,8 +38,8 @@ def owning_pool(meta: Mapping[str, Any]) -> str | None:
     """The pool that controls an object, by its controller owner reference. Labels are not enough: the router
     Deployment's pods carry the pool's labels but belong to a ReplicaSet, and must never be judged as ours."""
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("controller") and ref.get("kind") == "InferencePool" and \
-                str(ref.get("apiVersion", "")).startswith(f"{resources.GROUP}/"):
+        if ref.get("controller") and ref.get("kind") == api_meta.KIND and \
+                str(ref.get("apiVersion", "")).startswith(f"{api_meta.GROUP}/"):
             return ref.get("name")
     return None
 

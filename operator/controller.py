@@ -16,9 +16,10 @@ from pdfleet.operator.cache import Cache, ObjectKey, PoolKey
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import plan as plan_mod
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.render import stamp
 from pdfleet.operator.workqueue import Retry
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ class Controller:
         applied = self._applied.setdefault(key, {})
         for obj_key, (digest, at) in list(applied.items()):
             seen = owned.get(obj_key)
-            if now - at > EXPECTATION_TTL or (seen is not None and plan_mod.applied_hash(seen) == digest):
+            if now - at > EXPECTATION_TTL or (seen is not None and stamp.applied_hash(seen) == digest):
                 del applied[obj_key]
         deleting = self._deleting.setdefault(key, {})
         for obj_key, at in list(deleting.items()):
@@ -81,7 +82,7 @@ class Controller:
         applied, deleting = self._applied[key], self._deleting[key]
         for obj in plan.apply:
             await self._client.apply(obj)
-            applied[(obj["kind"], obj["metadata"]["name"])] = (plan_mod.applied_hash(obj) or "", time.monotonic())
+            applied[(obj["kind"], obj["metadata"]["name"])] = (stamp.applied_hash(obj) or "", time.monotonic())
         for ref in plan.delete:
             await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
             deleting[(ref.kind, ref.name)] = time.monotonic()
@@ -104,7 +105,7 @@ class Controller:
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
         await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
 
-    async def _post_event(self, pool: Mapping[str, Any], event: kube_events.Event) -> None:
+    async def _post_event(self, pool: Mapping[str, Any], event: Event) -> None:
         body = kube_events.event_body(pool, event)
         try:
             await self._client.create(body)

@@ -16,9 +16,9 @@ import kopf
 
 from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
+from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.kube import client as kube_client
-from pdfleet.operator.kube import resources
 from pdfleet.operator.render import labels
 from pdfleet.operator.runtime_state import OperatorState
 
@@ -53,9 +53,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.cache = cache_mod.Cache(pools=kwargs["pool_index"],
                                   owned=[kwargs[f"owned_{plural}"] for _, _, plural, _ in OWNED_KINDS])
     # Anything kopf itself stores lives under pdfleet's own group.
-    settings.persistence.finalizer = f"{resources.GROUP}/finalizer"
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=resources.GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=resources.GROUP)
+    settings.persistence.finalizer = f"{api_meta.GROUP}/finalizer"
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api_meta.GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=api_meta.GROUP)
     settings.posting.level = logging.WARNING  # kopf's own events only for problems; ours are explicit
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
@@ -106,7 +106,7 @@ OWNED_KINDS = (
 )
 
 
-@kopf.index(resources.GROUP, resources.VERSION, "inferencepools")
+@kopf.index(api_meta.GROUP, api_meta.VERSION, api_meta.PLURAL)
 def pool_index(body: kopf.Body, **_: Any) -> dict[PoolKey, Any]:
     return cache_mod.pool_entry(body)
 
@@ -130,7 +130,7 @@ for _group, _version, _plural, _kind in OWNED_KINDS:
     _register_owned(_group, _version, _plural, _kind)
 
 
-@kopf.on.event(resources.GROUP, resources.VERSION, "inferencepools")
+@kopf.on.event(api_meta.GROUP, api_meta.VERSION, api_meta.PLURAL)
 async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState = memo["state"]
     meta = event["object"]["metadata"]

@@ -2,21 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import os
 import socket
 from collections.abc import Mapping
 from typing import Any
 
+from pdfleet.operator.planning.plan import Event
+
 COMPONENT = "pdfleet-operator"
-
-
-@dataclasses.dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str  # UpperCamelCase, e.g. GroupCreated
-    message: str
 
 
 def _now() -> str:

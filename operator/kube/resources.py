@@ -5,9 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-GROUP = "pdfleet.dev"
-VERSION = "v1alpha1"
-POOL_API_VERSION = f"{GROUP}/{VERSION}"
+from pdfleet.operator.api.meta import API_VERSION as POOL_API_VERSION
 
 # (apiVersion, kind) -> plural. Only what pdfleet reads or writes; an unknown kind is a programming error.
 PLURALS: dict[tuple[str, str], str] = {

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Set
 from typing import Any
 
 from pdfleet.operator.cache import ObjectKey
-from pdfleet.operator.planning.plan import applied_hash
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.desired import DesiredGroup
+from pdfleet.operator.render.stamp import applied_hash
 
 Body = dict[str, Any]
 

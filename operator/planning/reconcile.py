@@ -22,13 +22,13 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.kube.events import Event
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import Expectations, GroupState, classify, pod_ready, pods_by_group
-from pdfleet.operator.planning.plan import ObjectRef, Plan, applied_hash
+from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
+from pdfleet.operator.render.stamp import applied_hash
 
 Body = dict[str, Any]
 UNAVAILABLE = {GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,

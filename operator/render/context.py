@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from pdfleet.operator.kube import resources
+from pdfleet.operator.api import meta
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"
 
@@ -23,7 +23,7 @@ class RenderContext:
         return cls(pool=meta["name"], namespace=meta["namespace"], uid=meta["uid"], runtime_image=runtime_image)
 
     def owner_reference(self) -> dict[str, Any]:
-        return {"apiVersion": resources.POOL_API_VERSION, "kind": "InferencePool", "name": self.pool,
+        return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": self.pool,
                 "uid": self.uid, "controller": True, "blockOwnerDeletion": True}
 
     def metadata(self, name: str, labels: dict[str, str], annotations: dict[str, str] | None = None) -> dict[str, Any]:

@@ -7,10 +7,10 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.planning.plan import stamped
 from pdfleet.operator.render import engine_group, revision, router
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import GroupId
+from pdfleet.operator.render.stamp import stamped
 
 Body = dict[str, Any]
 
