@@ -6,9 +6,10 @@ objects first, then deletions, then status, then events. Nothing here decides *w
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from typing import Any
 
 from pdfleet.operator import metrics
@@ -18,12 +19,14 @@ from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
-from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.render import stamp
 from pdfleet.operator.workqueue import Retry
 
 log = logging.getLogger(__name__)
 
+
+MAX_IN_FLIGHT = 32  # concurrent API writes of one operator, across all pools
 
 EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then never will (client-go: 5 min)
 
@@ -37,6 +40,7 @@ class Controller:
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
+        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
 
     def forget(self, key: PoolKey) -> None:
         self._applied.pop(key, None)
@@ -80,17 +84,25 @@ class Controller:
         expect = self._expectations(key, observed.owned)
         plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image)
         applied, deleting = self._applied[key], self._deleting[key]
-        for obj in plan.apply:
-            await self._client.apply(obj)
+
+        async def apply(obj: dict[str, Any]) -> None:
+            async with self._in_flight:
+                await self._client.apply(obj)
             applied[(obj["kind"], obj["metadata"]["name"])] = (stamp.applied_hash(obj) or "", time.monotonic())
-        for ref in plan.delete:
-            await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+
+        async def delete(ref: ObjectRef) -> None:
+            async with self._in_flight:
+                await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
             deleting[(ref.kind, ref.name)] = time.monotonic()
             applied.pop((ref.kind, ref.name), None)
+
+        # The objects of one plan do not depend on each other's existence, so they go out together; the first
+        # failure is raised once the rest have finished (what succeeded is recorded in the expectations).
+        await _all(*(apply(obj) for obj in plan.apply))
+        await _all(*(delete(ref) for ref in plan.delete))
         if plan.status is not None:
             await self._write_status(pool, plan.status)
-        for event in plan.events:
-            await self._post_event(pool, event)
+        await _all(*(self._post_event(pool, event) for event in plan.events))
         if not plan.empty:
             log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
                      len(plan.delete), "written" if plan.status is not None else "unchanged",
@@ -111,3 +123,10 @@ class Controller:
             await self._client.create(body)
         except Exception:  # an event is news, not state: losing one must not fail the reconcile
             log.warning("could not post event %s for %s", event.reason, pool["metadata"]["name"], exc_info=True)
+
+
+async def _all(*aws: Awaitable[None]) -> None:
+    results = await asyncio.gather(*aws, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result

@@ -1,0 +1,198 @@
+"""Operator under load: 100 InferencePools of 8 engine groups each on kwok GPU nodes.
+
+Reports, against a baseline of one pool alone measured in the same run:
+- time from creating a pool to all its engine pods existing (median, p99, ratio to the baseline),
+- API writes per pool (the operator's own request counter),
+- the operator's peak RSS,
+- the operator's request rate at steady state (nothing changing).
+Targets from the operator issue: p99 under 2 s per pool, RSS under 250 MB, zero writes at steady state.
+Needs the local cluster (`make cluster-up`); it adds GPU nodes as needed and deletes its namespace after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import copy
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+from kubernetes_asyncio import client as k8s
+from kubernetes_asyncio import watch
+
+from pdfleet.operator.kube.client import KubeClient, load_configuration
+
+ROOT = Path(__file__).resolve().parents[1]
+NAMESPACE = "pdfleet-bench"
+GROUPS_PER_ROLE = 4  # 8 groups per pool
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def localcluster(*args: str, env: dict[str, str] | None = None) -> str:
+    out = subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), *args], text=True,
+                         capture_output=True, env=env or os.environ.copy())
+    if out.returncode != 0:
+        raise SystemExit(f"localcluster {' '.join(args)} failed:\n{out.stderr}")
+    return out.stdout
+
+
+def pool(name: str) -> dict:
+    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
+    body = copy.deepcopy(body)
+    body["metadata"] = {"name": name, "namespace": NAMESPACE}
+    body["spec"]["prefill"]["replicas"] = GROUPS_PER_ROLE
+    body["spec"]["decode"]["replicas"] = GROUPS_PER_ROLE
+    return body
+
+
+def metrics(port: int) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith("pdfleet_kube_requests_total{"):
+            series, value = line.rsplit(" ", 1)
+            verb = series.split('verb="', 1)[1].split('"', 1)[0]
+            out[verb] = out.get(verb, 0.0) + float(value)
+    return out
+
+
+def writes(m: dict[str, float]) -> float:
+    return sum(v for verb, v in m.items() if verb in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def create_and_time(api: KubeClient, names: list[str], expected_pods: int) -> dict[str, float]:
+    """Creates the pools and returns, per pool, seconds from its creation to all of its pods existing."""
+    cfg = await load_configuration(os.environ["KUBECONFIG"])
+    started: dict[str, float] = {}
+    seen: dict[str, set[str]] = {n: set() for n in names}
+    done: dict[str, float] = {}
+    async with k8s.ApiClient(cfg) as raw:
+        core = k8s.CoreV1Api(raw)
+        w = watch.Watch()
+        ready = asyncio.Event()
+
+        async def observe() -> None:
+            ready.set()
+            async for event in w.stream(core.list_namespaced_pod, NAMESPACE, timeout_seconds=600,
+                                        label_selector="app.kubernetes.io/managed-by=pdfleet"):
+                pod = event["object"]
+                pool_name = (pod.metadata.labels or {}).get("pdfleet.dev/pool")
+                if pool_name in seen and pool_name not in done:
+                    seen[pool_name].add(pod.metadata.name)
+                    if len(seen[pool_name]) == expected_pods:
+                        done[pool_name] = time.perf_counter() - started[pool_name]
+                        if len(done) == len(names):
+                            w.stop()
+                            return
+
+        watcher = asyncio.create_task(observe())
+        await ready.wait()
+        for name in names:
+            started[name] = time.perf_counter()
+            await api.create(pool(name))
+        await asyncio.wait_for(watcher, timeout=600)
+    return done
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+async def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pools", type=int, default=100)
+    args = parser.parse_args()
+
+    gpu_nodes = max(4, (args.pools * 2 * GROUPS_PER_ROLE + 7) // 8 + 1)
+    env = os.environ | {"PDFLEET_GPU_NODES": str(gpu_nodes)}
+    localcluster("up", env=env)
+    localcluster("nodes", env=env)
+    for line in localcluster("env").splitlines():
+        key, value = line.removeprefix("export ").split("=", 1)
+        os.environ[key] = value.replace("$PATH", os.environ["PATH"])
+    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")], check=True,
+                   capture_output=True)
+    subprocess.run(["kubectl", "create", "namespace", NAMESPACE], capture_output=True)
+
+    metrics_port = free_port()
+    log = open(ROOT / ".bench-operator.log", "w")  # noqa: SIM115 (lives as long as the operator)
+    op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", os.environ["KUBECONFIG"],
+                           "--namespace", NAMESPACE, "--metrics-port", str(metrics_port), "--health-port", "0",
+                           "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
+                          stdout=log, stderr=subprocess.STDOUT)
+    api = KubeClient(await load_configuration(os.environ["KUBECONFIG"]))
+    try:
+        for _ in range(100):
+            try:
+                metrics(metrics_port)
+                break
+            except OSError:
+                await asyncio.sleep(0.1)
+        pods_per_pool = 2 * GROUPS_PER_ROLE
+        print(f"== baseline: 1 pool of {pods_per_pool} groups, alone")
+        base = await create_and_time(api, ["baseline"], pods_per_pool)
+        base_s = base["baseline"]
+        print(f"   apply -> all pods created: {base_s * 1000:.0f} ms")
+
+        before = writes(metrics(metrics_port))
+        names = [f"load-{i:03d}" for i in range(args.pools)]
+        print(f"== load: {args.pools} pools of {pods_per_pool} groups, created back to back")
+        t0 = time.perf_counter()
+        done = await create_and_time(api, names, pods_per_pool)
+        wall = time.perf_counter() - t0
+        latencies = list(done.values())
+        med, p99 = statistics.median(latencies), percentile(latencies, 0.99)
+        print(f"   apply -> all pods created: median {med * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
+              f"(p99 / baseline = {p99 / base_s:.2f}x), all {args.pools} pools in {wall:.1f} s")
+
+        # Settle: wait until a resync period passes with no writes.
+        last = -1.0
+        while (now := writes(metrics(metrics_port))) != last:
+            last = now
+            await asyncio.sleep(6)
+        print(f"   API writes per pool: {(last - before) / args.pools:.1f}")
+        m0, t_s = metrics(metrics_port), time.perf_counter()
+        await asyncio.sleep(15)
+        m1, dt = metrics(metrics_port), time.perf_counter() - t_s
+        rate = (sum(m1.values()) - sum(m0.values())) / dt
+        steady_writes = writes(m1) - writes(m0)
+        print(f"== steady state over {dt:.0f} s: {rate:.2f} requests/s, {steady_writes:.0f} writes "
+              f"(target: 0 writes)")
+        rss = peak_rss_mb(op.pid)
+        print(f"== operator peak RSS: {rss:.0f} MB (target < 250 MB)")
+        print(json.dumps({"pools": args.pools, "groups_per_pool": pods_per_pool, "baseline_ms": base_s * 1000,
+                          "median_ms": med * 1000, "p99_ms": p99 * 1000, "p99_over_baseline": p99 / base_s,
+                          "writes_per_pool": (last - before) / args.pools, "steady_writes": steady_writes,
+                          "steady_requests_per_s": rate, "peak_rss_mb": rss}))
+    finally:
+        op.terminate()
+        op.wait(timeout=30)
+        await api.close()
+        subprocess.run(["kubectl", "delete", "namespace", NAMESPACE, "--wait=false"], capture_output=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
