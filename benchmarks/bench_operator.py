@@ -117,31 +117,10 @@ async def create_and_time(api: KubeClient, names: list[str], expected_pods: int)
 
 def percentile(values: list[float], q: float) -> float:
     ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pools", type=int, default=100)
-    args = parser.parse_args()
-
-    gpu_nodes = max(4, (args.pools * 2 * GROUPS_PER_ROLE + 7) // 8 + 1)
-    env = os.environ | {"PDFLEET_GPU_NODES": str(gpu_nodes)}
-    localcluster("up", env=env)
-    localcluster("nodes", env=env)
-    for line in localcluster("env").splitlines():
-        key, value = line.removeprefix("export ").split("=", 1)
-        os.environ[key] = value.replace("$PATH", os.environ["PATH"])
-    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")], check=True,
-                   capture_output=True)
-    subprocess.run(["kubectl", "create", "namespace", NAMESPACE], capture_output=True)
-
-    metrics_port = free_port()
-    log = open(ROOT / ".bench-operator.log", "w")  # noqa: SIM115 (lives as long as the operator)
-    op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", os.environ["KUBECONFIG"],
-                           "--namespace", NAMESPACE, "--metrics-port", str(metrics_port), "--health-port", "0",
-                           "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
-                          stdout=log, stderr=subprocess.STDOUT)
+async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
     api = KubeClient(await load_configuration(os.environ["KUBECONFIG"]))
     try:
         for _ in range(100):
@@ -157,22 +136,22 @@ async def main() -> int:
         print(f"   apply -> all pods created: {base_s * 1000:.0f} ms")
 
         before = writes(metrics(metrics_port))
-        names = [f"load-{i:03d}" for i in range(args.pools)]
-        print(f"== load: {args.pools} pools of {pods_per_pool} groups, created back to back")
+        names = [f"load-{i:03d}" for i in range(pools)]
+        print(f"== load: {pools} pools of {pods_per_pool} groups, created back to back")
         t0 = time.perf_counter()
         done = await create_and_time(api, names, pods_per_pool)
         wall = time.perf_counter() - t0
         latencies = list(done.values())
         med, p99 = statistics.median(latencies), percentile(latencies, 0.99)
         print(f"   apply -> all pods created: median {med * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
-              f"(p99 / baseline = {p99 / base_s:.2f}x), all {args.pools} pools in {wall:.1f} s")
+              f"(p99 / baseline = {p99 / base_s:.2f}x), all {pools} pools in {wall:.1f} s")
 
         # Settle: wait until a resync period passes with no writes.
         last = -1.0
         while (now := writes(metrics(metrics_port))) != last:
             last = now
             await asyncio.sleep(6)
-        print(f"   API writes per pool: {(last - before) / args.pools:.1f}")
+        print(f"   API writes per pool: {(last - before) / pools:.1f}")
         m0, t_s = metrics(metrics_port), time.perf_counter()
         await asyncio.sleep(15)
         m1, dt = metrics(metrics_port), time.perf_counter() - t_s
@@ -180,19 +159,46 @@ async def main() -> int:
         steady_writes = writes(m1) - writes(m0)
         print(f"== steady state over {dt:.0f} s: {rate:.2f} requests/s, {steady_writes:.0f} writes "
               f"(target: 0 writes)")
-        rss = peak_rss_mb(op.pid)
+        rss = peak_rss_mb(operator_pid)
         print(f"== operator peak RSS: {rss:.0f} MB (target < 250 MB)")
-        print(json.dumps({"pools": args.pools, "groups_per_pool": pods_per_pool, "baseline_ms": base_s * 1000,
+        print(json.dumps({"pools": pools, "groups_per_pool": pods_per_pool, "baseline_ms": base_s * 1000,
                           "median_ms": med * 1000, "p99_ms": p99 * 1000, "p99_over_baseline": p99 / base_s,
-                          "writes_per_pool": (last - before) / args.pools, "steady_writes": steady_writes,
+                          "writes_per_pool": (last - before) / pools, "steady_writes": steady_writes,
                           "steady_requests_per_s": rate, "peak_rss_mb": rss}))
     finally:
-        op.terminate()
-        op.wait(timeout=30)
         await api.close()
-        subprocess.run(["kubectl", "delete", "namespace", NAMESPACE, "--wait=false"], capture_output=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--pools", type=int, default=100)
+    args = parser.parse_args()
+
+    gpu_nodes = max(4, (args.pools * 2 * GROUPS_PER_ROLE + 7) // 8 + 1)
+    env = os.environ | {"PDFLEET_GPU_NODES": str(gpu_nodes)}
+    localcluster("up", env=env)
+    localcluster("nodes", env=env)
+    for line in localcluster("env").splitlines():
+        key, value = line.removeprefix("export ").split("=", 1)
+        os.environ[key] = value.replace("$PATH", os.environ["PATH"])
+    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
+                   check=True, capture_output=True)
+    subprocess.run(["kubectl", "create", "namespace", NAMESPACE], capture_output=True)
+
+    metrics_port = free_port()
+    with (ROOT / ".bench-operator.log").open("w") as log:
+        op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", os.environ["KUBECONFIG"],
+                               "--namespace", NAMESPACE, "--metrics-port", str(metrics_port), "--health-port", "0",
+                               "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
+                              stdout=log, stderr=subprocess.STDOUT)
+        try:
+            asyncio.run(measure(args.pools, metrics_port, op.pid))
+        finally:
+            op.terminate()
+            op.wait(timeout=30)
+            subprocess.run(["kubectl", "delete", "namespace", NAMESPACE, "--wait=false"], capture_output=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(asyncio.run(main()))
+    sys.exit(main())
