@@ -444,6 +444,10 @@ def up() -> None:
         if _alive_pid(c.name, c.binary) is not None and c.ready():
             continue
         _stop(c.name, c.binary)  # a process that is ours but not ready is restarted
+        if c.name == "etcd":
+            # A fresh etcd starts empty: no pools, namespaces or events left by a run that was killed
+            # without `down`. Components restarted while etcd runs keep the cluster's state.
+            shutil.rmtree(DIR / "etcd", ignore_errors=True)
         _start(c)
         started += 1
     ensure_nodes()
