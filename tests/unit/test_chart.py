@@ -36,6 +36,7 @@ READ = ("get", "list", "watch")
 NAMESPACED_RULES: Rules = {
     ("pdfleet.dev", "inferencepools"): _verbs(*READ, "patch"),
     ("pdfleet.dev", "inferencepools/status"): _verbs("get", "patch", "update"),
+    ("pdfleet.dev", "inferencepools/finalizers"): _verbs("update"),
     ("", "pods"): _verbs(*READ, "create", "delete", "patch"),
     ("", "services"): _verbs(*READ, "create", "patch", "delete"),
     ("", "configmaps"): _verbs(*READ, "create", "patch", "delete"),

@@ -97,6 +97,11 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: [pdfleet.dev]
   resources: [inferencepools/status]
   verbs: [get, patch, update]
+# Owned objects set blockOwnerDeletion; clusters with the OwnerReferencesPermissionEnforcement admission plugin
+# (OpenShift, for one) require update on the owner's finalizers for that.
+- apiGroups: [pdfleet.dev]
+  resources: [inferencepools/finalizers]
+  verbs: [update]
 # Engine pods: the operator owns their lifecycle. No pods/exec: evidence comes from the rank-health agent.
 - apiGroups: [""]
   resources: [pods]
