@@ -59,9 +59,15 @@ class Ledger:
                 _write_header(mapping, slots)
             else:
                 mapping = mmap.mmap(fd, 0)
-                _check_header(path, mapping, expected_slots=slots)
+                try:
+                    _check_header(path, mapping, expected_slots=slots)
+                except LedgerError:
+                    mapping.close()
+                    raise
         finally:
-            os.close(fd)  # the mapping keeps the file; closing the fd also drops the lock
+            # Unlock explicitly: mmap keeps a dup of the fd, which would otherwise hold the lock.
+            fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
         return cls(path, mapping, slots, writable=True)
 
     @classmethod
