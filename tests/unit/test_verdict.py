@@ -1,0 +1,143 @@
+"""The verdict for one group, case by case: the failures pdfleet exists for, and what must not trip it."""
+
+from __future__ import annotations
+
+import pytest
+
+from pdfleet.runtime.health import phases, verdict
+from pdfleet.runtime.health.verdict import Health, RankStatus, RankView
+
+P = phases.Phase
+S = 1_000_000_000
+POLICY = verdict.HealthPolicy.from_seconds(desync_after=30, hang_after=300)
+
+
+def rank(n: int, phase: P, collectives: int, age_s: float, iteration: int = 100, **kw: object) -> RankView:
+    return RankView(
+        rank=n,
+        status=RankStatus.REPORTING,
+        phase=phase,
+        phase_age_ns=int(age_s * S),
+        collectives=collectives,
+        iteration=iteration,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_the_overlap_abort_failure_is_a_desync_once_it_outlasts_desync_after() -> None:
+    ranks = [
+        rank(0, P.KV_POLL_ALL_REDUCE, 3121, 45),
+        rank(1, P.KV_POLL_ALL_REDUCE, 3121, 45),
+        rank(2, P.RECV_BROADCAST, 3121, 44),
+        rank(3, P.RECV_BROADCAST, 3121, 44),
+    ]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert v.health is Health.DESYNC
+    assert v.held_ns == 44 * S
+    assert "ranks 0,1 in kv_poll_all_reduce at collective 3121" in v.reason
+    assert "ranks 2,3 in recv_broadcast at collective 3121" in v.reason
+
+
+def test_ranks_at_different_collective_counts_for_long_are_a_desync() -> None:
+    ranks = [rank(0, P.RECV_BROADCAST, 3122, 40, 1041), rank(1, P.RECV_BROADCAST, 3121, 40, 1040)]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert v.health is Health.DESYNC
+    assert v.reason.startswith("ranks diverged for 40.0s: rank 0 in recv_broadcast at collective 3122")
+
+
+def test_the_same_divergence_seen_early_is_healthy_ranks_between_steps() -> None:
+    ranks = [rank(0, P.KV_POLL_ALL_REDUCE, 3121, 45), rank(1, P.RECV_BROADCAST, 3121, 0.002)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.HEALTHY
+
+
+def test_a_divergence_held_exactly_desync_after_is_not_yet_a_desync() -> None:
+    ranks = [rank(0, P.KV_POLL_ALL_REDUCE, 7, 30), rank(1, P.RECV_BROADCAST, 7, 30)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.HEALTHY
+
+
+def test_a_forward_that_takes_minutes_on_every_rank_is_healthy() -> None:
+    ranks = [rank(n, P.FORWARD, 500, 600, 80) for n in range(8)]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert v.health is Health.HEALTHY
+    assert "all ranks together for 600.0s" in v.reason
+
+
+def test_the_end_of_a_long_forward_caught_mid_way_is_healthy() -> None:
+    ranks = [rank(0, P.RECV_BROADCAST, 501, 0.0001, 81), rank(1, P.FORWARD, 500, 600, 80)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.HEALTHY
+
+
+def test_all_ranks_waiting_in_one_collective_past_hang_after_is_a_hang() -> None:
+    ranks = [rank(n, P.KV_POLL_ALL_REDUCE, 42, 301 + n) for n in range(4)]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert v.health is Health.HANG
+    assert v.reason == (
+        "all 4 ranks blocked for 301.0s: ranks 0,1,2,3 in kv_poll_all_reduce at collective 42 (iteration 100)"
+    )
+
+
+def test_all_ranks_waiting_in_one_collective_under_hang_after_is_healthy() -> None:
+    ranks = [rank(n, P.RECV_BROADCAST, 42, 100) for n in range(4)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.HEALTHY
+
+
+def test_a_dead_rank_makes_the_group_dead_whatever_the_others_do() -> None:
+    ranks = [
+        rank(0, P.KV_POLL_ALL_REDUCE, 9, 1000),
+        RankView(rank=1, status=RankStatus.DEAD, phase=P.FORWARD, pid=77),
+        RankView(rank=2, status=RankStatus.UNREACHABLE),
+    ]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert (v.health, v.reason) == (Health.DEAD, "rank 1: process gone")
+
+
+def test_an_unreachable_pod_makes_the_group_unreachable() -> None:
+    ranks = [rank(0, P.FORWARD, 9, 1), RankView(rank=1, status=RankStatus.UNREACHABLE)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.UNREACHABLE
+
+
+@pytest.mark.parametrize(
+    "waiting",
+    [RankView(rank=1, status=RankStatus.ABSENT), rank(1, P.STARTING, 0, 900, 0)],
+    ids=["never attached", "attached, loading"],
+)
+def test_a_rank_not_yet_in_its_loop_makes_the_group_starting(waiting: RankView) -> None:
+    ranks = [rank(0, P.RECV_BROADCAST, 1, 900, 0), waiting]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert (v.health, v.reason) == (Health.STARTING, "rank 1: not in the event loop yet")
+
+
+def test_no_ranks_at_all_is_starting() -> None:
+    assert verdict.judge([], POLICY).health is Health.STARTING
+
+
+def test_the_evidence_lists_every_rank_in_rank_order_with_its_loop() -> None:
+    loop = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
+    ranks = [rank(1, P.IDLE, 3, 0.1, loop=loop), rank(0, P.IDLE, 3, 0.1, loop=loop)]
+
+    v = verdict.judge(ranks, POLICY)
+
+    assert [r.rank for r in v.ranks] == [0, 1]
+    assert {r.loop for r in v.ranks} == {loop}
+
+
+def test_a_policy_with_a_zero_threshold_is_refused() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        verdict.HealthPolicy.from_seconds(desync_after=0, hang_after=300)
