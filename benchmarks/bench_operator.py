@@ -197,6 +197,11 @@ def main() -> int:
             op.terminate()
             op.wait(timeout=30)
             subprocess.run(["kubectl", "delete", "namespace", NAMESPACE, "--wait=false"], capture_output=True)
+            # The extra GPU nodes would slow every later test on this cluster: remove what was added.
+            extra = [f"node/pdfleet-gpu-{i}" for i in range(4, gpu_nodes)]
+            if extra:
+                subprocess.run(["kubectl", "delete", "--wait=false", "--ignore-not-found", *extra],
+                               capture_output=True)
     return 0
 
 

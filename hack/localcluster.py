@@ -398,10 +398,14 @@ def ensure_nodes() -> None:
     if missing:
         kubectl("create", "-f", "-", stdin=json.dumps({"apiVersion": "v1", "kind": "List", "items": missing}))
 
+    wanted = {n["metadata"]["name"] for n in nodes}  # type: ignore[index]
+
     def all_ready() -> bool:
         out = kubectl("get", "nodes", "-l", "pdfleet.dev/local-cluster=true", "-o",
-                      "jsonpath={range .items[*]}{.status.conditions[?(@.type=='Ready')].status}{' '}{end}").stdout
-        return out.split().count("True") == len(nodes)
+                      "jsonpath={range .items[*]}{.metadata.name}={.status.conditions[?(@.type=='Ready')].status}"
+                      "{' '}{end}").stdout
+        ready = {item.split("=")[0] for item in out.split() if item.endswith("=True")}
+        return wanted <= ready
 
     _wait(f"{len(nodes)} fake nodes to become Ready", all_ready)
 

@@ -8,7 +8,7 @@ from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.engine import EngineSpec
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.model import ModelSpec
-from pdfleet.operator.api.roles import DecodeSpec, PrefillSpec, Role, RoleSpec
+from pdfleet.operator.api.roles import DEFAULT_ENGINE_PORT, DecodeSpec, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.rollout import RolloutSpec
 from pdfleet.operator.api.router import RouterSpec
 from pdfleet.operator.api.transfer import TransferSpec
@@ -23,10 +23,25 @@ def _replicas_rule(role: Role) -> Rule:
     )
 
 
+def _port_of(role: Role) -> str:
+    # CEL sees the object before nested defaults are filled in, so an absent port is the default one.
+    return f"(has(self.{role}.port) ? self.{role}.port : {DEFAULT_ENGINE_PORT})"
+
+
+_ONE_PORT_FOR_THE_ROUTER = Rule(
+    cel=f"(has(self.router) && has(self.router.replicas) && self.router.replicas == 0) || "
+        f"{_port_of(Role.PREFILL)} == {_port_of(Role.DECODE)}",
+    holds=lambda s: s.router.replicas == 0 or s.prefill.port == s.decode.port,
+    message="prefill.port and decode.port must be equal while the pool has a router: sglang-router discovers "
+            "engines by label and reaches every one on the same port (--service-discovery-port)",
+    field=".decode.port",
+)
+
+
 class InferencePoolSpec(ApiModel):
     """The desired state of a prefill/decode disaggregated SGLang pool."""
 
-    RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE))
+    RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE), _ONE_PORT_FOR_THE_ROUTER)
 
     model: ModelSpec = Field(description="The served model and its chat format.")
     engine: EngineSpec = Field(description="The SGLang engine every group runs: image, version, patches, args.")
