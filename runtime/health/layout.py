@@ -47,6 +47,7 @@ H_MAGIC, H_VERSION, H_SLOTS, H_SLOT_WORDS = range(4)
     ATTACHED_NS,
 ) = range(11)
 
+
 def file_size(slots: int) -> int:
     """Bytes a ledger with `slots` slots occupies."""
     return (HEADER_WORDS + slots * SLOT_WORDS) * WORD

@@ -178,9 +178,7 @@ def test_ranks_of_several_processes_create_one_ledger_together(path: Path) -> No
         "w = led.writer(int(sys.argv[2]), rank=int(sys.argv[2]))\n"
         "w.collective(phases.Phase.RECV_BROADCAST)\n"
     )
-    children = [
-        subprocess.Popen([sys.executable, "-c", script, str(path), str(slot)]) for slot in range(4)
-    ]
+    children = [subprocess.Popen([sys.executable, "-c", script, str(path), str(slot)]) for slot in range(4)]
     try:
         assert [child.wait(timeout=60) for child in children] == [0, 0, 0, 0]
     finally:

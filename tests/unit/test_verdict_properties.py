@@ -98,9 +98,7 @@ def test_a_step_in_progress_is_never_desync_or_hang(views: list[RankView], data:
 
 
 @given(diverged(), st.data(), policies)
-def test_any_divergence_held_past_desync_after_is_a_desync(
-    views: list[RankView], data: st.DataObject, policy
-) -> None:
+def test_any_divergence_held_past_desync_after_is_a_desync(views: list[RankView], data: st.DataObject, policy) -> None:
     past = data.draw(st.integers(policy.desync_after_ns + 1, policy.desync_after_ns + 30 * 24 * 3600 * S))
     assert verdict.judge(_aged(views, at_least=past), policy).health is Health.DESYNC
 

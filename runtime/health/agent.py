@@ -1,0 +1,168 @@
+"""The rank-health agent of one engine pod: a small HTTP server over the pod's ledger.
+
+    GET /ranks               the ranks' records as JSON (`report`), read from shared memory
+    GET /ranks/stacks        every live rank's Python stacks (`stacks`); ?timeout=<seconds>, default 2
+
+It only reads the ledger, so it never slows a scheduler rank down; it runs beside the engine (a daemon
+thread of the launcher, or `python -m pdfleet.runtime.health.agent`) and must share the ranks' process
+namespace to check their pids and signal them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.server
+import json
+import logging
+import os
+import threading
+import time
+import urllib.parse
+from pathlib import Path
+from typing import Any
+
+from pdfleet.runtime.health import ledger, procs, records, report, stacks
+
+log = logging.getLogger(__name__)
+
+PORT_ENV = "PDFLEET_AGENT_PORT"
+DEFAULT_PORT = 8990
+MAX_STACK_TIMEOUT_S = 30.0
+
+
+class Agent:
+    """Serves one ledger over HTTP from a daemon thread. `start()` binds (port 0: an ephemeral port)."""
+
+    def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT) -> None:
+        self.ledger_path = Path(ledger_path)
+        self._bind = (host, port)
+        self._ledger: ledger.Ledger | None = None
+        self._open_lock = threading.Lock()
+        self._capture_lock = threading.Lock()
+        self._server: http.server.ThreadingHTTPServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the agent is not started")
+        return self._server.server_address[1]
+
+    def start(self) -> Agent:
+        server = http.server.ThreadingHTTPServer(self._bind, _Handler)
+        server.daemon_threads = True
+        server.agent = self  # type: ignore[attr-defined]
+        self._server = server
+        self._thread = threading.Thread(target=server.serve_forever, name="pdfleet-health-agent", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+        if self._thread is not None:
+            self._thread.join()
+        if self._ledger is not None:
+            self._ledger.close()
+
+    def __enter__(self) -> Agent:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def ranks(self) -> report.PodReport:
+        """The pod's ranks now. Before any rank created the ledger, a report with no ranks."""
+        led = self._open()
+        recs = led.read_all() if led is not None else []
+        return report.build(recs, now_ns=time.monotonic_ns(), ledger=str(self.ledger_path), alive=_alive)
+
+    def stacks(self, *, timeout_s: float) -> dict[str, Any]:
+        """Stacks of every live rank that advertised a stack signal; the others are listed with why not."""
+        led = self._open()
+        recs = led.read_all() if led is not None else []
+        targets: dict[int, stacks.Target] = {}
+        entries: list[dict[str, Any]] = []
+        for r in recs:
+            entry: dict[str, Any] = {"slot": r.slot, "rank": r.rank, "pid": r.pid, "phase": r.phase.label}
+            if not _alive(r):
+                entry["error"] = "process gone"
+            elif r.stack_signal == 0:
+                entry["error"] = "no stack signal advertised"
+            else:
+                targets[r.slot] = stacks.Target(r.pid, r.stack_signal, stacks.stack_path(self.ledger_path, r.slot))
+            entries.append(entry)
+        with self._capture_lock:
+            captured = stacks.capture(list(targets.values()), timeout_s=timeout_s)
+        by_target = {c.target: c for c in captured}
+        for entry in entries:
+            if (target := targets.get(entry["slot"])) is not None:
+                c = by_target[target]
+                if c.text is not None:
+                    entry["stacks"] = c.text
+                else:
+                    entry["error"] = c.error
+        return {"ledger": str(self.ledger_path), "now_ns": time.monotonic_ns(), "ranks": entries}
+
+    def _open(self) -> ledger.Ledger | None:
+        with self._open_lock:
+            if self._ledger is None:
+                try:
+                    self._ledger = ledger.Ledger.open_readonly(self.ledger_path)
+                except (FileNotFoundError, ledger.LedgerError):
+                    return None
+            return self._ledger
+
+
+def _alive(record: records.RankRecord) -> bool:
+    return procs.is_alive(record.pid, record.pid_start)
+
+
+class _Handler(http.server.BaseHTTPRequestHandler):
+    server_version = "pdfleet-health-agent"
+
+    def do_GET(self) -> None:
+        agent: Agent = self.server.agent  # type: ignore[attr-defined]
+        url = urllib.parse.urlsplit(self.path)
+        try:
+            if url.path == "/ranks":
+                self._send(200, report.to_json(agent.ranks()))
+            elif url.path == "/ranks/stacks":
+                query = urllib.parse.parse_qs(url.query)
+                timeout_s = min(float(query.get("timeout", ["2"])[0]), MAX_STACK_TIMEOUT_S)
+                self._send(200, agent.stacks(timeout_s=timeout_s))
+            else:
+                self._send(404, {"error": f"no such path: {url.path}"})
+        except ValueError as e:
+            self._send(400, {"error": str(e)})
+        except Exception as e:  # the agent must keep answering; say what broke
+            log.exception("agent request %s failed", self.path)
+            self._send(500, {"error": repr(e)})
+
+    def _send(self, status: int, body: dict[str, Any]) -> None:
+        payload = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(payload)))
+        self.end_headers()
+        self.wfile.write(payload)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Serve this pod's rank-health ledger over HTTP.")
+    parser.add_argument("--ledger", default=str(ledger.default_path()))
+    parser.add_argument("--host", default="0.0.0.0")
+    parser.add_argument("--port", type=int, default=int(os.environ.get(PORT_ENV) or DEFAULT_PORT))
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    agent = Agent(args.ledger, host=args.host, port=args.port).start()
+    log.info("serving %s on %s:%d", args.ledger, args.host, agent.port)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
