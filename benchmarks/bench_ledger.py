@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from pdfleet.runtime.health import ledger, phases
+from pdfleet.runtime.health import ledger, phases, writer
 
 TARGET_NS = 1000.0
 RECV = phases.Phase.RECV_BROADCAST
@@ -54,7 +54,7 @@ def _empty_loop(w: object, n: int) -> int:
     return time.perf_counter_ns() - t0
 
 
-def _pd_loop(w: ledger.writer.RankWriter | _NoopWriter, n: int) -> int:
+def _pd_loop(w: writer.RankWriter | _NoopWriter, n: int) -> int:
     t0 = time.perf_counter_ns()
     for _ in range(n):
         w.collective(RECV)
@@ -65,7 +65,7 @@ def _pd_loop(w: ledger.writer.RankWriter | _NoopWriter, n: int) -> int:
     return time.perf_counter_ns() - t0
 
 
-def _minimal_loop(w: ledger.writer.RankWriter | _NoopWriter, n: int) -> int:
+def _minimal_loop(w: writer.RankWriter | _NoopWriter, n: int) -> int:
     t0 = time.perf_counter_ns()
     for _ in range(n):
         w.collective(RECV)

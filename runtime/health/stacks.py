@@ -5,13 +5,15 @@ appending, and advertises that signal in its ledger slot. To capture, the agent 
 the signal, and reads the file back once it has stopped growing.
 
 Why faulthandler and not a Python signal handler: CPython runs a `signal.signal` handler only in the main
-thread, between two bytecodes. A rank blocked in a gloo collective is in C (`work.wait()`); while it is
-there its Python handler never runs, whether or not the call released the GIL, so a Python handler would
-time out exactly when the stacks matter most. `faulthandler.register` installs a C handler that walks every
-thread's frames and writes them with `write(2)` straight from the signal handler, needing neither the GIL
-nor the interpreter loop; `tests/unit/test_agent_stacks.py` shows both facts on a process blocked in C with
-the GIL held. It registers with SA_RESTART (chain=False), so the interrupted system call resumes and the
-collective carries on undisturbed.
+thread, between two bytecodes. A rank blocked in a gloo collective sits in C++ (`work.wait()`, a condition
+variable wait that simply waits again after a signal) and never returns to the interpreter, so its Python
+handlers never run, GIL released or not: a Python handler would time out exactly when the stacks matter.
+(A C call that gives up on EINTR does return, and then the Python handler runs; gloo's wait does not.)
+`faulthandler.register` installs a C handler that walks every thread's frames and writes them with
+`write(2)` from inside the signal handler, needing neither the GIL nor the interpreter loop. It registers
+with SA_RESTART (chain=False), so the interrupted system call resumes and the rank stays where it was.
+`tests/unit/test_agent_stacks.py` shows this on a rank blocked in a C call that holds the GIL, and on a
+rank blocked in a real gloo all-reduce, where a Python handler sent alongside never runs.
 
 Limits: the C handler reads thread states without locks (what faulthandler always does on a crash); it
 sees only threads that run Python (gloo's and NCCL's own threads have no Python frames); a process that
