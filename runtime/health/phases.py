@@ -55,6 +55,8 @@ class LoopName(enum.IntEnum):
     EVENT_LOOP_NORMAL_DISAGG_DECODE = 7
     EVENT_LOOP_OVERLAP_DISAGG_DECODE = 8
     EVENT_LOOP_PP_DISAGG_DECODE = 9
+    EVENT_LOOP_OVERLAP_MLX = 10
+    EVENT_LOOP_PDMUX = 11
 
     @classmethod
     def _missing_(cls, value: object) -> LoopName:

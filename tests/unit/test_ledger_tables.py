@@ -1,0 +1,54 @@
+"""The fixed tables a record refers to: stable numbers, and no SGLang event loop left without one."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+from pdfleet.runtime.health import phases
+
+
+def test_every_event_loop_of_the_installed_sglang_has_an_id() -> None:
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("sglang is not installed")
+    srt = Path(next(iter(spec.submodule_search_locations))) / "srt"
+    defined = {m for f in srt.rglob("*.py") for m in re.findall(r"def (event_loop_\w+)\(", f.read_text())}
+
+    assert defined
+    assert {m for m in defined if phases.LoopName.from_method(m) is phases.LoopName.UNKNOWN} == set()
+
+
+def test_a_loop_name_this_table_does_not_know_is_unknown_not_an_error() -> None:
+    assert phases.LoopName.from_method("event_loop_from_the_future") is phases.LoopName.UNKNOWN
+    assert phases.LoopName(999) is phases.LoopName.UNKNOWN
+    assert phases.Phase(999) is phases.Phase.UNKNOWN
+
+
+def test_loop_and_phase_labels_round_trip() -> None:
+    for loop in phases.LoopName:
+        assert phases.loop_from_label(loop.method) is loop
+    for phase in phases.Phase:
+        assert phases.phase_from_label(phase.label) is phase
+
+
+def test_the_numbers_on_the_wire_never_change() -> None:
+    # Writers and readers run different pdfleet versions: append new values, never renumber.
+    assert {p.name: p.value for p in phases.Phase} == {
+        "UNKNOWN": 0,
+        "STARTING": 1,
+        "LOCAL": 2,
+        "IDLE": 3,
+        "FORWARD": 4,
+        "EXITED": 5,
+        "RECV_BROADCAST": 16,
+        "KV_POLL_ALL_REDUCE": 17,
+        "MLP_SYNC_ALL_GATHER": 18,
+        "OTHER_COLLECTIVE": 19,
+    }
+    assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
+    assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
+    assert [p for p in phases.Phase if p.is_collective] == [16, 17, 18, 19]
