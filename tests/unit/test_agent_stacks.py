@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -89,10 +90,13 @@ def stacks_once(client: httpx.Client) -> dict[str, Any]:
     return response.json()
 
 
-def wait_for_stack(client: httpx.Client, slot: int, frame: str, timeout_s: float = 60.0) -> str:
+def wait_for_stack(
+    client: httpx.Client, slot: int, frame: str, child: subprocess.Popen[str], timeout_s: float = 60.0
+) -> str:
     """Capture until the rank's stacks show `frame` (the rank may still be on its way into the call)."""
     deadline = time.monotonic() + timeout_s
     while True:
+        assert child.poll() is None, f"the rank process exited with {child.returncode}"
         entries = {e["slot"]: e for e in stacks_once(client)["ranks"]}
         text = entries.get(slot, {}).get("stacks") or ""
         if frame in text:
@@ -105,11 +109,11 @@ def wait_for_stack(client: httpx.Client, slot: int, frame: str, timeout_s: float
 def test_a_rank_blocked_in_c_holding_the_gil_still_dumps_its_stack(served: httpx.Client, spawn, ledger_path) -> None:
     child = spawn(_BLOCKED_IN_C, str(ledger_path))
 
-    text = wait_for_stack(served, 0, "waiting_in_a_c_call_that_holds_the_gil")
+    text = wait_for_stack(served, 0, "waiting_in_a_c_call_that_holds_the_gil", child)
 
     assert "most recent call first" in text
     # The interrupted read was restarted: the rank is still there, still blocked where it was.
-    again = wait_for_stack(served, 0, "waiting_in_a_c_call_that_holds_the_gil")
+    again = wait_for_stack(served, 0, "waiting_in_a_c_call_that_holds_the_gil", child)
     assert again.count("waiting_in_a_c_call_that_holds_the_gil") == 1
     assert child.poll() is None
 
@@ -142,14 +146,15 @@ def _free_port() -> int:
 def test_a_rank_blocked_in_a_gloo_collective_dumps_its_stack_and_its_python_handlers_never_run(
     served: httpx.Client, spawn, ledger_path: Path, tmp_path: Path
 ) -> None:
-    pytest.importorskip("torch.distributed")
+    if importlib.util.find_spec("torch") is None:  # the ranks import it, this process need not
+        pytest.skip("needs torch (gloo)")
     port, marker = str(_free_port()), tmp_path / "python-handler-ran"
     waiting = spawn(_GLOO, str(ledger_path), "0", port, str(marker))
     spawn(_GLOO, str(ledger_path), "1", port, str(marker))
 
-    text = wait_for_stack(served, 0, "kv_poll_all_reduce")
+    text = wait_for_stack(served, 0, "kv_poll_all_reduce", waiting)
     os.kill(waiting.pid, signal.SIGUSR1)
-    again = wait_for_stack(served, 0, "kv_poll_all_reduce")  # a full capture later: time enough for a handler
+    again = wait_for_stack(served, 0, "kv_poll_all_reduce", waiting)  # a capture later: time for a handler
 
     assert "all_reduce" in text
     assert "kv_poll_all_reduce" in again
