@@ -1,0 +1,102 @@
+"""`pdfleet-engine`: start SGLang with pdfleet's patches and rank-health agent.
+
+    python -m pdfleet.runtime.launcher [--patch ID]... [--agent-port N] [--check] -- <sglang server args>
+    python -m pdfleet.runtime.launcher patches        # the catalogue
+
+Before anything starts, the SGLang arguments go through SGLang's own parser and every selected patch is
+checked against the installed SGLang (known id, version range, every target function's fingerprint). Any
+problem stops the launch with one message and exit code 2: an engine that would run unpatched or half-patched
+code is never started. `--check` stops after the checks (used by tests and by `kubectl debug` sessions).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+from pathlib import Path
+
+from pdfleet.runtime import engine_setup
+from pdfleet.runtime.patches import base, catalogue
+
+EXIT_USAGE = 2
+BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
+
+
+def list_patches() -> str:
+    rows = []
+    for p in catalogue.CATALOGUE:
+        fixed = f", fixed upstream in {p.fixed_in}" if p.fixed_in else ""
+        rows.append(f"{p.id}\n  SGLang {p.applies_to}{fixed}\n  {p.summary}\n  replaces: {', '.join(p.targets)}")
+    return "\n".join(rows)
+
+
+def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
+    argv = list(argv)
+    sglang_args = argv[argv.index("--") + 1:] if "--" in argv else []
+    own = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(prog="pdfleet-engine", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", nargs="?", choices=["run", "patches"], default="run")
+    parser.add_argument("--patch", action="append", default=[], metavar="ID", help="apply this catalogue patch")
+    parser.add_argument("--agent-port", type=int, default=8470, help="port of the rank-health agent (0: none)")
+    parser.add_argument("--check", action="store_true", help="check arguments and patches, start nothing")
+    return parser.parse_args(own), sglang_args
+
+
+class _QuietParser(argparse.ArgumentParser):
+    """SGLang's parser, made to raise instead of printing its 300-line usage and exiting."""
+
+    def error(self, message: str) -> NoReturn:
+        raise base.PatchError(f"SGLang refuses its arguments: {message}")
+
+
+def parse_sglang_args(sglang_args: list[str]) -> argparse.Namespace:
+    """SGLang's own parser, so a bad flag fails here, with SGLang's message, before anything starts."""
+    from sglang.srt.server_args import ServerArgs
+
+    parser = _QuietParser(prog="sglang", exit_on_error=False)
+    ServerArgs.add_cli_args(parser)
+    try:
+        return parser.parse_args(sglang_args)
+    except argparse.ArgumentError as e:
+        raise base.PatchError(f"SGLang refuses its arguments: {e}") from None
+
+
+def export_for_children(patch_ids: list[str]) -> None:
+    """What SGLang's spawned processes need to patch themselves (see runtime/bootstrap/sitecustomize.py)."""
+    os.environ["PDFLEET_PATCHES"] = ",".join(patch_ids)
+    path = os.environ.get("PYTHONPATH", "")
+    if str(BOOTSTRAP) not in path.split(os.pathsep):
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), path) if p)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    options, sglang_args = parse(sys.argv[1:] if argv is None else argv)
+    if options.command == "patches":
+        print(list_patches())
+        return 0
+    try:
+        version = engine_setup.sglang_version()
+        base.check(options.patch, version)
+        parse_sglang_args(sglang_args)
+        applied = engine_setup.apply_selected(options.patch)
+    except base.PatchError as e:
+        print(f"pdfleet-engine: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    print(f"pdfleet-engine: SGLang {version}; patches: {', '.join(a.id for a in applied) or 'none'}",
+          file=sys.stderr)
+    if options.check:
+        return 0
+    export_for_children(options.patch)
+    from sglang.launch_server import run_server
+    from sglang.srt.server_args import prepare_server_args
+
+    run_server(prepare_server_args(sglang_args))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

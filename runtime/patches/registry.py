@@ -1,0 +1,16 @@
+"""Patch id -> the module that implements it. Imported on demand: an implementation module may import SGLang."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Iterable
+
+from pdfleet.runtime.patches.base import Implementation
+
+MODULES: dict[str, str] = {
+    # filled in as implementations land: "kv-poll-lockstep": "pdfleet.runtime.patches.impl.kv_poll_lockstep"
+}
+
+
+def implementations(patch_ids: Iterable[str]) -> dict[str, Implementation]:
+    return {pid: importlib.import_module(MODULES[pid]) for pid in patch_ids if pid in MODULES}  # type: ignore[misc]

@@ -1,0 +1,56 @@
+"""The engine launcher parses with SGLang's own parser and refuses bad patches before anything starts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+
+def launcher(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pdfleet.runtime.launcher", *args], capture_output=True,
+                          text=True, timeout=180)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def real_sglang() -> None:
+    try:
+        import sglang  # noqa: F401
+    except ImportError:
+        pytest.fail("sglang is not installed: run `make sglang` (hack/install-sglang.sh)", pytrace=False)
+
+
+def test_a_pd_decode_command_line_passes_the_checks() -> None:
+    result = launcher("--check", "--", "--model-path", "/models/x", "--tp-size", "8",
+                      "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake")
+    assert result.returncode == 0, result.stderr
+    assert "SGLang 0.5.23" in result.stderr
+
+
+def test_an_unknown_patch_is_refused_with_the_catalogue() -> None:
+    result = launcher("--check", "--patch", "make-it-fast", "--", "--model-path", "/m")
+    assert result.returncode == 2
+    assert "unknown patch 'make-it-fast'" in result.stderr
+    assert "kv-poll-lockstep" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_patch_fixed_upstream_is_refused() -> None:
+    result = launcher("--check", "--patch", "dsml-batch-decode-guard", "--", "--model-path", "/m")
+    assert result.returncode == 2
+    assert "fixed upstream in SGLang 0.5.23" in result.stderr
+
+
+def test_sglang_rejects_an_unknown_flag_in_one_line() -> None:
+    result = launcher("--check", "--", "--model-path", "/m", "--no-such-flag")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "pdfleet-engine: SGLang refuses its arguments: unrecognized arguments: " \
+                                    "--no-such-flag"
+
+
+def test_the_catalogue_is_listed() -> None:
+    result = launcher("patches")
+    assert result.returncode == 0
+    for pid in ("kv-poll-lockstep", "abort-consensus", "overlap-loop-report"):
+        assert pid in result.stdout
