@@ -58,7 +58,7 @@ test: $(STAMP) binaries sglang ## the whole suite, against a real local control 
 	if [ $$started = 1 ] && [ -z "$${PDFLEET_KEEP_CLUSTER:-}" ]; then $(CLUSTER) down; fi; \
 	exit $$rc
 
-test-unit: $(STAMP) ## the tests that need no cluster
+test-unit: $(STAMP) sglang ## the tests that need no cluster
 	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
 
 bench: $(STAMP) sglang ## benchmarks: ratios against a baseline run in the same process

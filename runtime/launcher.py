@@ -15,8 +15,8 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import NoReturn
 from pathlib import Path
+from typing import NoReturn
 
 from pdfleet.runtime import engine_setup
 from pdfleet.runtime.patches import base, catalogue

@@ -84,7 +84,7 @@ def test_a_changed_target_refuses_every_patch(fake_sglang: types.ModuleType, two
     prints = {"fake_engine.poll": targets.fingerprint(fake_sglang.poll),
               "fake_engine.Scheduler.loop": "0123456789abcdef"}  # as if SGLang had changed the loop
     impls = {"p-poll": Impl({"1.5": prints}), "p-loop": Impl({"1.5": prints})}
-    with pytest.raises(base.PatchError, match="fake_engine.Scheduler.loop is not the function this patch"):
+    with pytest.raises(base.PatchError, match=r"fake_engine\.Scheduler\.loop is not the function this patch"):
         base.apply(["p-poll", "p-loop"], "1.5", impls)
     assert fake_sglang.poll([1]) == [1], "nothing may be patched when any patch is refused"
 
@@ -102,7 +102,7 @@ def test_unknown_and_inapplicable_patches_are_refused_with_a_reason(two_patches:
 
 def test_a_version_the_patch_was_never_checked_against_is_refused(fake_sglang: types.ModuleType,
                                                                   two_patches: None) -> None:
-    with pytest.raises(base.PatchError, match="was not checked against SGLang 1.7"):
+    with pytest.raises(base.PatchError, match=r"was not checked against SGLang 1\.7"):
         base.apply(["p-poll"], "1.7", {"p-poll": Impl({"1.5": {}})})
 
 
