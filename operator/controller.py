@@ -41,10 +41,31 @@ class Controller:
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._summaries: dict[PoolKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
 
     def forget(self, key: PoolKey) -> None:
         self._applied.pop(key, None)
         self._deleting.pop(key, None)
+        self._summaries.pop(key, None)
+        self._export_summaries()
+
+    def _record_summary(self, key: PoolKey, status: Mapping[str, Any] | None) -> None:
+        """Keeps the pools-by-phase and groups-by-verdict gauges true to the last status of every pool."""
+        if not status:
+            return
+        groups = tuple((g.get("role", ""), g.get("verdict", "Unknown")) for g in status.get("groups", []))
+        summary = (status.get("phase", "Pending"), groups)
+        if self._summaries.get(key) != summary:
+            self._summaries[key] = summary
+            self._export_summaries()
+
+    def _export_summaries(self) -> None:
+        metrics.POOLS.clear()
+        metrics.ENGINE_GROUPS.clear()
+        for phase, groups in self._summaries.values():
+            metrics.POOLS.labels(phase=phase).inc()
+            for role, verdict in groups:
+                metrics.ENGINE_GROUPS.labels(role=role, verdict=verdict).inc()
 
     def _expectations(self, key: PoolKey, owned: Mapping[ObjectKey, Mapping[str, Any]]) -> Expectations:
         """Drops what the watch has caught up with, or what is too old to trust, and returns the rest."""
@@ -102,6 +123,7 @@ class Controller:
         await _all(*(delete(ref) for ref in plan.delete))
         if plan.status is not None:
             await self._write_status(pool, plan.status)
+        self._record_summary(key, plan.status if plan.status is not None else pool.get("status"))
         await _all(*(self._post_event(pool, event) for event in plan.events))
         if not plan.empty:
             log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),

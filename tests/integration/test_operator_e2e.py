@@ -105,6 +105,11 @@ def test_a_pool_goes_ready_on_fake_gpu_nodes_scales_and_leaves_nothing_behind(
     assert reasons.count("GroupCreated") == 2
     assert "PoolReady" in reasons
 
+    assert operator.metric("pdfleet_pools", phase="Ready") >= 1
+    assert operator.metric("pdfleet_engine_groups", role="decode") >= 1
+    assert operator.metric("pdfleet_reconcile_total", result="success") >= 1
+    assert operator.metric("pdfleet_reconcile_duration_seconds_count", result="success") >= 1
+
     table = cluster.kubectl("get", "pdpool", "-n", namespace).stdout
     assert table.split("\n")[0].split()[:2] == ["NAME", "PHASE"]
     assert "Ready" in table.split("\n")[1]
