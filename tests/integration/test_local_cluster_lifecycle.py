@@ -17,6 +17,7 @@ import pytest
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) / "bin"
 PORTS = {
     "PDFLEET_ETCD_PORT": "33790", "PDFLEET_ETCD_PEER_PORT": "33800", "PDFLEET_APISERVER_PORT": "36443",
     "PDFLEET_CONTROLLER_MANAGER_PORT": "30257", "PDFLEET_SCHEDULER_PORT": "30259", "PDFLEET_KWOK_PORT": "30247",
@@ -34,7 +35,8 @@ def processes_of(cluster_dir: Path) -> list[str]:
             state = (proc / "stat").read_text().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if str(cluster_dir) in cmdline and state not in ("Z", "X") and "pytest" not in cmdline:
+        argv0 = cmdline.split(" ", 1)[0]
+        if str(cluster_dir) in cmdline and state not in ("Z", "X") and argv0.startswith(str(BIN)):
             found.append(cmdline)
     return found
 
