@@ -1,8 +1,13 @@
-"""What every process of an engine does before SGLang's scheduler runs: apply the selected patches.
+"""What every process of an engine does before SGLang's scheduler runs: apply the selected patches and the
+rank-health instrumentation.
 
 The launcher exports the selection (`PDFLEET_PATCHES`, comma-separated ids); `install_from_environment` runs
 in each process (via sitecustomize) and applies it when SGLang's scheduler module is imported. A process that
 cannot apply its patches exits with a message: an engine whose ranks run different code is worse than none.
+
+The instrumentation (`pdfleet.runtime.instrument`) is applied in every engine, selected or not: the operator
+judges rank health from it. Its loop report is the catalogue's `overlap-loop-report` patch, so that id is
+always part of the applied set; its other seams follow the catalogue patches, which they may wrap.
 """
 
 from __future__ import annotations
@@ -11,10 +16,12 @@ import os
 import sys
 from types import ModuleType
 
+from pdfleet.runtime.instrument import apply as instrument
 from pdfleet.runtime.patches import base, hooks, registry
 
 SCHEDULER_MODULE = "sglang.srt.managers.scheduler"
 EXIT_PATCH_FAILED = 3
+ALWAYS_APPLIED = ("overlap-loop-report",)  # the instrumentation's loop report, see the module docstring
 
 
 def selected_patches() -> list[str]:
@@ -27,8 +34,19 @@ def sglang_version() -> str:
     return str(sglang.__version__)
 
 
+def with_instrumentation(patch_ids: list[str]) -> list[str]:
+    """The selection plus the always-applied ids, each once, in order."""
+    return list(dict.fromkeys([*patch_ids, *ALWAYS_APPLIED]))
+
+
 def apply_selected(patch_ids: list[str]) -> list[base.Applied]:
-    return base.apply(patch_ids, sglang_version(), registry.implementations(patch_ids))
+    """Applies the selected catalogue patches (with `ALWAYS_APPLIED`), then the instrumentation's seams.
+    Raises `base.PatchError` on any problem; the callers then start nothing (launcher) or exit (a rank)."""
+    version = sglang_version()
+    ids = with_instrumentation(patch_ids)
+    applied = base.apply(ids, version, registry.implementations(ids))
+    applied.append(instrument.install(version))
+    return applied
 
 
 def _on_scheduler_import(_: ModuleType) -> None:

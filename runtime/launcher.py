@@ -7,6 +7,12 @@ Before anything starts, the SGLang arguments go through SGLang's own parser and 
 checked against the installed SGLang (known id, version range, every target function's fingerprint). Any
 problem stops the launch with one message and exit code 2: an engine that would run unpatched or half-patched
 code is never started. `--check` stops after the checks (used by tests and by `kubectl debug` sessions).
+
+Every engine also gets pdfleet's rank instrumentation (`pdfleet.runtime.instrument`), verified the same way,
+and the pod's rank-health agent on `--agent-port` (`/ranks`, `/ranks/stacks`, `/livez`; 0: no agent), served
+from a daemon thread of this process, which is SGLang's main process: same pid namespace as the ranks, same
+ledger path. The launcher starts each engine with an empty ledger and records the engine's URL beside it for
+the preStop drain (`pdfleet.runtime.drain`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pdfleet.runtime import engine_setup
+from pdfleet.runtime import drain, engine_setup
+from pdfleet.runtime.health import ledger
+from pdfleet.runtime.instrument import agent
 from pdfleet.runtime.patches import base, catalogue
 
 EXIT_USAGE = 2
@@ -73,6 +81,20 @@ def export_for_children(patch_ids: list[str]) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), path) if p)
 
 
+def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.PodAgent | None:
+    """The pod's rank-health agent on `port` (None for port 0), reading this engine's ledger."""
+    if port == 0:
+        return None
+    return agent.PodAgent(ledger.default_path(), host=host, port=port).start()
+
+
+def prepare_pod_state(sglang: argparse.Namespace) -> None:
+    """A fresh ledger for this engine (a stale one may have another geometry, which ranks would refuse), and
+    the engine's URL for the drain."""
+    ledger.default_path().unlink(missing_ok=True)
+    drain.write_endpoint(drain.local_url(sglang.host, sglang.port))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     options, sglang_args = parse(sys.argv[1:] if argv is None else argv)
     if options.command == "patches":
@@ -81,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         version = engine_setup.sglang_version()
         base.check(options.patch, version)
-        parse_sglang_args(sglang_args)
+        parsed = parse_sglang_args(sglang_args)
         applied = engine_setup.apply_selected(options.patch)
     except base.PatchError as e:
         print(f"pdfleet-engine: {e}", file=sys.stderr)
@@ -91,6 +113,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.check:
         return 0
     export_for_children(options.patch)
+    prepare_pod_state(parsed)
+    try:
+        running = start_agent(options.agent_port)
+    except OSError as e:  # the port is taken: without its agent the pod would fail its liveness probe anyway
+        print(f"pdfleet-engine: the rank-health agent cannot listen on port {options.agent_port}: {e}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    if running is not None:
+        print(f"pdfleet-engine: rank-health agent on port {running.port}", file=sys.stderr)
     from sglang.launch_server import run_server
     from sglang.srt.server_args import prepare_server_args
 

@@ -106,10 +106,13 @@ CATALOGUE: tuple[Patch, ...] = (
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "
-            "ledger, so a rollout can verify that every rank runs the expected loop."
+            "ledger, so a rollout can verify that every rank runs the expected loop. Part of the rank "
+            "instrumentation the launcher always installs; selecting it changes nothing."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
-        targets=("sglang.srt.managers.scheduler.Scheduler._dispatch_event_loop_once",),
+        # A module-level function, looked up as a global by `dispatch_event_loop` and the PD role-switch
+        # supervisor on every dispatch, so replacing the module attribute reaches every caller.
+        targets=("sglang.srt.managers.scheduler._dispatch_event_loop_once",),
     ),
     Patch(
         id="dsml-batch-decode-guard",

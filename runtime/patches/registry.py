@@ -9,6 +9,7 @@ from pdfleet.runtime.patches.base import Implementation
 
 MODULES: dict[str, str] = {
     # filled in as implementations land: "kv-poll-lockstep": "pdfleet.runtime.patches.impl.kv_poll_lockstep"
+    "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
 }
 
 

@@ -1,0 +1,63 @@
+"""The instrumentation's seams in SGLang: which function gets which wrapper, and the fingerprint it must have.
+
+A patch implementation in the shape `patches.base.Implementation` describes (`FINGERPRINTS`,
+`replacements`), applied by `instrument.apply` rather than through the catalogue because it is not a choice.
+
+Names are patched where they are looked up: `from x import f` copies the reference into the importing module,
+so the request broadcast is replaced in `request_receiver` (not in `sglang.srt.utils.common`, where it is
+defined) and the KV polls in `disaggregation.prefill`, `disaggregation.decode` and `scheduler_pp_mixin`, the
+modules whose loops call them. Functions those call in turn (`utils.poll_and_all_reduce` inside
+`poll_and_all_reduce_attn_cp_tp_group`) stay unwrapped, so each logical collective counts once.
+
+Left out on purpose: `decode.poll_and_all_reduce_pp` (maps a consensus already reached over the pipeline;
+no collective of its own) and the loop dispatcher (the `overlap-loop-report` catalogue patch, see
+`patches.impl.overlap_loop_report`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pdfleet.runtime.instrument import seams
+
+_SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
+_RECEIVER = "sglang.srt.managers.scheduler_components.request_receiver"
+_PREFILL = "sglang.srt.disaggregation.prefill"
+_DECODE = "sglang.srt.disaggregation.decode"
+_PP_MIXIN = "sglang.srt.managers.scheduler_pp_mixin"
+
+WRAPPERS: dict[str, Callable[[seams.Fn], seams.Fn]] = {
+    f"{_SCHEDULER}.ingest_requests": seams.ingest_requests,
+    f"{_SCHEDULER}.run_batch": seams.run_batch,
+    f"{_SCHEDULER}.on_idle": seams.on_idle,
+    f"{_RECEIVER}.broadcast_pyobj": seams.broadcast_pyobj,
+    f"{_RECEIVER}.attn_cp_tp_broadcast_pyobj": seams.attn_cp_tp_broadcast_pyobj,
+    f"{_PREFILL}.poll_and_all_reduce_attn_cp_tp_group": seams.poll_and_all_reduce_attn_cp_tp_group,
+    f"{_PREFILL}.poll_and_all_reduce_prefill_pp": seams.poll_and_all_reduce_prefill_pp,
+    f"{_DECODE}.poll_and_all_reduce": seams.poll_and_all_reduce,
+    f"{_DECODE}.poll_and_all_reduce_with_staging": seams.poll_and_all_reduce_with_staging,
+    f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": seams.poll_and_all_reduce_attn_cp_tp_group,
+    "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": seams.mlp_sync_all_gather,
+}
+
+FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
+    "0.5.23": {
+        f"{_SCHEDULER}.ingest_requests": "4ba77891bd6e4a76",
+        f"{_SCHEDULER}.run_batch": "6bb492e110c3e875",
+        f"{_SCHEDULER}.on_idle": "851656223a6826f6",
+        f"{_RECEIVER}.broadcast_pyobj": "a5aa8858f2f8ef64",
+        f"{_RECEIVER}.attn_cp_tp_broadcast_pyobj": "a2fef272ed8cc947",
+        f"{_PREFILL}.poll_and_all_reduce_attn_cp_tp_group": "6003aaa2ccaa631a",
+        f"{_PREFILL}.poll_and_all_reduce_prefill_pp": "8946ee09910fcc32",
+        f"{_DECODE}.poll_and_all_reduce": "c8c7f64e3a736618",
+        f"{_DECODE}.poll_and_all_reduce_with_staging": "74bd768e4c060c4e",
+        f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": "6003aaa2ccaa631a",
+        "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": "1b05fef0b29417fe",
+    },
+}
+
+
+def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    """dotted target -> its wrapper around `originals[dotted]` (the function installed there now)."""
+    return {dotted: WRAPPERS[dotted](function) for dotted, function in originals.items()}

@@ -1,0 +1,195 @@
+"""The wrappers that run inside a scheduler rank's event loop: the hot path of the instrumentation.
+
+Each wrapper does what the original does, plus one or two `RankWriter` calls around it. Cost rules (the
+ledger's budget is well under a microsecond per step, see `health.writer`):
+- no `*args, **kwargs`: packing them allocates a tuple and a dict on every call, so every wrapper repeats its
+  target's exact parameters (names, order and defaults; `tests/unit/test_instrument.py` compares them with
+  the installed SGLang) and passes them on positionally;
+- no locks, no `try`/`finally`: an exception out of a collective ends the rank anyway, and the agent then
+  sees a dead process, which says more than a tidied-up phase would;
+- the writer is one module global, read once per call. Before the rank attaches (and in processes that never
+  do: the launcher, the tokenizer, the detokenizer), it is `UNATTACHED`, whose methods do nothing, so no
+  wrapper needs a branch.
+
+A collective is entered with `collective(phase)` and left with `begin(LOCAL)`, so a rank that has left it and
+is busy with its own work is never mistaken for one still waiting on its peers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from pdfleet.runtime.health import phases
+
+# Module constants: one global load each, instead of an attribute lookup on the enum per call.
+_RECV = phases.Phase.RECV_BROADCAST
+_KV_POLL = phases.Phase.KV_POLL_ALL_REDUCE
+_MLP_SYNC = phases.Phase.MLP_SYNC_ALL_GATHER
+_LOCAL = phases.Phase.LOCAL
+_FORWARD = phases.Phase.FORWARD
+_IDLE = phases.Phase.IDLE
+
+Fn = Callable[..., Any]
+
+
+class Writer(Protocol):
+    """What the seams call: `health.writer.RankWriter`, or `UNATTACHED`."""
+
+    def begin(self, phase: phases.Phase) -> None: ...
+    def collective(self, phase: phases.Phase) -> None: ...
+    def step(self) -> None: ...
+    def set_loop(self, loop: phases.LoopName) -> None: ...
+    def close(self) -> None: ...
+
+
+class _Unattached:
+    """The writer of a process that has no ledger slot (yet): every call does nothing."""
+
+    __slots__ = ()
+
+    def begin(self, phase: phases.Phase) -> None:
+        pass
+
+    def collective(self, phase: phases.Phase) -> None:
+        pass
+
+    def step(self) -> None:
+        pass
+
+    def set_loop(self, loop: phases.LoopName) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+UNATTACHED: Writer = _Unattached()
+_writer: Writer = UNATTACHED
+
+
+def use(writer: Writer) -> None:
+    """Make `writer` the one every seam of this process writes to (the rank's, once it attached)."""
+    global _writer
+    _writer = writer
+
+
+def current() -> Writer:
+    return _writer
+
+
+# --- one step per event-loop iteration ------------------------------------------------------------------
+# Every event loop of SGLang 0.5.23 (normal, overlap, pp, their disagg prefill/decode forms, overlap_mlx,
+# pdmux) calls `Scheduler.ingest_requests` exactly once per iteration (per micro-batch for pp), even with
+# TP 1 where no broadcast happens: the one place to count iterations.
+
+def ingest_requests(original: Fn) -> Fn:
+    def ingest_requests(self: Any, stop_at_pause: bool = False) -> Any:
+        _writer.step()
+        return original(self, stop_at_pause)
+    return ingest_requests
+
+
+# --- collectives ----------------------------------------------------------------------------------------
+
+def broadcast_pyobj(original: Fn) -> Fn:
+    """Request intake over the TP CPU group (`SchedulerRequestReceiver._broadcast_reqs_across_ranks`)."""
+    def broadcast_pyobj(data: Any, rank: int, dist_group: Any = None, src: int = 0,
+                        force_cpu_device: bool = True) -> Any:
+        w = _writer
+        w.collective(_RECV)
+        out = original(data, rank, dist_group, src, force_cpu_device)
+        w.begin(_LOCAL)
+        return out
+    return broadcast_pyobj
+
+
+def attn_cp_tp_broadcast_pyobj(original: Fn) -> Fn:
+    """Request intake with DP attention: one logical broadcast (one or two gloo broadcasts inside, depending
+    on the rank's attention-CP position), counted once so that every rank of a shard counts alike."""
+    def attn_cp_tp_broadcast_pyobj(data: Any) -> Any:
+        w = _writer
+        w.collective(_RECV)
+        out = original(data)
+        w.begin(_LOCAL)
+        return out
+    return attn_cp_tp_broadcast_pyobj
+
+
+def poll_and_all_reduce(original: Fn) -> Fn:
+    def poll_and_all_reduce(pollers: Any, gloo_group: Any, decode_reqs: Any = None,
+                            metadata_buffers: Any = None) -> Any:
+        w = _writer
+        w.collective(_KV_POLL)
+        out = original(pollers, gloo_group, decode_reqs, metadata_buffers)
+        w.begin(_LOCAL)
+        return out
+    return poll_and_all_reduce
+
+
+def poll_and_all_reduce_with_staging(original: Fn) -> Fn:
+    def poll_and_all_reduce_with_staging(decode_reqs: Any, staging_handler: Any, gloo_group: Any,
+                                         metadata_buffers: Any = None, pollers: Any = None) -> Any:
+        w = _writer
+        w.collective(_KV_POLL)
+        out = original(decode_reqs, staging_handler, gloo_group, metadata_buffers, pollers)
+        w.begin(_LOCAL)
+        return out
+    return poll_and_all_reduce_with_staging
+
+
+def poll_and_all_reduce_attn_cp_tp_group(original: Fn) -> Fn:
+    def poll_and_all_reduce_attn_cp_tp_group(pollers: Any, attn_cp_cpu_group: Any, attn_tp_cpu_group: Any) -> Any:
+        w = _writer
+        w.collective(_KV_POLL)
+        out = original(pollers, attn_cp_cpu_group, attn_tp_cpu_group)
+        w.begin(_LOCAL)
+        return out
+    return poll_and_all_reduce_attn_cp_tp_group
+
+
+def poll_and_all_reduce_prefill_pp(original: Fn) -> Fn:
+    def poll_and_all_reduce_prefill_pp(pollers: Any, attn_cp_cpu_group: Any, attn_tp_cpu_group: Any, pp_group: Any,
+                                       pp_rank: int, pp_size: int, pp_poll_sync_work_list: Any) -> Any:
+        w = _writer
+        w.collective(_KV_POLL)
+        out = original(pollers, attn_cp_cpu_group, attn_tp_cpu_group, pp_group, pp_rank, pp_size,
+                       pp_poll_sync_work_list)
+        w.begin(_LOCAL)
+        return out
+    return poll_and_all_reduce_prefill_pp
+
+
+def mlp_sync_all_gather(original: Fn) -> Fn:
+    """`MLPSyncBatchInfo.all_gather`: the DP-attention batch sync, entered only when the gather happens."""
+    def all_gather(self: Any, device: Any, group: Any, use_all_reduce: bool = False) -> Any:
+        w = _writer
+        w.collective(_MLP_SYNC)
+        out = original(self, device, group, use_all_reduce)
+        w.begin(_LOCAL)
+        return out
+    return all_gather
+
+
+# --- forward and idle -----------------------------------------------------------------------------------
+
+def run_batch(original: Fn) -> Fn:
+    """The forward. With the overlap schedule it returns once the batch is launched; waiting for its
+    results happens later, in result processing (LOCAL)."""
+    def run_batch(self: Any, batch: Any, pp_proxy_tensors: Any = None) -> Any:
+        w = _writer
+        w.begin(_FORWARD)
+        out = original(self, batch, pp_proxy_tensors)
+        w.begin(_LOCAL)
+        return out
+    return run_batch
+
+
+def on_idle(original: Fn) -> Fn:
+    def on_idle(self: Any) -> Any:
+        w = _writer
+        w.begin(_IDLE)
+        out = original(self)
+        w.begin(_LOCAL)
+        return out
+    return on_idle

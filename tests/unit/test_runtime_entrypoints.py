@@ -1,0 +1,211 @@
+"""The engine pod's entrypoints: the runtime installs into a volume and runs from it on a bare Python, and the
+launcher serves the rank-health agent with `/livez` on the pod's agent port."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pdfleet.runtime
+from pdfleet.runtime import drain, install, launcher
+from pdfleet.runtime.health import ledger
+from pdfleet.runtime.instrument import agent, seams
+from pdfleet.runtime.patches import catalogue, targets
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "docker" / "runtime.Dockerfile"
+
+
+def bare_python(*args: str, lib: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """A Python without site-packages (`-S`: no sglang, no pydantic, no editable pdfleet) whose only extra
+    path is the installed runtime, as in an engine container before SGLang is imported."""
+    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(lib), "PYTHONDONTWRITEBYTECODE": "1"}
+    return subprocess.run([sys.executable, "-S", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=60)
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("volume")
+    result = subprocess.run([sys.executable, "-m", "pdfleet.runtime.install", str(dest)], capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    return dest
+
+
+def files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def test_the_install_holds_the_runtime_alone_as_a_namespace_package(installed: Path) -> None:
+    namespace = installed / "lib" / "pdfleet"
+    assert sorted(p.name for p in namespace.iterdir()) == ["runtime"]
+    source = Path(pdfleet.runtime.__file__).parent
+    expected = {f for f in files(source) if "__pycache__" not in f and not f.endswith(".pyc")}
+    assert files(namespace / "runtime") == expected
+    assert "bootstrap/sitecustomize.py" in expected
+
+
+def test_the_installed_launcher_lists_the_catalogue_on_a_bare_python(installed: Path, tmp_path: Path) -> None:
+    result = bare_python("-m", "pdfleet.runtime.launcher", "patches", lib=installed / "lib", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    for pid in catalogue.IDS:
+        assert pid in result.stdout
+
+
+def test_every_installed_module_imports_with_the_standard_library_alone(installed: Path, tmp_path: Path) -> None:
+    runtime = installed / "lib" / "pdfleet" / "runtime"
+    modules = sorted("pdfleet.runtime." + ".".join(p.relative_to(runtime).with_suffix("").parts).removesuffix(
+        ".__init__") for p in runtime.rglob("*.py") if p.parent.name != "bootstrap")
+    script = ("import importlib, sys\n"
+              f"for m in {modules!r}: importlib.import_module(m.removesuffix('.'))\n"
+              "import pdfleet.runtime as r; print(r.__file__)\n"
+              "assert not any(n.split('.')[0] in ('sglang', 'torch', 'pydantic', 'kopf') for n in sys.modules)")
+    result = bare_python("-c", script, lib=installed / "lib", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().startswith(str(runtime))
+
+
+def test_installing_again_replaces_the_runtime_in_place(tmp_path: Path) -> None:
+    first = install.install(tmp_path)
+    (first / "stale.py").write_text("")
+    second = install.install(tmp_path)
+    assert second == first and not (second / "stale.py").exists()
+    assert sorted(p.name for p in (tmp_path / "lib" / "pdfleet").iterdir()) == ["runtime"]
+
+
+def test_the_images_installer_script_lays_out_the_same_tree_as_the_python_installer(
+        installed: Path, tmp_path: Path) -> None:
+    text = DOCKERFILE.read_text()
+    script = re.search(r"<<'SH' /usr/local/bin/pdfleet-install-runtime\n(.*?)\nSH\n", text, re.S)
+    assert script is not None
+    body = script.group(1).replace("/opt/pdfleet-runtime/lib", str(installed / "lib"))
+    (tmp_path / "dest").mkdir()
+    for _ in range(2):  # a restarted init container runs it again
+        result = subprocess.run(["sh", "-c", body, "sh", str(tmp_path / "dest")], capture_output=True, text=True,
+                                timeout=60)
+        assert result.returncode == 0, result.stderr
+    assert files(tmp_path / "dest") == files(installed)
+
+
+def test_the_runtime_image_copies_only_what_exists_and_its_ignore_file_admits_it() -> None:
+    copies = re.findall(r"^COPY (runtime/\S*)", DOCKERFILE.read_text(), re.M)
+    assert copies == ["runtime/"] and (ROOT / "runtime").is_dir()
+    ignore = (ROOT / "docker" / "runtime.Dockerfile.dockerignore").read_text().split()
+    assert "*" in ignore and "!runtime/" in ignore
+
+
+# --- the agent the launcher starts ----------------------------------------------------------------------
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get(url: str) -> tuple[int, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return response.status, json.loads(response.read())
+
+
+def test_agent_port_zero_starts_no_agent() -> None:
+    assert launcher.start_agent(0) is None
+
+
+def test_the_pod_agent_answers_livez_and_still_serves_the_ranks(tmp_path: Path) -> None:
+    with agent.PodAgent(tmp_path / "ledger", host="127.0.0.1", port=0) as running:
+        assert get(f"http://127.0.0.1:{running.port}/livez") == (200, {"alive": True})
+        status, body = get(f"http://127.0.0.1:{running.port}/ranks")
+        assert status == 200 and body["ranks"] == []
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:
+    """`launcher.main` in run mode, up to SGLang's `run_server`, which is replaced by a probe of the pod as
+    the engine would find it. Restores SGLang's patched functions, the environment, and stops the agent."""
+    sglang_server = pytest.importorskip("sglang.launch_server")
+    pytest.importorskip("sglang.srt.managers.scheduler")
+    from pdfleet.runtime.instrument import rank_seams
+    from pdfleet.runtime.patches.impl import overlap_loop_report
+
+    for dotted in (*rank_seams.FINGERPRINTS["0.5.23"], overlap_loop_report.TARGET):
+        t = targets.resolve(dotted)
+        monkeypatch.setattr(t.owner, t.attr, t.function)
+    monkeypatch.setattr(seams, "_writer", seams.UNATTACHED)
+    for name in ("PYTHONPATH", "PDFLEET_PATCHES"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))
+    monkeypatch.setenv(ledger.PATH_ENV, str(tmp_path / "ledger"))
+    seen: dict[str, Any] = {}
+    agents: list[agent.PodAgent] = []
+    real_start = launcher.start_agent
+
+    def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.PodAgent | None:
+        running = real_start(port, host="127.0.0.1")
+        if running is not None:
+            agents.append(running)
+        return running
+
+    def run_server(server_args: Any) -> None:
+        seen["livez"] = get(f"http://127.0.0.1:{seen['port']}/livez")
+        seen["ledger_exists"] = (tmp_path / "ledger").exists()
+        seen["endpoint"] = json.loads(drain.endpoint_path().read_text())
+
+    monkeypatch.setattr(launcher, "start_agent", start_agent)
+    monkeypatch.setattr(sglang_server, "run_server", run_server)
+    seen["port"] = free_port()
+    yield seen
+    for running in agents:
+        running.stop()
+
+
+def test_the_launcher_serves_livez_on_the_agent_port_before_sglang_starts(
+        launched: dict[str, Any], tmp_path: Path) -> None:
+    (tmp_path / "ledger").write_bytes(b"a stale ledger of another engine")
+    code = launcher.main([f"--agent-port={launched['port']}", "--", "--model-path", "/m", "--port", "31000",
+                          "--disaggregation-mode", "decode"])
+    assert code == 0
+    assert launched["livez"] == (200, {"alive": True})
+    assert launched["ledger_exists"] is False
+    assert launched["endpoint"] == {"url": "http://127.0.0.1:31000"}
+    assert os.environ["PDFLEET_PATCHES"] == ""
+
+
+def test_the_launcher_refuses_to_start_when_the_agent_port_is_taken(launched: dict[str, Any]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = launcher.main([f"--agent-port={port}", "--", "--model-path", "/m"])
+    assert code == launcher.EXIT_USAGE
+    assert "livez" not in launched
+
+
+def test_a_spawned_rank_process_gets_the_instrumentation_when_it_imports_the_scheduler(tmp_path: Path) -> None:
+    pytest.importorskip("sglang")
+    env = {**os.environ, "PDFLEET_PATCHES": "", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(launcher.BOOTSTRAP), os.environ.get("PYTHONPATH")) if p)}
+    script = ("import sglang.srt.managers.scheduler as s\n"
+              "print(s._dispatch_event_loop_once.__pdfleet_patch__, s.Scheduler.run_batch.__pdfleet_patch__)")
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["overlap-loop-report", "rank-instrumentation"]
+
+
+def test_a_runtime_without_its_bootstrap_is_refused_instead_of_installed(tmp_path: Path) -> None:
+    source = tmp_path / "runtime"
+    source.mkdir()
+    (source / "launcher.py").write_text("")
+    with pytest.raises(install.InstallError, match=r"bootstrap/sitecustomize\.py"):
+        install.install(tmp_path / "dest", source=source)
+    assert not (tmp_path / "dest").exists()
