@@ -81,11 +81,12 @@ CATALOGUE: tuple[Patch, ...] = (
             "payload, even with an empty local queue, so ranks can never enter different collectives."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: the decode transfer queue's poll (the overlap-abort desync). Patching
+        # utils.poll_and_all_reduce would not reach decode.py, which binds the name at import. Not yet covered:
+        # DecodePreallocQueue._update_handshake_waiters and the prefill queues, which have the same guard.
         targets=(
-            "sglang.srt.disaggregation.utils.poll_and_all_reduce",
-            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
-            "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
             "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
+            "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate",
         ),
         upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
     ),
@@ -96,9 +97,12 @@ CATALOGUE: tuple[Patch, ...] = (
             "so per-rank clocks and per-rank state cannot make ranks take different branches."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: where aborts take effect, where the broadcast is applied, and the deciding
+        # rank's hook into the broadcast (0.5.23 already sends timeout aborts that way).
         targets=(
-            "sglang.srt.managers.scheduler.Scheduler.abort_request",
             "sglang.srt.managers.scheduler.Scheduler.process_input_requests",
+            "sglang.srt.managers.scheduler.Scheduler.abort_request",
+            "sglang.srt.managers.scheduler.Scheduler._poll_timeout_aborts",
         ),
         upstream=("sgl-project/sglang#27221", "sgl-project/sglang#27164", "sgl-project/sglang#28039"),
     ),

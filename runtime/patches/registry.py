@@ -8,7 +8,8 @@ from collections.abc import Iterable
 from pdfleet.runtime.patches.base import Implementation
 
 MODULES: dict[str, str] = {
-    # filled in as implementations land: "kv-poll-lockstep": "pdfleet.runtime.patches.impl.kv_poll_lockstep"
+    "kv-poll-lockstep": "pdfleet.runtime.patches.impl.kv_poll_lockstep",
+    "abort-consensus": "pdfleet.runtime.patches.impl.abort_consensus",
     "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
 }
 

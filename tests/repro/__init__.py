@@ -1,0 +1,9 @@
+"""A real reproduction of the overlap-abort TP desync on CPU: 4 rank processes on real gloo groups, each running
+a loop shaped like SGLang's disaggregated decode loop through SGLang's own scheduler and queue code.
+
+- `scenario`: what one run does (arrivals, rank-local abort signals, patches), as plain JSON-able data.
+- `stage`: the minimal SGLang objects a rank drives (a `Scheduler` and a `DecodeTransferQueue` built without
+  their GPU-bound constructors) and the small fakes they need (a KV receiver, a request).
+- `decode_loop`: one rank's loop, and the launcher that imports SGLang once and forks the ranks.
+- `group`: the test side: start a run in its own session, watch the ledger, judge it, kill everything.
+"""

@@ -1,0 +1,181 @@
+"""One rank of the reproduction, and the launcher that starts all of them.
+
+`python -m tests.repro.decode_loop SCENARIO_JSON` imports SGLang once, publishes its config, then forks one
+process per rank (forking saves each rank ~10 s of imports on a small machine; nothing has started a thread
+or a process group yet). Each rank joins a real gloo group on 127.0.0.1, attaches to the pdfleet ledger,
+applies the scenario's patches with pdfleet's patch framework, and runs `run_loop`. The launcher exits when
+every rank has; a hung rank never does, so whoever started the launcher must kill its process group.
+
+The loop follows `SchedulerDisaggregationDecodeMixin.event_loop_overlap_disagg_decode` in SGLang 0.5.23:
+`ingest_requests` (request broadcast), `process_decode_queue` (KV poll of the transfer queue), then a batch
+(forward) or `on_idle`. Both steps are SGLang's own methods; only the forward is simulated (a pause: its
+collectives are shared by all ranks and cannot diverge while the batches agree).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+from pdfleet.runtime.health import attach, phases, writer
+from tests.repro import scenario as scenario_mod
+from tests.repro import stage
+
+LOOP = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
+
+
+def _instrument_collectives(rank_writer: writer.RankWriter) -> None:
+    """Mark every all-reduce and all-gather as the KV-poll collective in the ledger, at the moment it is
+    entered. In this loop those are only the transfer queue's (SGLang's poll and its failed-transfer flags,
+    or the lockstep exchange); the broadcast is marked by `stage.BroadcastReceiver`."""
+    import torch.distributed as dist
+
+    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            rank_writer.collective(phases.Phase.KV_POLL_ALL_REDUCE)
+            return function(*args, **kwargs)
+
+        return collective
+
+    dist.all_reduce = wrap(dist.all_reduce)
+    dist.all_gather = wrap(dist.all_gather)
+
+
+def _apply_patches(patch_ids: tuple[str, ...]) -> list[str]:
+    from pdfleet.runtime.patches import base, registry
+
+    applied = base.apply(patch_ids, scenario_mod.SGLANG_VERSION, registry.implementations(patch_ids))
+    return [a.id for a in applied]
+
+
+def _patched_targets() -> dict[str, str]:
+    """Which of SGLang's functions this process runs patched, read back from SGLang itself."""
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+    from sglang.srt.managers.scheduler import Scheduler
+
+    found = {}
+    for owner in (Scheduler, DecodeTransferQueue):
+        for name in ("abort_request", "process_input_requests", "_poll_timeout_aborts", "pop_transferred",
+                     "_poll_with_metadata_gate"):
+            patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
+            if patch_id:
+                found[f"{owner.__name__}.{name}"] = patch_id
+    return found
+
+
+def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writer.RankWriter) -> dict[str, Any]:
+    """The decode loop for `sc.iterations` iterations; returns what happened to each request, by iteration."""
+    from sglang.srt.managers.io_struct import AbortReq
+
+    iteration = 0
+    receiver = stage.BroadcastReceiver(rank, group, rank_writer, inbox=lambda: list(sc.arrivals.get(iteration, [])))
+    scheduler, queue = stage.build(rank, group, receiver)
+    signals = sc.local_aborts.get(rank, {})
+    running: dict[str, int] = {}  # rid -> forwards left
+    events: dict[str, dict[str, int]] = {"dropped": {}, "transferred": {}, "finished": {}}
+    rank_writer.set_loop(LOOP)
+    for iteration in range(sc.iterations):
+        held = {d.req.rid for d in queue.queue}
+        scheduler.ingest_requests()  # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank
+        if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
+            scheduler.abort_request(AbortReq(rid=signals[iteration]))
+        scheduler.process_decode_queue()  # SGLang: pop_transferred, guarded by `if not self.queue`
+        rank_writer.begin(phases.Phase.LOCAL)
+        for req in scheduler.waiting_queue:
+            running[req.rid] = sc.decode_steps
+            events["transferred"][req.rid] = iteration
+        scheduler.waiting_queue.clear()
+        now_held = {d.req.rid for d in queue.queue}
+        for rid in (held | set(sc_arrivals(sc, iteration))) - now_held - set(events["transferred"]):
+            events["dropped"].setdefault(rid, iteration)
+        if running:
+            rank_writer.begin(phases.Phase.FORWARD)
+            time.sleep(sc.forward_s)
+            for rid in list(running):
+                running[rid] -= 1
+                if running[rid] == 0:
+                    del running[rid]
+                    events["finished"][rid] = iteration
+        else:
+            rank_writer.begin(phases.Phase.IDLE)
+            time.sleep(sc.idle_s)
+        rank_writer.step()
+    return {"rank": rank, "iterations": sc.iterations, **events}
+
+
+def sc_arrivals(sc: scenario_mod.Scenario, iteration: int) -> list[str]:
+    return [rid for rid, _ in sc.arrivals.get(iteration, [])]
+
+
+def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
+    """One rank process: group, ledger, patches, loop, result file."""
+    import torch.distributed as dist
+
+    stage.set_rank(rank, sc.world)
+    rank_writer = attach.attach_rank(slot=rank, rank=rank, slots=sc.world, path=sc.ledger, stack_signal=None)
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{sc.port}", rank=rank, world_size=sc.world,
+        timeout=datetime.timedelta(seconds=sc.gloo_timeout_s),
+    )
+    applied = _apply_patches(sc.patches)
+    _instrument_collectives(rank_writer)
+    result = run_loop(sc, rank, dist.group.WORLD, rank_writer)
+    result.update(applied=applied, patched=_patched_targets())
+    sc.result_path(rank).write_text(json.dumps(result))
+    rank_writer.close()
+
+
+def _die_with_parent() -> None:
+    """Linux: be killed when the parent dies, so a killed test run leaves no rank behind (best effort; the
+    test also kills the whole session)."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def launch(sc: scenario_mod.Scenario) -> int:
+    """Fork the ranks and wait for them; the exit status is the first failure's, or 0."""
+    import warnings
+
+    _die_with_parent()
+    warnings.simplefilter("ignore")
+    # Import once, before forking: each rank would otherwise spend ~10 s on it.
+    import sglang.srt.disaggregation.decode
+    import sglang.srt.managers.scheduler  # noqa: F401
+
+    stage.publish_context()
+    children = []
+    for rank in range(sc.world):
+        pid = os.fork()
+        if pid == 0:
+            status = 0
+            _die_with_parent()
+            try:
+                rank_main(sc, rank)
+            except BaseException:
+                traceback.print_exc()
+                status = 1
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(status)
+        children.append(pid)
+    worst = 0
+    for pid in children:
+        _, status = os.waitpid(pid, 0)
+        worst = worst or os.waitstatus_to_exitcode(status)
+    return worst
+
+
+if __name__ == "__main__":
+    sys.exit(launch(scenario_mod.Scenario.from_json(sys.argv[1])))

@@ -1,0 +1,50 @@
+"""One reproduction run, as plain data that crosses into the rank processes as JSON."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+SGLANG_VERSION = "0.5.23"
+
+# The default story. Two transfers arrive at iteration 0: `req-y` completes after 2 polls and is decoded;
+# `req-x` stays in flight. Rank 2's own clock says `req-x` timed out at iteration 3, rank 0's at iteration 5
+# (per-rank clocks, as in upstream #27221); ranks 1 and 3 never see a local signal.
+ARRIVALS: dict[int, list[tuple[str, int]]] = {0: [("req-x", 10_000), ("req-y", 2)]}
+LOCAL_ABORTS: dict[int, dict[int, str]] = {2: {3: "req-x"}, 0: {5: "req-x"}}
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+    """`arrivals`: iteration -> [(rid, polls until its KV lands)], broadcast by rank 0. `local_aborts`: rank ->
+    {iteration: rid}, an abort signal seen by that rank only. `patches`: catalogue ids applied in every rank."""
+
+    port: int
+    ledger: str
+    workdir: str
+    patches: tuple[str, ...] = ()
+    world: int = 4
+    iterations: int = 40
+    arrivals: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=lambda: dict(ARRIVALS))
+    local_aborts: dict[int, dict[int, str]] = dataclasses.field(default_factory=lambda: dict(LOCAL_ABORTS))
+    decode_steps: int = 4  # forwards until a decoding request finishes
+    forward_s: float = 0.05  # how long one simulated forward takes
+    idle_s: float = 0.05  # the idle pause of a rank without a batch
+    gloo_timeout_s: float = 120.0  # long enough never to fire while a hang is being detected
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Scenario:
+        raw: dict[str, Any] = json.loads(text)
+        raw["patches"] = tuple(raw["patches"])
+        raw["arrivals"] = {int(i): [(rid, int(n)) for rid, n in reqs] for i, reqs in raw["arrivals"].items()}
+        signals = raw["local_aborts"].items()
+        raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
+        return cls(**raw)
+
+    def result_path(self, rank: int) -> Path:
+        return Path(self.workdir) / f"rank{rank}.json"

@@ -1,0 +1,184 @@
+"""The SGLang objects one reproduction rank drives, built without their GPU-bound constructors.
+
+What is SGLang's own code here (0.5.23, unmodified unless a pdfleet patch is applied):
+`Scheduler.ingest_requests`, `Scheduler._poll_timeout_aborts`, `Scheduler.process_input_requests`,
+`Scheduler.abort_request`, `SchedulerDisaggregationDecodeMixin.process_decode_queue`,
+`DecodeTransferQueue.pop_transferred` (with its `if not self.queue: return []` guard),
+`DecodeTransferQueue._poll_with_metadata_gate`, `poll_and_all_reduce`, `all_reduce_flags`, `broadcast_pyobj`,
+`prepare_abort`, `ReqToMetadataIdxAllocator`, `DecodeRequest`, `AbortReq`.
+
+What is a stand-in, and why: the objects are made with `object.__new__` and given only the attributes these
+methods read, because their constructors allocate KV pools, ZMQ sockets and CUDA state. The prealloc queue is a
+stub that never hands over new transfers (arrivals go straight to the transfer queue, as if preallocation were
+instant); `_release_request` frees no KV (there is none on a CPU) and `_commit_transfer_to_req` reads no
+metadata buffers (no prefill wrote any). The request and the KV receiver are small
+fakes with the fields SGLang reads. The receiver's `abort()` carries the injected fault: it releases the
+transfer on the spot, on the rank that aborted, instead of letting SGLang's MIN poll retire it on every rank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+from collections.abc import Callable
+from types import SimpleNamespace
+from typing import Any
+
+from pdfleet.runtime.health import phases, writer
+
+_rooms = itertools.count(1000)
+
+
+def publish_context() -> None:
+    """SGLang's process-wide config, as a TP-4 decode server with the fake transfer backend would have it.
+    Call once in the launcher, before the ranks fork."""
+    from sglang.srt import runtime_context
+    from sglang.srt.server_args import ServerArgs
+
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    argv = ["--model-path", "dummy", "--device", "cpu", "--tp-size", "4", "--disaggregation-mode", "decode",
+            "--disaggregation-transfer-backend", "fake"]
+    server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
+    server_args.resolve_once()
+    runtime_context.publish(server_args, role="test")
+
+
+def set_rank(rank: int, world: int) -> None:
+    """This process's place in the (single-stage, no DP, no CP) TP group."""
+    from sglang.srt.runtime_context import get_parallel
+
+    get_parallel().override_permanently(
+        tp_rank=rank, attn_tp_rank=rank, pp_rank=0, attn_cp_rank=0, tp_size=world, attn_tp_size=world
+    )
+
+
+class SlowReceiver:
+    """A KV receiver whose transfer lands after `polls_to_finish` polls (KVPoll values, as SGLang's are)."""
+
+    def __init__(self, polls_to_finish: int, on_abort: Callable[[SlowReceiver], None]) -> None:
+        from sglang.srt.disaggregation.base import KVPoll
+
+        self._kvpoll = KVPoll
+        self._left = polls_to_finish
+        self._on_abort = on_abort
+        self.aborted = False
+        self.abort_notified = False
+        self.require_staging = False
+
+    def poll(self) -> int:
+        if self.aborted:
+            return self._kvpoll.Failed
+        self._left -= 1
+        return self._kvpoll.Success if self._left <= 0 else self._kvpoll.Transferring
+
+    def abort(self) -> None:
+        if not self.aborted:
+            self.aborted = True
+            self._on_abort(self)
+
+    def failure_exception(self) -> None:
+        raise RuntimeError("transfer aborted")
+
+    def clear(self) -> None:
+        pass
+
+
+def new_request(rid: str) -> Any:
+    """The fields of `Req` that the transfer queue and `prepare_abort` read; the fake backend's host, so
+    SGLang's metadata gate passes it (as it does every request of `--disaggregation-transfer-backend fake`)."""
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+    return SimpleNamespace(
+        rid=rid, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_room=next(_rooms), finished_reason=None,
+        to_finish=None, return_logprob=False, cache_request_handle=None,
+        time_stats=SimpleNamespace(set_wait_queue_entry_time=lambda: None),
+    )
+
+
+def _noop(*_: Any, **__: Any) -> None:
+    return None
+
+
+def _commit(decode_req: Any) -> None:
+    """What `DecodeTransferQueue._commit_transfer_to_req` leaves behind for a fake transfer, without reading
+    the metadata buffers a prefill would have written (there is no prefill here)."""
+    decode_req.kv_receiver = None
+    decode_req.req.time_stats.set_wait_queue_entry_time()
+
+
+def build(rank: int, group: Any, receiver: Any) -> tuple[Any, Any]:
+    """(scheduler, transfer queue) for one rank. `receiver` is what `Scheduler.ingest_requests` pulls from:
+    an object with `recv_requests(local_reqs=...)`."""
+    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+    from sglang.srt.disaggregation.utils import DisaggregationMode, ReqToMetadataIdxAllocator
+    from sglang.srt.managers.io_struct import AbortReq
+    from sglang.srt.managers.scheduler import Scheduler
+
+    scheduler = object.__new__(Scheduler)
+    queue = object.__new__(DecodeTransferQueue)
+    prealloc = SimpleNamespace(
+        queue=[], retracted_queue=[], resume_retracted_reqs=list, pop_preallocated=lambda: ([], []),
+        note_destinations_queued=_noop,
+    )
+    metrics = SimpleNamespace(enable_metrics=False, record_scheduler_active=_noop)
+    vars(scheduler).update(
+        request_receiver=receiver, _deferred_input_requests=[], metrics_reporter=metrics,
+        scheduler_stage_metrics=None, session_controller=SimpleNamespace(maybe_reap=_noop), rust_server=None,
+        flush_wrapper=SimpleNamespace(check_pending=_noop), external_corpus_manager=None,
+        return_health_check_ipcs=[], chunked_req=None, mm_receiver=None, waiting_queue=[], dllm_config=None,
+        grammar_manager=SimpleNamespace(abort_requests=_noop), disaggregation_mode=DisaggregationMode.DECODE,
+        disagg_decode_prealloc_queue=prealloc, disagg_decode_transfer_queue=queue, collect_inflight_reqs=list,
+        enable_decode_hicache=False, enable_hisparse=False, output_streamer=SimpleNamespace(stream_output=_noop),
+    )
+    # Dispatch as Scheduler.init_request_dispatcher does for AbortReq; arrivals are plain tuples here.
+    handlers: dict[type, Callable[[Any], Any]] = {AbortReq: lambda r: scheduler.abort_request(r)}
+    scheduler._request_dispatcher = lambda r: handlers.get(type(r), scheduler.add_transfer)(r)
+    vars(queue).update(
+        queue=[], gloo_group=group, req_to_metadata_buffer_idx_allocator=ReqToMetadataIdxAllocator(64),
+        tp_rank=rank, metadata_buffers=SimpleNamespace(clear_slot=_noop), scheduler=scheduler,
+        enable_host_receive=False, tree_cache=SimpleNamespace(unlock=_noop), spec_algorithm=None,
+        _skipped_checksum_signatures=set(), enable_staging=False, staging_handler=None,
+        enable_deferred_kv_release=False, deferred_kv_release_timeout=0.0, _deferred_releases=[],
+        _release_request=_noop, _commit_transfer_to_req=_commit,
+    )
+    scheduler.add_transfer = lambda item: _add_transfer(queue, *item)
+    return scheduler, queue
+
+
+def _add_transfer(queue: Any, rid: str, polls_to_finish: int) -> None:
+    """A transfer arrives (on every rank: it came in the broadcast). Its receiver's abort releases it at once
+    on the rank that aborted: the injected fault."""
+    from sglang.srt.disaggregation.decode import DecodeRequest
+
+    def release_now(receiver: SlowReceiver) -> None:
+        for decode_req in queue.queue:
+            if decode_req.kv_receiver is receiver:
+                queue.req_to_metadata_buffer_idx_allocator.free(decode_req.metadata_buffer_index)
+                decode_req.metadata_buffer_index = -1
+        queue.queue = [d for d in queue.queue if d.kv_receiver is not receiver]
+
+    index = queue.req_to_metadata_buffer_idx_allocator.alloc()
+    receiver = SlowReceiver(polls_to_finish, release_now)
+    queue.add(DecodeRequest(req=new_request(rid), kv_receiver=receiver, metadata_buffer_index=index))
+
+
+class BroadcastReceiver:
+    """`SchedulerRequestReceiver.recv_requests` for this run: rank 0 pulls the arrivals of the iteration and
+    the aborts it decided (`local_reqs`), and SGLang's `broadcast_pyobj` sends them to every rank, as
+    `_broadcast_reqs_across_ranks` does without DP attention. The ledger marks the broadcast as a collective."""
+
+    def __init__(self, rank: int, group: Any, rank_writer: writer.RankWriter, inbox: Callable[[], list[Any]]) -> None:
+        self.rank = rank
+        self.group = group
+        self.writer = rank_writer
+        self.inbox = inbox
+
+    def recv_requests(self, local_reqs: list[Any] | None = None) -> list[Any]:
+        from sglang.srt.utils import broadcast_pyobj
+
+        data = [*self.inbox(), *(local_reqs or [])] if self.rank == 0 else None
+        self.writer.collective(phases.Phase.RECV_BROADCAST)
+        received = broadcast_pyobj(data, self.rank, self.group, src=0)
+        self.writer.begin(phases.Phase.LOCAL)
+        return received

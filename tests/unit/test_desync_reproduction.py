@@ -1,0 +1,144 @@
+"""The overlap-abort desync, reproduced for real, detected by pdfleet, and prevented by each fix patch.
+
+Four rank processes on a real gloo group (127.0.0.1) run SGLang 0.5.23's own intake (`ingest_requests` ->
+`broadcast_pyobj`), abort handling (`abort_request`) and KV poll (`process_decode_queue` -> `pop_transferred`
+-> `poll_and_all_reduce`); see tests/repro. Rank 2's clock says a transfer timed out at iteration 3, rank 0's
+at iteration 5; each acts on its own signal. Unpatched, rank 2 releases the transfer and its queue is empty:
+SGLang's `if not self.queue` guard skips the poll all-reduce there, so ranks 0, 1, 3 wait in the all-reduce
+while rank 2 waits in the next broadcast, forever (the gloo timeout is 120 s). With a fix patch applied to
+SGLang's functions in the rank processes, every rank runs all iterations and drops the request together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from pdfleet.runtime.health import phases, verdict
+from tests.repro import group
+from tests.repro.scenario import Scenario
+
+DESYNC_AFTER_S = 2.0
+PERIOD_S = 0.5
+# The poller's own cost on a loaded 2-core machine (a ledger read and a judgement take milliseconds).
+JITTER_S = 0.2
+POLICY = verdict.HealthPolicy.from_seconds(desync_after=DESYNC_AFTER_S, hang_after=60.0)
+STARTUP_S = 120.0  # importing SGLang once, then forking 4 ranks, on a small CI machine
+LOCKSTEP, CONSENSUS = "kv-poll-lockstep", "abort-consensus"
+
+
+@dataclasses.dataclass(frozen=True)
+class Expect:
+    """What a run must show: a desync (and where), or every rank dropping `req-x` at `drop_iteration`."""
+
+    hangs: bool
+    drop_iteration: int | None = None
+
+
+CASES = {
+    "unpatched": ((), Expect(hangs=True)),
+    # Rank 2 still acts alone at iteration 3; the lockstep exchange shows its peers it no longer holds the
+    # transfer, so they drop it in the same iteration.
+    "kv-poll-lockstep": ((LOCKSTEP,), Expect(hangs=False, drop_iteration=3)),
+    # Rank 2's local signal is ignored; rank 0's (iteration 5) rides the broadcast of iteration 6.
+    "abort-consensus": ((CONSENSUS,), Expect(hangs=False, drop_iteration=6)),
+    "both": ((LOCKSTEP, CONSENSUS), Expect(hangs=False, drop_iteration=6)),
+}
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[Callable[[tuple[str, ...]], tuple[Scenario, subprocess.Popen[bytes]]]]:
+    """Starts reproduction runs; every process they started is killed at the end, whatever happened."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(patches: tuple[str, ...]) -> tuple[Scenario, subprocess.Popen[bytes]]:
+        sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
+                      patches=patches)
+        started.append(group.start(sc))
+        return sc, started[-1]
+
+    try:
+        yield run
+    finally:
+        for proc in started:
+            group.kill(proc)
+
+
+def _in_loop(sc: Scenario) -> Callable[[], bool]:
+    def ready() -> bool:
+        ranks = group.views(sc.ledger, sc.world)
+        return all(v.status is verdict.RankStatus.REPORTING and v.iteration >= 1 for v in ranks)
+
+    return ready
+
+
+def _log(sc: Scenario) -> str:
+    return (Path(sc.workdir) / "launcher.log").read_text(errors="replace")[-4000:]
+
+
+@pytest.mark.parametrize(("patches", "expect"), list(CASES.values()), ids=list(CASES))
+def test_a_rank_local_abort_desyncs_the_decode_loop_unless_a_fix_patch_keeps_ranks_together(
+    launch: Callable[[tuple[str, ...]], tuple[Scenario, subprocess.Popen[bytes]]],
+    patches: tuple[str, ...],
+    expect: Expect,
+) -> None:
+    sc, proc = launch(patches)
+    if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
+        pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
+    if expect.hangs:
+        _assert_desync_is_detected_in_time(sc, proc)
+    else:
+        _assert_every_rank_completes_and_drops_together(sc, proc, expect)
+
+
+def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
+    samples = group.watch(sc.ledger, sc.world, POLICY, period_s=PERIOD_S, deadline_s=30.0,
+                          until=lambda v: v.health not in (verdict.Health.HEALTHY, verdict.Health.STARTING))
+    last = samples[-1]
+    assert last.verdict.health is verdict.Health.DESYNC, f"{last.verdict}\n{_log(sc)}"
+    assert proc.poll() is None, "the ranks must still be hanging, not have failed"
+
+    ranks = {v.rank: v for v in last.verdict.ranks}
+    assert {v.loop for v in ranks.values()} == {phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
+    assert ranks[2].phase is phases.Phase.RECV_BROADCAST
+    assert {ranks[r].phase for r in (0, 1, 3)} == {phases.Phase.KV_POLL_ALL_REDUCE}
+    n = ranks[0].collectives
+    assert {v.collectives for v in ranks.values()} == {n}, "rank 2 skipped the poll: its next collective is a broadcast"
+    assert f"rank 2 in recv_broadcast at collective {n}" in last.verdict.reason
+    assert f"ranks 0,1,3 in kv_poll_all_reduce at collective {n}" in last.verdict.reason
+
+    # Time to Desync: from the moment the last rank blocked (its phase start, on this host's monotonic clock)
+    # to the first verdict that said so.
+    onset_ns = last.at_ns - last.verdict.held_ns
+    first = next(s for s in samples if s.verdict.health is verdict.Health.DESYNC)
+    latency_s = (first.at_ns - onset_ns) / 1e9
+    print(f"time to Desync: {latency_s:.2f} s (desyncAfter {DESYNC_AFTER_S} s, sampled every {PERIOD_S} s)")
+    assert DESYNC_AFTER_S < latency_s <= DESYNC_AFTER_S + PERIOD_S + JITTER_S
+
+
+def _assert_every_rank_completes_and_drops_together(
+    sc: Scenario, proc: subprocess.Popen[bytes], expect: Expect
+) -> None:
+    def finished(v: verdict.Verdict) -> bool:
+        return any(r.iteration >= sc.iterations or r.phase is phases.Phase.EXITED for r in v.ranks)
+
+    samples = group.watch(sc.ledger, sc.world, POLICY, period_s=PERIOD_S, deadline_s=60.0,
+                          until=lambda v: finished(v) or proc.poll() is not None)
+    assert proc.wait(timeout=60) == 0, _log(sc)
+    judged = [s.verdict for s in samples if not finished(s.verdict)]
+    assert len(judged) >= 3, "the run was too short to be watched"
+    assert {v.health for v in judged} == {verdict.Health.HEALTHY}, [v.reason for v in judged]
+
+    results = [json.loads(sc.result_path(rank).read_text()) for rank in range(sc.world)]
+    for result in results:
+        assert result["iterations"] == sc.iterations
+        assert sorted(result["applied"]) == sorted(sc.patches)
+        assert set(result["patched"].values()) == set(sc.patches), "SGLang's own functions must be the patched ones"
+        assert result["dropped"] == {"req-x": expect.drop_iteration}
+        assert result["transferred"] == {"req-y": 1}
+        assert result["finished"] == {"req-y": 1 + sc.decode_steps - 1}
