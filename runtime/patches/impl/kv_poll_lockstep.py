@@ -20,6 +20,7 @@ What this patch does instead, on every call and on every rank whatever its queue
    transfer `held` all-reduce, the deferred releases) sees the same lengths on every rank.
 5. The original `pop_transferred` then runs; its poll step (`_poll_with_metadata_gate`) returns the agreed
    states instead of polling and reducing a second time.
+The exchange is marked as the rank's KV-poll collective in the rank-health ledger (`instrument.seams`).
 
 Keys are a 63-bit hash of the request id (ids are strings; every rank received the same id in the same
 broadcast). Not covered here (see the catalogue entry): the prealloc queue's handshake poll
@@ -36,6 +37,9 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+
+from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import seams
 
 logger = logging.getLogger(__name__)
 
@@ -219,7 +223,10 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
             return original_pop(self, rids_to_check)
         keys = [request_key(decode_req.req.rid) for decode_req in self.queue]
         polls = _local_polls(self, sg)
+        ledger = seams.current()  # the rank's ledger writer (a no-op before the rank attaches)
+        ledger.collective(phases.Phase.KV_POLL_ALL_REDUCE)
         agreement = agree(exchange(list(zip(keys, polls, strict=True)), self.gloo_group))
+        ledger.begin(phases.Phase.LOCAL)
         _reconcile(self, keys, agreement, sg)
         setattr(self, _AGREED, agreement.states)
         try:
