@@ -89,8 +89,10 @@ class Controller:
         except KubeError as e:
             # The API said no (a terminating namespace, a conflict on a stale status, a lost connection):
             # expected in a live cluster, so one line, and a retry with backoff.
-            log.warning("reconcile of %s/%s failed, will retry: %s", key[0], key[1], e,
-                        extra={"pool": key[1], "namespace": key[0]})
+            # A conflict only means the pool changed under us; the next reconcile starts from the news.
+            level = logging.DEBUG if e.conflict else logging.WARNING
+            log.log(level, "reconcile of %s/%s failed, will retry: %s", key[0], key[1], e,
+                    extra={"pool": key[1], "namespace": key[0]})
             raise Retry from e
         finally:
             metrics.RECONCILES.labels(result=result).inc()
@@ -106,21 +108,38 @@ class Controller:
         plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image)
         applied, deleting = self._applied[key], self._deleting[key]
 
+        failed: set[ObjectKey] = set()
+
         async def apply(obj: dict[str, Any]) -> None:
-            async with self._in_flight:
-                await self._client.apply(obj)
-            applied[(obj["kind"], obj["metadata"]["name"])] = (stamp.applied_hash(obj) or "", time.monotonic())
+            key_ = (obj["kind"], obj["metadata"]["name"])
+            try:
+                async with self._in_flight:
+                    await self._client.apply(obj)
+            except KubeError:
+                failed.add(key_)
+                raise
+            applied[key_] = (stamp.applied_hash(obj) or "", time.monotonic())
 
         async def delete(ref: ObjectRef) -> None:
-            async with self._in_flight:
-                await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+            try:
+                async with self._in_flight:
+                    await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+            except KubeError:
+                failed.add((ref.kind, ref.name))
+                raise
             deleting[(ref.kind, ref.name)] = time.monotonic()
             applied.pop((ref.kind, ref.name), None)
 
-        # The objects of one plan do not depend on each other's existence, so they go out together; the first
-        # failure is raised once the rest have finished (what succeeded is recorded in the expectations).
-        await _all(*(apply(obj) for obj in plan.apply))
-        await _all(*(delete(ref) for ref in plan.delete))
+        # Objects of one tier do not depend on each other and go out together; a tier waits for the one before
+        # (a RoleBinding needs its Role: the operator may bind only what exists and what it holds itself).
+        # Events are posted for what succeeded even when something failed, then the first failure is raised.
+        error: BaseException | None = None
+        for tier in _tiers(plan.apply):
+            error = error or await _all(*(apply(obj) for obj in tier))
+        error = error or await _all(*(delete(ref) for ref in plan.delete))
+        if error is not None:
+            await _all(*(self._post_event(pool, e) for e in plan.events if not failed & set(e.about)))
+            raise error
         if plan.status is not None:
             await self._write_status(pool, plan.status)
         self._record_summary(key, plan.status if plan.status is not None else pool.get("status"))
@@ -143,12 +162,23 @@ class Controller:
         body = kube_events.event_body(pool, event)
         try:
             await self._client.create(body)
-        except Exception:  # an event is news, not state: losing one must not fail the reconcile
-            log.warning("could not post event %s for %s", event.reason, pool["metadata"]["name"], exc_info=True)
+        except KubeError as e:  # an event is news, not state: losing one must not fail the reconcile
+            log.warning("could not post event %s for %s/%s: %s", event.reason, pool["metadata"]["namespace"],
+                        pool["metadata"]["name"], e)
 
 
-async def _all(*aws: Awaitable[None]) -> None:
+# Objects that others depend on at admission: ServiceAccounts and Roles before RoleBindings before the rest.
+_TIER = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1}
+
+
+def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:
+    tiers: dict[int, list[dict[str, Any]]] = {}
+    for obj in objects:
+        tiers.setdefault(_TIER.get(obj["kind"], 2), []).append(obj)
+    return [tiers[t] for t in sorted(tiers)]
+
+
+async def _all(*aws: Awaitable[None]) -> BaseException | None:
+    """Runs everything to completion and returns the first failure (or None)."""
     results = await asyncio.gather(*aws, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
+    return next((r for r in results if isinstance(r, BaseException)), None)

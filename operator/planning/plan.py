@@ -15,6 +15,8 @@ class Event:
     type: str  # Normal or Warning
     reason: str  # UpperCamelCase, e.g. GroupCreated
     message: str
+    # The writes this event reports: if any of them fails, the event is not posted (it would not be true).
+    about: tuple[tuple[str, str], ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)

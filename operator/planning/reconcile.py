@@ -48,6 +48,10 @@ class _Builder:
                                              obj["metadata"].get("uid")))
 
 
+def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
+    return tuple((o["kind"], o["metadata"]["name"]) for o in objects)
+
+
 def rejected(plan: Plan) -> bool:
     return any(e.reason == "SpecRejected" for e in plan.events) or (
         plan.status is not None and any(c.get("type") == "Accepted" and c.get("status") == "False"
@@ -119,12 +123,14 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
                              if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
                 out.delete_objects(current)
                 out.events.append(Event("Warning", "GroupRestarted",
-                                        f"restarting {role} group {group.name} as a unit: pod {ended} ended"))
+                                        f"restarting {role} group {group.name} as a unit: pod {ended} ended",
+                                        about=_keys(current)))
             elif state is GroupState.OUTDATED and budget > 0:
                 budget -= 1
                 out.delete_objects(current)
                 out.events.append(Event("Normal", "GroupReplaced",
-                                        f"replacing {role} group {group.name} with revision {group.revision}"))
+                                        f"replacing {role} group {group.name} with revision {group.revision}",
+                                        about=_keys(current)))
             elif state in (GroupState.MISSING, GroupState.PARTIAL):
                 _create_missing_pods(group, current, expect, out, announce=state is GroupState.MISSING)
     return states
@@ -140,7 +146,7 @@ def _create_missing_pods(group: DesiredGroup, current: list[Body], expect: Expec
         gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in group.pods)
         out.events.append(Event("Normal", "GroupCreated",
                                 f"created {group.id.role} group {group.name} at revision {group.revision}: "
-                                f"{len(group.pods)} pod(s), {gpus} GPU(s)"))
+                                f"{len(group.pods)} pod(s), {gpus} GPU(s)", about=_keys(missing)))
 
 
 def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
@@ -158,7 +164,8 @@ def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
             out.delete_objects([obj])
     for group, objects in sorted(stale_groups.items()):
         if any(o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp") for o in objects):
-            out.events.append(Event("Normal", "GroupDeleted", f"deleted group {group}: scaled down"))
+            out.events.append(Event("Normal", "GroupDeleted", f"deleted group {group}: scaled down",
+                                    about=_keys(objects)))
         out.delete_objects(objects)
 
 

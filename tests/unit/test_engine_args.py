@@ -129,10 +129,31 @@ def _role(draw: st.DrawFn, *, prefill: bool) -> dict[str, Any]:
 
 
 _extra_arg = st.one_of(st.sampled_from(FREE_FLAGS), st.from_regex(r"[A-Za-z0-9_.:/=,]{1,12}", fullmatch=True))
+_any_extra_args = st.lists(_extra_arg, max_size=12)
+# Extra args as a user who knows SGLang writes them: real flags with values SGLang accepts.
+_SGLANG_EXTRAS = {
+    "--mem-fraction-static": st.sampled_from(["0.8", "0.85", "0.9"]),
+    "--context-length": st.integers(1024, 262144).map(str),
+    "--chunked-prefill-size": st.sampled_from(["-1", "4096", "8192"]),
+    "--max-running-requests": st.integers(1, 4096).map(str),
+    "--page-size": st.sampled_from(["1", "16", "64"]),
+    "--log-level": st.sampled_from(["debug", "info", "warning"]),
+    "--watchdog-timeout": st.integers(10, 3600).map(str),
+    "--enable-metrics-for-all-schedulers": st.none(),
+}
 
 
 @st.composite
-def valid_specs(draw: st.DrawFn) -> InferencePoolSpec:
+def _sglang_extra_args(draw: st.DrawFn) -> list[str]:
+    out: list[str] = []
+    for flag in draw(st.lists(st.sampled_from(sorted(_SGLANG_EXTRAS)), unique=True, max_size=5)):
+        value = draw(_SGLANG_EXTRAS[flag])
+        out += [flag] if value is None else [flag, value]
+    return out
+
+
+@st.composite
+def valid_specs(draw: st.DrawFn, extra_args: st.SearchStrategy[list[str]] = _any_extra_args) -> InferencePoolSpec:
     """Any spec admission accepts: drawn within the rules rather than filtered, so nothing is wasted."""
     encoding, parser = draw(st.sampled_from(_PAIRS))
     source = draw(st.sampled_from([{"path": "/models/m"}, {"path": "org/model"},
@@ -154,17 +175,25 @@ def valid_specs(draw: st.DrawFn) -> InferencePoolSpec:
         "engine": {"image": "img", "sglangVersion": "0.5.23",
                    "overlapSchedule": draw(st.sampled_from(["Enabled", "Disabled"])),
                    "tokenizerBatchDecode": draw(st.sampled_from(["Enabled", "Disabled"])),
-                   "extraArgs": draw(st.lists(_extra_arg, max_size=12))},
+                   "extraArgs": draw(extra_args)},
         "prefill": draw(_role(prefill=True)),
         "decode": draw(_role(prefill=False)),
         "transfer": transfer,
     }
+    # Behind a router both roles serve on one port; without one they may differ.
+    if draw(st.booleans()):
+        raw["router"] = {"replicas": 0}
+    else:
+        raw["decode"]["port"] = raw["prefill"]["port"]
+        if raw["prefill"]["bootstrapPort"] == raw["prefill"]["port"]:
+            raw["prefill"]["bootstrapPort"] = raw["prefill"]["port"] % 65535 + 1
     return InferencePoolSpec.model_validate(raw)
 
 
 @st.composite
-def rendered(draw: st.DrawFn) -> tuple[InferencePoolSpec, Role, list[str]]:
-    spec = draw(valid_specs())
+def rendered(draw: st.DrawFn, extra_args: st.SearchStrategy[list[str]] = _any_extra_args,
+             ) -> tuple[InferencePoolSpec, Role, list[str]]:
+    spec = draw(valid_specs(extra_args))
     role = draw(st.sampled_from(list(Role)))
     nodes = spec.role(role).nodes_per_group
     rank = draw(st.integers(min_value=0, max_value=nodes - 1))
@@ -205,12 +234,11 @@ def test_every_flag_the_renderer_writes_is_refused_in_extra_args(
 
 
 @settings(max_examples=200, deadline=None)
-@given(rendered())
+@given(rendered(_sglang_extra_args()))
 def test_sglang_s_own_parser_accepts_every_derived_command_line(
         case: tuple[InferencePoolSpec, Role, list[str]]) -> None:
-    sglang_args = pytest.importorskip(
-        "tests.support.sglang_args", reason="tests/support/sglang_args.py (SGLang's real parser) is not there yet"
-    )
+    from tests.support import sglang_args
+
     spec, role, argv = case
     parsed = sglang_args.parse_server_args(argv)
     role_spec = spec.role(role)
