@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import socket
@@ -17,6 +16,7 @@ import httpx
 import pytest
 
 from pdfleet.runtime.health import agent
+from tests.support import requires
 
 _BLOCKED_IN_C = """
 import ctypes, os, sys
@@ -146,8 +146,7 @@ def _free_port() -> int:
 def test_a_rank_blocked_in_a_gloo_collective_dumps_its_stack_and_its_python_handlers_never_run(
     served: httpx.Client, spawn, ledger_path: Path, tmp_path: Path
 ) -> None:
-    if importlib.util.find_spec("torch") is None:  # the ranks import it, this process need not
-        pytest.skip("needs torch (gloo)")
+    requires.installed("torch")  # the ranks import it, this process need not
     port, marker = str(_free_port()), tmp_path / "python-handler-ran"
     waiting = spawn(_GLOO, str(ledger_path), "0", port, str(marker))
     spawn(_GLOO, str(ledger_path), "1", port, str(marker))

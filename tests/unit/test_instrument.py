@@ -17,6 +17,7 @@ from pdfleet.runtime.health.phases import LoopName, Phase
 from pdfleet.runtime.instrument import apply, rank_seams, seams
 from pdfleet.runtime.patches import base, targets
 from pdfleet.runtime.patches.impl import overlap_loop_report
+from tests.support import requires
 from tests.support.sglang_args import build_server_args
 
 VERSION = "0.5.23"
@@ -27,7 +28,7 @@ ALL_TARGETS = (*rank_seams.FINGERPRINTS[VERSION], overlap_loop_report.TARGET)
 def restored_sglang(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """Every test may patch the real SGLang modules: put the originals back afterwards, forget the rank's
     writer, and point the ledger at a temporary file."""
-    pytest.importorskip("sglang")
+    requires.installed("sglang")
     for dotted in ALL_TARGETS:
         t = targets.resolve(dotted)
         monkeypatch.setattr(t.owner, t.attr, t.function)
@@ -267,7 +268,7 @@ def test_input_intake_counts_one_iteration_per_call(writer: Any, tmp_path: Path)
 
 
 def test_the_real_kv_poll_seam_writes_the_ledger_around_a_real_gloo_all_reduce(writer: Any, tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    torch = requires.module("torch")
     dist = torch.distributed
     decode = importlib.import_module("sglang.srt.disaggregation.decode")
     apply.install(VERSION)

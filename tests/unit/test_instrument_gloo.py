@@ -10,10 +10,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from pdfleet.runtime.health import ledger
 from pdfleet.runtime.health.phases import Phase
+from tests.support import requires
 
 _RANK = """
 import json, sys
@@ -44,7 +43,7 @@ def free_port() -> int:
 
 
 def test_two_ranks_count_each_real_gloo_broadcast_through_the_patched_receiver(tmp_path: Path) -> None:
-    pytest.importorskip("sglang")
+    requires.installed("sglang")
     path, port = tmp_path / "ledger", free_port()
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs = [subprocess.Popen([sys.executable, "-c", _RANK, str(path), str(rank), str(port)], env=env,

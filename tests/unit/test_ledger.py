@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -13,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from pdfleet.runtime.health import layout, ledger, phases
+from tests.support import requires
 
 Phase = phases.Phase
 
@@ -252,8 +252,9 @@ for _ in range(int(sys.argv[2])):
 """
 
 
-@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace")
 def test_the_hot_path_makes_no_system_calls(tmp_path: Path) -> None:
+    requires.program("strace")
+
     def syscalls(steps: int) -> int:
         trace = tmp_path / f"trace-{steps}"
         result = subprocess.run(
@@ -263,7 +264,7 @@ def test_the_hot_path_makes_no_system_calls(tmp_path: Path) -> None:
             timeout=120,
         )
         if result.returncode != 0 and "ptrace" in result.stderr:
-            pytest.skip(f"strace cannot trace here: {result.stderr.strip()}")
+            pytest.fail(f"strace cannot trace here (ptrace is not permitted): {result.stderr.strip()}")
         assert result.returncode == 0, result.stderr
         return len(trace.read_text().splitlines())
 

@@ -6,15 +6,14 @@ import importlib.util
 import re
 from pathlib import Path
 
-import pytest
-
 from pdfleet.runtime.health import phases
+from tests.support import requires
 
 
 def test_every_event_loop_of_the_installed_sglang_has_an_id() -> None:
+    requires.installed("sglang")
     spec = importlib.util.find_spec("sglang")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("sglang is not installed")
+    assert spec is not None and spec.submodule_search_locations
     srt = Path(next(iter(spec.submodule_search_locations))) / "srt"
     defined = {m for f in srt.rglob("*.py") for m in re.findall(r"def (event_loop_\w+)\(", f.read_text())}
 

@@ -21,6 +21,7 @@ from pdfleet.runtime import drain, install, launcher
 from pdfleet.runtime.health import ledger
 from pdfleet.runtime.instrument import agent, seams
 from pdfleet.runtime.patches import catalogue, targets
+from tests.support import requires
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "runtime.Dockerfile"
@@ -133,8 +134,8 @@ def test_the_pod_agent_answers_livez_and_still_serves_the_ranks(tmp_path: Path) 
 def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[str, Any]]:
     """`launcher.main` in run mode, up to SGLang's `run_server`, which is replaced by a probe of the pod as
     the engine would find it. Restores SGLang's patched functions, the environment, and stops the agent."""
-    sglang_server = pytest.importorskip("sglang.launch_server")
-    pytest.importorskip("sglang.srt.managers.scheduler")
+    sglang_server = requires.module("sglang.launch_server")
+    requires.module("sglang.srt.managers.scheduler")
     from pdfleet.runtime.instrument import rank_seams
     from pdfleet.runtime.patches.impl import overlap_loop_report
 
@@ -191,7 +192,7 @@ def test_the_launcher_refuses_to_start_when_the_agent_port_is_taken(launched: di
 
 
 def test_a_spawned_rank_process_gets_the_instrumentation_when_it_imports_the_scheduler(tmp_path: Path) -> None:
-    pytest.importorskip("sglang")
+    requires.installed("sglang")
     env = {**os.environ, "PDFLEET_PATCHES": "", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join(p for p in (str(launcher.BOOTSTRAP), os.environ.get("PYTHONPATH")) if p)}
     script = ("import sglang.srt.managers.scheduler as s\n"
