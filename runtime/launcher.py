@@ -25,8 +25,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from pdfleet.runtime import drain, engine_setup
-from pdfleet.runtime.health import ledger
-from pdfleet.runtime.instrument import agent
+from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.patches import base, catalogue
 
 EXIT_USAGE = 2
@@ -81,11 +80,11 @@ def export_for_children(patch_ids: list[str]) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), path) if p)
 
 
-def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.PodAgent | None:
+def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.Agent | None:
     """The pod's rank-health agent on `port` (None for port 0), reading this engine's ledger."""
     if port == 0:
         return None
-    return agent.PodAgent(ledger.default_path(), host=host, port=port).start()
+    return agent.Agent(ledger.default_path(), host=host, port=port).start()
 
 
 def prepare_pod_state(sglang: argparse.Namespace) -> None:

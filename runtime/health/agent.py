@@ -126,7 +126,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         agent: Agent = self.server.agent  # type: ignore[attr-defined]
         url = urllib.parse.urlsplit(self.path)
         try:
-            if url.path == "/ranks":
+            if url.path == "/livez":
+                # The pod's liveness probe: the engine's main process answers, with its interpreter free.
+                # Nothing more: rank health is the operator's judgement from /ranks, never kubelet's.
+                self._send(200, {"alive": True})
+            elif url.path == "/ranks":
                 self._send(200, report.to_json(agent.ranks()))
             elif url.path == "/ranks/stacks":
                 query = urllib.parse.parse_qs(url.query)

@@ -18,8 +18,8 @@ import pytest
 
 import pdfleet.runtime
 from pdfleet.runtime import drain, install, launcher
-from pdfleet.runtime.health import ledger
-from pdfleet.runtime.instrument import agent, seams
+from pdfleet.runtime.health import agent, ledger
+from pdfleet.runtime.instrument import seams
 from pdfleet.runtime.patches import catalogue, targets
 from tests.support import requires
 
@@ -124,7 +124,7 @@ def test_agent_port_zero_starts_no_agent() -> None:
 
 
 def test_the_pod_agent_answers_livez_and_still_serves_the_ranks(tmp_path: Path) -> None:
-    with agent.PodAgent(tmp_path / "ledger", host="127.0.0.1", port=0) as running:
+    with agent.Agent(tmp_path / "ledger", host="127.0.0.1", port=0) as running:
         assert get(f"http://127.0.0.1:{running.port}/livez") == (200, {"alive": True})
         status, body = get(f"http://127.0.0.1:{running.port}/ranks")
         assert status == 200 and body["ranks"] == []
@@ -147,10 +147,10 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[s
         monkeypatch.setenv(name, os.environ.get(name, ""))
     monkeypatch.setenv(ledger.PATH_ENV, str(tmp_path / "ledger"))
     seen: dict[str, Any] = {}
-    agents: list[agent.PodAgent] = []
+    agents: list[agent.Agent] = []
     real_start = launcher.start_agent
 
-    def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.PodAgent | None:
+    def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.Agent | None:
         running = real_start(port, host="127.0.0.1")
         if running is not None:
             agents.append(running)
