@@ -120,7 +120,7 @@ def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
     async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         pool = cache_mod.owning_pool(event["object"].get("metadata", {}))
         if pool:
-            memo["state"].poke((event["object"]["metadata"]["namespace"], pool))
+            memo["state"].poke_soon((event["object"]["metadata"]["namespace"], pool))
 
     kopf.index(group, version, plural, labels=MANAGED, id=f"owned_{plural}")(index)
     kopf.on.event(group, version, plural, labels=MANAGED, id=f"{plural}_event")(on_event)

@@ -21,6 +21,7 @@ class Options:
     health_port: int = 8080
     bind_address: str = "0.0.0.0"
     runtime_image: str | None = None
+    owned_event_delay: float = 0.2  # seconds owned-object events wait to coalesce
 
 
 @dataclasses.dataclass
@@ -35,8 +36,15 @@ class OperatorState:
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def poke(self, key: PoolKey) -> None:
+        """A change to the pool itself: reconcile now."""
         self.seen.add(key)
         self.queue.add(key)
+
+    def poke_soon(self, key: PoolKey) -> None:
+        """A change to something the pool owns: reconcile shortly, so that the burst of pod events a new
+        group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write."""
+        if key in self.seen:
+            self.queue.add_after(key, self.options.owned_event_delay)
 
     def forget(self, key: PoolKey) -> None:
         self.seen.discard(key)

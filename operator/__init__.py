@@ -1,1 +1,0 @@
-"""pdfleet operator: reconciles InferencePool resources into SGLang PD fleets."""
