@@ -61,7 +61,7 @@ test: $(STAMP) binaries sglang ## the whole suite, against a real local control 
 test-unit: $(STAMP) sglang ## the tests that need no cluster
 	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
 
-bench: $(STAMP) sglang ## benchmarks: ratios against a baseline run in the same process
+bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
 
 demo: $(STAMP) binaries ## the main job, locally: cluster, chart, operator, an example pool going Ready
