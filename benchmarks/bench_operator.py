@@ -31,7 +31,7 @@ from kubernetes_asyncio import watch
 from pdfleet.operator.kube.client import KubeClient, load_configuration
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMESPACE = "pdfleet-bench"
+NAMESPACE = f"pdfleet-bench-{os.getpid()}"  # a fresh one each run: the last may still be terminating
 GROUPS_PER_ROLE = 4  # 8 groups per pool
 
 
@@ -72,6 +72,11 @@ def metrics(port: int) -> dict[str, float]:
 
 def writes(m: dict[str, float]) -> float:
     return sum(v for verb, v in m.items() if verb in ("POST", "PATCH", "PUT", "DELETE"))
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -136,6 +141,7 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
         print(f"   apply -> all pods created: {base_s * 1000:.0f} ms")
 
         before = writes(metrics(metrics_port))
+        cpu_before = cpu_seconds(operator_pid)
         names = [f"load-{i:03d}" for i in range(pools)]
         print(f"== load: {pools} pools of {pods_per_pool} groups, created back to back")
         t0 = time.perf_counter()
@@ -145,6 +151,9 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
         med, p99 = statistics.median(latencies), percentile(latencies, 0.99)
         print(f"   apply -> all pods created: median {med * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
               f"(p99 / baseline = {p99 / base_s:.2f}x), all {pools} pools in {wall:.1f} s")
+        cpu = cpu_seconds(operator_pid) - cpu_before
+        print(f"   operator CPU meanwhile: {cpu:.1f} s ({cpu / wall:.0%} of one core; the machine has "
+              f"{os.cpu_count()} cores for the apiserver, etcd, scheduler, kwok and the operator)")
 
         # Settle: wait until a resync period passes with no writes.
         last = -1.0
@@ -164,7 +173,7 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
         print(json.dumps({"pools": pools, "groups_per_pool": pods_per_pool, "baseline_ms": base_s * 1000,
                           "median_ms": med * 1000, "p99_ms": p99 * 1000, "p99_over_baseline": p99 / base_s,
                           "writes_per_pool": (last - before) / pools, "steady_writes": steady_writes,
-                          "steady_requests_per_s": rate, "peak_rss_mb": rss}))
+                          "steady_requests_per_s": rate, "peak_rss_mb": rss, "operator_cpu_s": cpu}))
     finally:
         await api.close()
 
@@ -187,7 +196,11 @@ def main() -> int:
 
     metrics_port = free_port()
     with (ROOT / ".bench-operator.log").open("w") as log:
-        op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", os.environ["KUBECONFIG"],
+        # PDFLEET_BENCH_PROFILE=path: run the operator under cProfile and write its profile there.
+        profile = ["-m", "cProfile", "-o", os.environ["PDFLEET_BENCH_PROFILE"]] \
+            if os.environ.get("PDFLEET_BENCH_PROFILE") else []
+        op = subprocess.Popen([sys.executable, *profile, "-m", "pdfleet.operator", "--kubeconfig",
+                               os.environ["KUBECONFIG"],
                                "--namespace", NAMESPACE, "--metrics-port", str(metrics_port), "--health-port", "0",
                                "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
                               stdout=log, stderr=subprocess.STDOUT)

@@ -66,12 +66,15 @@ class Cache:
         self._owned = tuple(owned)
 
     def snapshot(self, key: PoolKey) -> Observed:
+        """The pool and what it owns, by reference: the bodies are the entries' own copies, which nothing
+        mutates (kopf replaces an entry on every event), so a snapshot stays as it was without copying.
+        Copying here was 60% of the operator's CPU under load (benchmarks/bench_operator.py)."""
         pools = list(self._pools.get(key, ()))
         objects: dict[ObjectKey, Body] = {}
         for index in self._owned:
             for body in index.get(key, ()):
-                objects[(body["kind"], body["metadata"]["name"])] = copy.deepcopy(body)
-        return Observed(pool=copy.deepcopy(pools[0]) if pools else None, owned=objects)
+                objects[(body["kind"], body["metadata"]["name"])] = body
+        return Observed(pool=pools[0] if pools else None, owned=objects)
 
     def pool_keys(self) -> list[PoolKey]:
         return sorted(self._pools)

@@ -20,6 +20,14 @@ def index(*entries: dict | None) -> dict:
     return out
 
 
+def test_entries_are_copies_so_later_changes_to_an_event_body_cannot_reach_the_cache() -> None:
+    body = pod("a")
+    entry = owned_entry("v1", "Pod", body)
+    body["metadata"]["name"] = "changed"
+    assert entry is not None
+    assert entry[("ns", "p")]["metadata"]["name"] == "a"
+
+
 def test_owned_objects_are_grouped_under_the_pool_that_controls_them() -> None:
     pods = index(owned_entry("v1", "Pod", pod("a")), owned_entry("v1", "Pod", pod("b")),
                  owned_entry("v1", "Pod", pod("c", pool="other")))
@@ -38,7 +46,8 @@ def test_a_snapshot_does_not_change_when_the_index_does() -> None:
     pools = index(pool_entry({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"x": 1}}))
     cache = Cache(pools=pools, owned=[])
     snap = cache.snapshot(("ns", "p"))
-    pools[("ns", "p")][0]["spec"]["x"] = 2
+    # kopf replaces an entry on every event; entries are copies of the event bodies, never mutated.
+    pools[("ns", "p")] = [pool_entry({"metadata": {"name": "p", "namespace": "ns"}, "spec": {"x": 2}})[("ns", "p")]]
     assert snap.pool is not None
     assert snap.pool["spec"] == {"x": 1}
     assert cache.pool_keys() == [("ns", "p")]

@@ -198,3 +198,15 @@ def test_condition_times_move_only_when_a_status_flips() -> None:
     plan = reconcile.plan(cluster.pool, cluster.observed(), now=later)
     assert plan.status is None
     assert first["Ready"] == "2026-11-30T12:00:00Z"
+
+
+def test_planning_never_mutates_what_it_observed() -> None:
+    """The cache hands out its own bodies by reference; the planner must only read them."""
+    cluster = FakeCluster(pool_body(decode=2))
+    cluster.converge()
+    cluster.pool["spec"]["decode"]["replicas"] = 1
+    cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
+    observed = cluster.observed()
+    before = copy.deepcopy((observed.pool, dict(observed.owned)))
+    reconcile.plan(cluster.pool, observed, now=NOW)
+    assert (observed.pool, dict(observed.owned)) == before
