@@ -122,9 +122,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     if running is not None:
         print(f"pdfleet-engine: rank-health agent on port {running.port}", file=sys.stderr)
     from sglang.launch_server import run_server
+    from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.utils import kill_process_tree
 
-    run_server(prepare_server_args(sglang_args))
+    # As `python -m sglang.launch_server` does: plugins first, and never leave scheduler ranks behind.
+    load_plugins()
+    try:
+        run_server(prepare_server_args(sglang_args))
+    finally:
+        kill_process_tree(os.getpid(), include_parent=False)
     return 0
 
 
