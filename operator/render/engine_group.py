@@ -116,7 +116,8 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     if role_spec.nodes_per_group > 1:
         ports.append({"name": "dist", "containerPort": DIST_PORT})
     patches = [str(p) for p in spec.engine.patches]
-    pod_labels = {**group_labels(ctx, group, revision), labels.RANK: str(node_rank)}
+    pod_labels = {**group_labels(ctx, group, revision), labels.RANK: str(node_rank),
+                  **labels.provenance(patches, spec.engine.image)}
     annotations = {labels.PATCHES: ",".join(patches), labels.IMAGE: spec.engine.image}
     if isinstance(role_spec, PrefillSpec):
         # sglang-router's Kubernetes service discovery reads a prefill worker's bootstrap port from here.

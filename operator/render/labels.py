@@ -3,6 +3,8 @@ plus pdfleet's own, which the operator selects on and people read for provenance
 
 from __future__ import annotations
 
+import hashlib
+
 PREFIX = "pdfleet.dev"
 POOL = f"{PREFIX}/pool"
 ROLE = f"{PREFIX}/role"
@@ -12,6 +14,9 @@ REVISION = f"{PREFIX}/revision"
 COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pdfleet"
+
+PATCH_PREFIX = f"patch.{PREFIX}/"  # one label per applied patch: `kubectl get pods -l patch.pdfleet.dev/<id>`
+IMAGE_HASH = f"{PREFIX}/image-hash"  # image references are not valid label values; their hash is
 
 # Annotations
 APPLIED_HASH = f"{PREFIX}/applied-hash"  # hash of the desired object last applied; equal hash -> no write
@@ -28,6 +33,12 @@ def common(pool: str, component: str) -> dict[str, str]:
         MANAGED_BY: MANAGER,
         POOL: pool,
     }
+
+
+def provenance(patches: list[str], image: str) -> dict[str, str]:
+    """Labels that say what an engine runs, selectable by label (the full image is in an annotation)."""
+    return {**{f"{PATCH_PREFIX}{p}": "true" for p in patches},
+            IMAGE_HASH: hashlib.sha256(image.encode()).hexdigest()[:16]}
 
 
 def selector(pool: str, **extra: str) -> dict[str, str]:

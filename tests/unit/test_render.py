@@ -55,6 +55,9 @@ def test_the_engine_starts_through_pdfleets_runtime_with_the_pools_patches() -> 
     assert "--disable-overlap-schedule" in engine["args"][sep:]
     assert pod["metadata"]["annotations"][labels.PATCHES] == ",".join(spec.engine.patches)
     assert pod["metadata"]["annotations"][labels.IMAGE] == spec.engine.image
+    for patch in spec.engine.patches:
+        assert pod["metadata"]["labels"][f"patch.pdfleet.dev/{patch}"] == "true"
+    assert len(pod["metadata"]["labels"]["pdfleet.dev/image-hash"]) == 16
 
 
 def test_a_drain_runs_before_the_engine_stops_and_has_time_to_finish() -> None:
