@@ -62,7 +62,9 @@ test-unit: $(STAMP) sglang ## the tests that need no cluster
 	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
-	@for b in benchmarks/bench_*.py; do echo "== $$b"; $(PY) $$b; done
+	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py
+	@echo "== operator: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) benchmarks/bench_operator.py --rate 2
+	@echo "== operator: 100 pools of 8 groups, all at once"; $(PY) benchmarks/bench_operator.py
 
 demo: $(STAMP) binaries ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up

@@ -86,8 +86,10 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def create_and_time(api: KubeClient, names: list[str], expected_pods: int) -> dict[str, float]:
-    """Creates the pools and returns, per pool, seconds from its creation to all of its pods existing."""
+async def create_and_time(api: KubeClient, names: list[str], expected_pods: int,
+                          rate: float = 0.0) -> dict[str, float]:
+    """Creates the pools (back to back, or `rate` per second) and returns, per pool, seconds from its creation
+    to all of its pods existing."""
     cfg = await load_configuration(os.environ["KUBECONFIG"])
     started: dict[str, float] = {}
     seen: dict[str, set[str]] = {n: set() for n in names}
@@ -113,7 +115,10 @@ async def create_and_time(api: KubeClient, names: list[str], expected_pods: int)
 
         watcher = asyncio.create_task(observe())
         await ready.wait()
-        for name in names:
+        t0 = time.perf_counter()
+        for i, name in enumerate(names):
+            if rate > 0:
+                await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
             started[name] = time.perf_counter()
             await api.create(pool(name))
         await asyncio.wait_for(watcher, timeout=600)
@@ -125,7 +130,7 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
+async def measure(pools: int, metrics_port: int, operator_pid: int, rate: float) -> None:
     api = KubeClient(await load_configuration(os.environ["KUBECONFIG"]))
     try:
         for _ in range(100):
@@ -143,9 +148,10 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
         before = writes(metrics(metrics_port))
         cpu_before = cpu_seconds(operator_pid)
         names = [f"load-{i:03d}" for i in range(pools)]
-        print(f"== load: {pools} pools of {pods_per_pool} groups, created back to back")
+        pace = f"{rate:g} per second" if rate else "back to back"
+        print(f"== load: {pools} pools of {pods_per_pool} groups, created {pace}")
         t0 = time.perf_counter()
-        done = await create_and_time(api, names, pods_per_pool)
+        done = await create_and_time(api, names, pods_per_pool, rate)
         wall = time.perf_counter() - t0
         latencies = list(done.values())
         med, p99 = statistics.median(latencies), percentile(latencies, 0.99)
@@ -164,16 +170,17 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
         m0, t_s = metrics(metrics_port), time.perf_counter()
         await asyncio.sleep(15)
         m1, dt = metrics(metrics_port), time.perf_counter() - t_s
-        rate = (sum(m1.values()) - sum(m0.values())) / dt
+        steady_rate = (sum(m1.values()) - sum(m0.values())) / dt
         steady_writes = writes(m1) - writes(m0)
-        print(f"== steady state over {dt:.0f} s: {rate:.2f} requests/s, {steady_writes:.0f} writes "
+        print(f"== steady state over {dt:.0f} s: {steady_rate:.2f} requests/s, {steady_writes:.0f} writes "
               f"(target: 0 writes)")
         rss = peak_rss_mb(operator_pid)
         print(f"== operator peak RSS: {rss:.0f} MB (target < 250 MB)")
-        print(json.dumps({"pools": pools, "groups_per_pool": pods_per_pool, "baseline_ms": base_s * 1000,
+        print(json.dumps({"pools": pools, "rate_per_s": rate, "groups_per_pool": pods_per_pool,
+                          "baseline_ms": base_s * 1000,
                           "median_ms": med * 1000, "p99_ms": p99 * 1000, "p99_over_baseline": p99 / base_s,
                           "writes_per_pool": (last - before) / pools, "steady_writes": steady_writes,
-                          "steady_requests_per_s": rate, "peak_rss_mb": rss, "operator_cpu_s": cpu}))
+                          "steady_requests_per_s": steady_rate, "peak_rss_mb": rss, "operator_cpu_s": cpu}))
     finally:
         await api.close()
 
@@ -181,6 +188,7 @@ async def measure(pools: int, metrics_port: int, operator_pid: int) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pools", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=0.0, help="pools created per second (0: back to back)")
     args = parser.parse_args()
 
     gpu_nodes = max(4, (args.pools * 2 * GROUPS_PER_ROLE + 7) // 8 + 1)
@@ -205,7 +213,7 @@ def main() -> int:
                                "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
                               stdout=log, stderr=subprocess.STDOUT)
         try:
-            asyncio.run(measure(args.pools, metrics_port, op.pid))
+            asyncio.run(measure(args.pools, metrics_port, op.pid, args.rate))
         finally:
             op.terminate()
             op.wait(timeout=30)
