@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pdfleet.operator import metrics
@@ -20,6 +20,7 @@ from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
+from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.render import stamp
 from pdfleet.operator.workqueue import Retry
 
@@ -31,11 +32,21 @@ MAX_IN_FLIGHT = 32  # concurrent API writes of one operator, across all pools
 EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then never will (client-go: 5 min)
 
 
+# What the operator last judged of a pool's engine groups' ranks, by group name (`engines.monitor`).
+HealthView = Callable[[PoolKey], Mapping[str, GroupHealth]]
+
+
+def _no_health(_: PoolKey) -> Mapping[str, GroupHealth]:
+    return {}
+
+
 class Controller:
-    def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None) -> None:
+    def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
+                 health: HealthView = _no_health) -> None:
         self._client = client
         self._cache = cache
         self._runtime_image = runtime_image
+        self._health = health
         # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
@@ -105,7 +116,8 @@ class Controller:
             self.forget(key)
             return "deleted"  # owner references let the garbage collector remove everything else
         expect = self._expectations(key, observed.owned)
-        plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image)
+        plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image,
+                              health=self._health(key))
         applied, deleting = self._applied[key], self._deleting[key]
 
         failed: set[ObjectKey] = set()

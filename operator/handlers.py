@@ -18,6 +18,7 @@ from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.cache import PoolKey
+from pdfleet.operator.engines import agents, monitor
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.render import labels
 from pdfleet.operator.runtime_state import OperatorState
@@ -63,12 +64,21 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.networking.request_timeout = 60
     cfg = await kube_client.load_configuration(state.options.kubeconfig)
     state.client = kube_client.KubeClient(cfg)
+    state.health = monitor.HealthMonitor(cache=state.cache, agents=agents.AgentClient(),
+                                         poke=lambda key: _poke_known(state, key))
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
-                                                 runtime_image=state.options.runtime_image)
+                                                 runtime_image=state.options.runtime_image,
+                                                 health=state.health.health)
     for _i in range(state.options.workers):
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
     state.ready.set()
+
+
+def _poke_known(state: OperatorState, key: PoolKey) -> None:
+    """A verdict changed: reconcile the pool now (if its event handler has run; see `_resync`)."""
+    if key in state.seen:
+        state.queue.add(key)
 
 
 async def _resync(state: OperatorState) -> None:
@@ -90,6 +100,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await task
     state.queue.close()
+    if state.health:
+        await state.health.close()
     if state.client:
         await state.client.close()
 

@@ -7,6 +7,7 @@ import dataclasses
 
 from pdfleet.operator.cache import Cache, PoolKey
 from pdfleet.operator.controller import Controller
+from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.workqueue import WorkQueue
 
@@ -32,6 +33,7 @@ class OperatorState:
     seen: set[PoolKey] = dataclasses.field(default_factory=set)  # pools whose event handler has run
     client: KubeClient | None = None
     controller: Controller | None = None
+    health: HealthMonitor | None = None  # polls the engines' rank agents; set at startup
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -39,15 +41,21 @@ class OperatorState:
         """A change to the pool itself: reconcile now."""
         self.seen.add(key)
         self.queue.add(key)
+        if self.health:
+            self.health.watch(key)
 
     def poke_soon(self, key: PoolKey) -> None:
         """A change to something the pool owns: reconcile shortly, so that the burst of pod events a new
         group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write."""
         if key in self.seen:
             self.queue.add_after(key, self.options.owned_event_delay)
+            if self.health:
+                self.health.nudge(key)
 
     def forget(self, key: PoolKey) -> None:
         self.seen.discard(key)
         self.queue.forget(key)
+        if self.health:
+            self.health.forget(key)
         if self.controller:
             self.controller.forget(key)

@@ -6,6 +6,12 @@ periodic resync all run the same code, and planning again right after applying a
 Engine groups live and die as units. A group with an ended pod is deleted whole and recreated (a restart); a
 group rendered from an older spec is replaced whole, a role at a time within `rollout.maxUnavailable`; groups
 beyond `replicas` are deleted from the highest index down.
+
+Rank health is an input like the observed objects: `health` maps a group name to what the operator last
+judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when
+its pods are Ready and its verdict is Healthy or Unknown (Unknown: no agent of its pods has answered yet, or
+its ranks are not in their event loop; pod readiness is then the best signal there is). Desync, Hang, Dead
+and Unreachable groups are not ready and make the pool Degraded.
 """
 
 from __future__ import annotations
@@ -22,9 +28,11 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
+from pdfleet.operator.planning import health_status
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import Expectations, GroupState, classify, pod_ready, pods_by_group
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
+from pdfleet.operator.planning.rank_health import SICK, GroupHealth, settled_message
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
@@ -59,8 +67,10 @@ def rejected(plan: Plan) -> bool:
 
 
 def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
-         now: datetime.datetime | None = None, runtime_image: str | None = None) -> Plan:
+         now: datetime.datetime | None = None, runtime_image: str | None = None,
+         health: Mapping[str, GroupHealth] | None = None) -> Plan:
     expect = expect or Expectations()
+    health = health or {}
     now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
     generation = pool["metadata"].get("generation")
     previous = status_mod.parse_status(pool.get("status"))
@@ -76,7 +86,7 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     _plan_shared_objects(want, observed, expect, out)
     states = _plan_groups(spec, want, observed, expect, out)
     _plan_removals(want, observed, expect, out)
-    new_status = _status(spec, want, states, observed, previous, generation, now, out)
+    new_status = _status(spec, want, states, observed, previous, generation, now, out, health)
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
                 events=tuple(out.events))
@@ -169,42 +179,64 @@ def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
         out.delete_objects(objects)
 
 
+# Group states whose pods all run, so that their ranks can be judged (an outdated group still serves).
+_JUDGED = {GroupState.READY, GroupState.OUTDATED}
+
+
 def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], previous: InferencePoolStatus,
-                  spec: InferencePoolSpec) -> GroupStatus:
+                  judged: GroupHealth | None) -> GroupStatus:
     before = next((g for g in previous.groups if g.name == group.name), None)
     revisions = {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in pods} - {None}
-    gpus_per_pod = spec.role(group.id.role).gpus_per_node
     ready_pods = sum(pod_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp"))
     restarts = (before.restarts if before else 0) + (1 if state is GroupState.FAILED else 0)
+    pods_message = f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready"
+    if state not in _JUDGED:  # starting, restarting or going: whatever was judged of its ranks is over
+        verdict, event_loop, ranks, message = Verdict.UNKNOWN, None, 0, pods_message
+    elif judged is None:  # not polled yet (the operator just started): the last status is the best news
+        verdict = before.verdict if before else Verdict.UNKNOWN
+        event_loop = before.event_loop if before else None
+        ranks = before.ranks if before else 0
+        message = before.message if before and before.message else pods_message
+    else:
+        last = GroupHealth(before.verdict, before.event_loop, before.message or "", before.ranks) if before else None
+        verdict, event_loop, ranks = judged.verdict, judged.event_loop, judged.ranks
+        message = settled_message(last, judged)
     return GroupStatus(
         name=group.name,
         role=group.id.role,
         revision=revisions.pop() if len(revisions) == 1 else group.revision,
-        ranks=ready_pods * gpus_per_pod,
-        verdict=before.verdict if before else Verdict.UNKNOWN,
-        event_loop=before.event_loop if before else None,
+        ranks=ranks,
+        verdict=verdict,
+        event_loop=event_loop,
         restarts=restarts,
-        message=f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready",
+        message=message,
     )
+
+
+def _serving(state: GroupState, group: GroupStatus) -> bool:
+    return state is GroupState.READY and group.verdict not in SICK
 
 
 def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
-            out: _Builder) -> InferencePoolStatus:
+            out: _Builder, health: Mapping[str, GroupHealth]) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
-    groups = tuple(_group_status(g, states[g.name], pods.get(g.name, []), previous, spec) for g in want.groups)
+    groups = tuple(_group_status(g, states[g.name], pods.get(g.name, []), previous, health.get(g.name))
+                   for g in want.groups)
+    by_name = {g.name: g for g in groups}
     counts = {}
     for role in Role:
         mine = [g for g in want.groups if g.id.role is role]
         counts[role] = RoleStatus.of(
             desired=spec.role(role).replicas,
-            ready=sum(states[g.name] is GroupState.READY for g in mine),
+            ready=sum(_serving(states[g.name], by_name[g.name]) for g in mine),
             updated=sum(states[g.name] in (GroupState.READY, GroupState.STARTING) for g in mine),
         )
     router_ok = _router_available(spec, observed)
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
     settled = all(s is GroupState.READY for s in states.values()) and router_ok
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
+    degraded = health_status.degraded(groups, failed)
     summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"
                + ("" if router_ok else ", router not available"))
     prev_conds = previous.conditions
@@ -216,14 +248,13 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
                              "GroupsNotReady", summary, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.PROGRESSING, not settled,
                              "Stable" if settled else progressing_reason, summary, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.DEGRADED, bool(failed),
-                             "GroupFailed" if failed else "AsExpected",
-                             f"restarting {', '.join(failed)}" if failed else "no group has failed",
-                             generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
+                             degraded.message, generation=generation, now=now),
     ]
-    phase = Phase.READY if all_ready else Phase.DEGRADED if failed else Phase.PROGRESSING \
+    phase = Phase.READY if all_ready else Phase.DEGRADED if degraded.status else Phase.PROGRESSING \
         if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
     was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
+    out.events.extend(health_status.transition_events(previous, groups))
     if all_ready and not was_ready:
         out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
     for role in Role:

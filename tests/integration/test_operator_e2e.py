@@ -7,7 +7,6 @@ import ipaddress
 import json
 import os
 import signal
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,38 +14,11 @@ import pytest
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
 from tests.support.pools import example
+from tests.support.release import OPERATOR_USER, RELEASE_NAMESPACE, SERVICE_ACCOUNT
 
 pytestmark = pytest.mark.cluster
 
-ROOT = Path(__file__).resolve().parents[2]
-RELEASE_NAMESPACE = "pdfleet-system"
-SERVICE_ACCOUNT = "pdfleet"
-OPERATOR_USER = f"system:serviceaccount:{RELEASE_NAMESPACE}:{SERVICE_ACCOUNT}"
 OWNED_KINDS = "pods,services,deployments,replicasets,serviceaccounts,roles,rolebindings"
-
-
-@pytest.fixture(scope="module")
-def chart(cluster: Cluster) -> Iterator[None]:
-    """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only."""
-    # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.helm("upgrade", "--install", "pdfleet", str(ROOT / "charts" / "pdfleet"), "--namespace",
-                 RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
-    yield
-    cluster.helm("uninstall", "pdfleet", "--namespace", RELEASE_NAMESPACE, check=False)
-
-
-@pytest.fixture(scope="module")
-def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
-    tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp / "kubeconfig")
-    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1") as op:
-        yield op
-        assert "Traceback" not in op.logs(), op.logs()[-5000:]
-        # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...
-        forbidden = [r for r in op.log_records() if f'User "{OPERATOR_USER}" cannot' in json.dumps(r)]
-        assert forbidden == [], f"the chart's RBAC is missing a permission: {forbidden[:3]}"
 
 
 def apply_pool(cluster: Cluster, namespace: str, *, name: str = "tiny", decode: int = 1) -> dict:

@@ -1,0 +1,162 @@
+"""Polls the rank-health agents of every pool's engine groups and keeps what it judged for the planner.
+
+One task per pool, started when the pool is seen (`watch`) and ended when it is gone (`forget`, or the pool
+vanishing from the cache: the task checks every period, so it is level-based and cannot outlive its pool).
+Each period it reads the pool and its pods from the cache (no API reads), asks the agents of every group
+whose pods are all Ready (`agents.AgentClient`, bounded and with short timeouts), judges each group
+(`planning.rank_health`, pure) and stores the result. Only when a verdict changes does it poke the pool's
+reconcile; the reconcile turns the stored verdicts into status, conditions and events like any other input.
+So an unchanged verdict costs one HTTP round trip per pod per period and no API call at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from pdfleet.operator.api import checks
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import Verdict
+from pdfleet.operator.cache import Cache, Observed, PoolKey
+from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.planning import rank_health, status
+from pdfleet.operator.planning.groups import pods_by_group
+from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.render import labels
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+IDLE_PERIOD = 5.0  # seconds between looks at a pool whose spec cannot be read (it may be fixed)
+MAX_AGENT_TIMEOUT = 2.0  # seconds one agent may take; a live agent answers in milliseconds
+
+
+class HealthMonitor:
+    def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None]) -> None:
+        self._cache = cache
+        self._agents = agents
+        self._poke = poke
+        self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
+        self._answered: dict[PoolKey, set[str]] = {}  # uids of pods whose agent has answered at least once
+        self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
+        self._wake: dict[PoolKey, asyncio.Event] = {}
+
+    def health(self, key: PoolKey) -> Mapping[str, GroupHealth]:
+        """What was last judged of the pool's groups, by group name (empty before the first poll)."""
+        return dict(self._judged.get(key, {}))
+
+    def watch(self, key: PoolKey) -> None:
+        """Polls the pool from now on, if it is not polled already."""
+        task = self._tasks.get(key)
+        if task is None or task.done():
+            self._tasks[key] = asyncio.create_task(self._run(key), name=f"rank-health {key[0]}/{key[1]}")
+
+    def nudge(self, key: PoolKey) -> None:
+        """Polls the pool now instead of at the end of its period: its pods changed (one became Ready, say),
+        and a verdict that waits a whole heartbeat would be written separately from the pod change."""
+        wake = self._wake.get(key)
+        if wake is not None:
+            wake.set()
+
+    def forget(self, key: PoolKey) -> None:
+        self._wake.pop(key, None)
+        task = self._tasks.pop(key, None)
+        if task is not None:
+            task.cancel()
+        self._judged.pop(key, None)
+        self._answered.pop(key, None)
+
+    async def close(self) -> None:
+        tasks = list(self._tasks.values())
+        for key in list(self._tasks):
+            self.forget(key)
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        await self._agents.close()
+
+    async def _run(self, key: PoolKey) -> None:
+        wake = self._wake.setdefault(key, asyncio.Event())
+        while True:
+            started = time.monotonic()
+            wake.clear()
+            try:
+                period = await self.poll(key)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a bug in one poll must not end the pool's health checks for good
+                log.exception("rank-health poll of %s/%s failed", *key)
+                period = IDLE_PERIOD
+            if period is None:  # the pool is gone
+                self._tasks.pop(key, None)
+                self._wake.pop(key, None)
+                self._judged.pop(key, None)
+                self._answered.pop(key, None)
+                return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wake.wait(), timeout=max(0.0, started + period - time.monotonic()))
+
+    async def poll(self, key: PoolKey) -> float | None:
+        """One round over the pool's groups. Returns the seconds until the next, None when the pool is gone."""
+        observed = self._cache.snapshot(key)
+        pool = observed.pool
+        if pool is None or pool["metadata"].get("deletionTimestamp"):
+            return None
+        spec, problems = checks.validate_spec(pool.get("spec") or {})
+        if spec is None or problems:
+            return IDLE_PERIOD
+        period = parse_duration(spec.health.heartbeat_period).total_seconds()
+        judged = await self._judge(key, spec, observed, timeout=min(MAX_AGENT_TIMEOUT, period))
+        before = self._judged.get(key)
+        self._judged[key] = judged
+        if before is None or before.keys() != judged.keys() or \
+                any(not judged[name].same_as(before[name]) for name in judged):
+            changed = [f"{n} {h.verdict}" for n, h in judged.items() if not h.same_as((before or {}).get(n))]
+            if changed:
+                log.info("rank health of %s/%s: %s", *key, ", ".join(changed),
+                         extra={"namespace": key[0], "pool": key[1]})
+            self._poke(key)
+        return period
+
+    async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
+                     *, timeout: float) -> dict[str, GroupHealth]:
+        previous = {g.name: g.verdict for g in status.parse_status(observed.pool.get("status")).groups} \
+            if observed.pool else {}
+        answered = self._answered.setdefault(key, set())
+        groups = sorted(pods_by_group(observed.of_kind("Pod")).items())
+
+        async def one(name: str, pods: list[Body]) -> tuple[str, GroupHealth] | None:
+            role = _role(pods)
+            if role is None:
+                return None
+            role_spec = spec.role(role)
+            live = rank_health.live_pods(pods)
+            answers = {}
+            if rank_health.pollable(pods, nodes=role_spec.nodes_per_group):
+                answers = await self._agents.fetch_all(live, timeout=timeout)
+            uids = {p["metadata"].get("uid") for p in live}
+            answered.update(p["metadata"].get("uid") for p in live if answers.get(p["metadata"]["name"]))
+            before = previous.get(name, Verdict.UNKNOWN) is not Verdict.UNKNOWN or bool(uids & answered)
+            return name, rank_health.judge_group(
+                spec.health, tp=role_spec.tp, gpus_per_node=role_spec.gpus_per_node,
+                nodes=role_spec.nodes_per_group, pods=pods, answers=answers, answered_before=before)
+
+        results = await asyncio.gather(*(one(name, pods) for name, pods in groups))
+        # Forget pods that are gone, so the memory stays as small as the fleet.
+        alive = {p["metadata"].get("uid") for _, pods in groups for p in pods}
+        answered.intersection_update(alive)
+        return dict(r for r in results if r is not None)
+
+
+def _role(pods: list[Body]) -> Role | None:
+    for pod in pods:
+        value = (pod["metadata"].get("labels") or {}).get(labels.ROLE)
+        with contextlib.suppress(ValueError):
+            return Role(value)
+    return None

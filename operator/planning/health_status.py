@@ -1,0 +1,61 @@
+"""What rank-health verdicts mean for the pool: the Degraded condition and the Events of a transition. Pure.
+
+Events are derived from the status transition (the previous status against the new one), never from the
+poll that saw it, so they are posted exactly once per transition even when reconciles repeat or the
+operator restarts: a transition already written to status is not a transition any more.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Verdict
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.rank_health import SICK
+
+# A rank-health failure that gets its own Warning (Unreachable is reported by the Degraded condition only:
+# an agent that does not answer says nothing about the ranks).
+ALARMS = {Verdict.DESYNC: "GroupDesync", Verdict.HANG: "GroupHang", Verdict.DEAD: "GroupDead"}
+_PRIORITY = (Verdict.DEAD, Verdict.DESYNC, Verdict.HANG, Verdict.UNREACHABLE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Degraded:
+    status: bool
+    reason: str
+    message: str
+
+
+def degraded(groups: Sequence[GroupStatus], failed: Sequence[str]) -> Degraded:
+    """Degraded=True names every failed or sick group; the reason is the worst kind present (a failed pod,
+    then dead ranks, desync, hang, an unreachable agent)."""
+    sick = [g for g in groups if g.verdict in SICK]
+    if not failed and not sick:
+        return Degraded(False, "AsExpected", "no group has failed and every rank agent that answered is healthy")
+    parts = [f"restarting {', '.join(failed)}"] if failed else []
+    parts += [f"{g.name} {g.verdict}: {g.message}" for g in sick]
+    if failed:
+        reason = "GroupFailed"
+    else:
+        worst = next(v for v in _PRIORITY if any(g.verdict is v for g in sick))
+        reason = SICK[worst]
+    return Degraded(True, reason, "; ".join(parts))
+
+
+def transition_events(previous: InferencePoolStatus, groups: Sequence[GroupStatus]) -> list[Event]:
+    """A Warning when a group falls into Desync, Hang or Dead (its evidence as the message), a Normal
+    GroupRecovered when a group that was in one of them is Healthy again."""
+    before = {g.name: g.verdict for g in previous.groups}
+    events = []
+    for group in groups:
+        was = before.get(group.name, Verdict.UNKNOWN)
+        if group.verdict is was:
+            continue
+        if group.verdict in ALARMS:
+            events.append(Event("Warning", ALARMS[group.verdict],
+                                f"{group.role} group {group.name} is in {group.verdict}: {group.message}"))
+        elif group.verdict is Verdict.HEALTHY and was in ALARMS:
+            events.append(Event("Normal", "GroupRecovered",
+                                f"{group.role} group {group.name} recovered from {was}: {group.message}"))
+    return events

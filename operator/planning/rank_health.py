@@ -1,0 +1,131 @@
+"""One engine group's rank health, from what its pods' agents answered. Pure: no I/O, no clock.
+
+The runtime owns the rules (`pdfleet.runtime.health.verdict.judge`); this module only adapts the operator's
+view to them and back: which ranks a pod holds, which pods did not answer, and how a runtime verdict reads in
+`status.groups[]`. The judge itself is stateless (see its docstring), so one poll is enough for a verdict.
+
+Two choices that keep the status honest *and* quiet:
+- A group whose agents have never answered (the runtime is still coming up, or the image runs no agent) is
+  Unknown, not Unreachable; once an agent of the group's current pods has answered, silence is Unreachable.
+- Messages are stable while the verdict holds: a Healthy group reads "all N ranks make progress", never the
+  ever-changing phase ages, so an unchanged verdict never causes a status write. (Desync and Hang evidence
+  does carry ages; `reconcile` keeps the first evidence of an episode, see `settled_message`.)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdfleet.operator.api.health import HealthSpec
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.api.status import Verdict
+from pdfleet.operator.planning.groups import pod_ready
+from pdfleet.operator.render import labels
+from pdfleet.runtime.health import phases, report, verdict
+
+Body = dict[str, Any]
+
+# Verdicts that make a group not ready and the pool Degraded, with the condition reason each one gives.
+SICK = {Verdict.DEAD: "RankDead", Verdict.DESYNC: "RankDesync", Verdict.HANG: "RankHang",
+        Verdict.UNREACHABLE: "AgentUnreachable"}
+
+_AGED = {Verdict.DESYNC, Verdict.HANG}  # verdicts whose evidence says how long it has held
+_VERDICTS = {
+    verdict.Health.HEALTHY: Verdict.HEALTHY,
+    verdict.Health.STARTING: Verdict.UNKNOWN,
+    verdict.Health.DESYNC: Verdict.DESYNC,
+    verdict.Health.HANG: Verdict.HANG,
+    verdict.Health.DEAD: Verdict.DEAD,
+    verdict.Health.UNREACHABLE: Verdict.UNREACHABLE,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupHealth:
+    """What the operator last judged of one group: the input `reconcile.plan` takes per group name."""
+
+    verdict: Verdict
+    event_loop: str | None  # the loop every rank runs, when they all report the same one
+    message: str
+    ranks: int  # ranks reporting, alive
+    answered: bool = False  # some agent of the group's current pods answered this poll
+
+    def same_as(self, other: GroupHealth | None) -> bool:
+        """Equal in everything but the wording: evidence ages change every poll, the verdict does not."""
+        return other is not None and (self.verdict, self.event_loop, self.ranks) == \
+            (other.verdict, other.event_loop, other.ranks)
+
+
+# The reports of one group's pods by pod name: a report, or None for a pod whose agent did not answer.
+Answers = Mapping[str, report.PodReport | None]
+
+
+def policy(health: HealthSpec) -> verdict.HealthPolicy:
+    return verdict.HealthPolicy.from_seconds(
+        desync_after=parse_duration(health.desync_after).total_seconds(),
+        hang_after=parse_duration(health.hang_after).total_seconds(),
+    )
+
+
+def live_pods(pods: Sequence[Body]) -> list[Body]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def pollable(pods: Sequence[Body], *, nodes: int) -> bool:
+    """Agents are asked only once every pod of the group is up and Ready: before that the group is starting,
+    and a silent agent means nothing."""
+    live = live_pods(pods)
+    return len(live) == nodes and all(pod_ready(p) for p in live)
+
+
+def pod_ranks(pod: Body, *, gpus_per_node: int) -> range:
+    """The TP ranks a pod runs: node rank n holds ranks [n*g, (n+1)*g), as SGLang numbers them."""
+    node_rank = int((pod["metadata"].get("labels") or {}).get(labels.RANK, "0"))
+    return range(node_rank * gpus_per_node, (node_rank + 1) * gpus_per_node)
+
+
+def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, pods: Sequence[Body],
+                answers: Answers, answered_before: bool) -> GroupHealth:
+    """The verdict for one group from one poll. `answered_before`: an agent of these pods answered in an
+    earlier poll (or the last status already held a verdict), so silence now is Unreachable, not Unknown."""
+    live = live_pods(pods)
+    if not pollable(pods, nodes=nodes):
+        ready = sum(pod_ready(p) for p in live)
+        return GroupHealth(Verdict.UNKNOWN, None, f"Starting: {ready}/{nodes} pod(s) ready", 0)
+    reports = [a for p in live if (a := answers.get(p["metadata"]["name"])) is not None]
+    if not reports and not answered_before:
+        return GroupHealth(Verdict.UNKNOWN, None, f"no rank agent has answered yet ({len(live)} pod(s) asked)", 0)
+    lost = [r for p in live if answers.get(p["metadata"]["name"]) is None
+            for r in pod_ranks(p, gpus_per_node=gpus_per_node)]
+    views = report.rank_views(reports, expected=range(tp), unreachable=lost)
+    judged = verdict.judge(views, policy(health))
+    mapped = _VERDICTS[judged.health]
+    reporting = [v for v in views if v.status is verdict.RankStatus.REPORTING]
+    return GroupHealth(mapped, _event_loop(reporting, tp), _message(mapped, judged, tp), len(reporting),
+                       answered=bool(reports))
+
+
+def _event_loop(reporting: list[verdict.RankView], tp: int) -> str | None:
+    loops = {v.loop for v in reporting}
+    if len(reporting) != tp or len(loops) != 1:
+        return None
+    loop = loops.pop()
+    return None if loop is phases.LoopName.UNKNOWN else loop.method
+
+
+def _message(mapped: Verdict, judged: verdict.Verdict, tp: int) -> str:
+    if mapped is Verdict.HEALTHY:
+        return f"all {tp} rank(s) make progress"
+    if judged.health is verdict.Health.STARTING:
+        return f"Starting: {judged.reason}"
+    return judged.reason
+
+
+def settled_message(previous: GroupHealth | None, new: GroupHealth) -> str:
+    """The first evidence of a Desync or Hang is kept while the verdict holds, so an episode held for minutes
+    is written once, not once per poll with a new age. Other messages carry no ages and are taken as they are."""
+    if previous is not None and new.verdict in _AGED and new.same_as(previous):
+        return previous.message
+    return new.message

@@ -1,0 +1,40 @@
+"""Fixtures of the end-to-end tests: the chart installed by real helm and the operator running with the chart's
+ServiceAccount token, one operator process per test module."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster
+from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
+from tests.support.release import OPERATOR_USER, RELEASE_NAMESPACE, SERVICE_ACCOUNT
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def chart(cluster: Cluster) -> Iterator[None]:
+    """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only."""
+    # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    cluster.helm("upgrade", "--install", "pdfleet", str(ROOT / "charts" / "pdfleet"), "--namespace",
+                 RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
+    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
+    yield
+    cluster.helm("uninstall", "pdfleet", "--namespace", RELEASE_NAMESPACE, check=False)
+
+
+@pytest.fixture(scope="module")
+def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+    tmp = tmp_path_factory.mktemp("operator")
+    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp / "kubeconfig")
+    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1") as op:
+        yield op
+        assert "Traceback" not in op.logs(), op.logs()[-5000:]
+        # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...
+        forbidden = [r for r in op.log_records() if f'User "{OPERATOR_USER}" cannot' in json.dumps(r)]
+        assert forbidden == [], f"the chart's RBAC is missing a permission: {forbidden[:3]}"

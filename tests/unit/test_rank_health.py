@@ -1,0 +1,205 @@
+"""From agents' answers to a group's verdict, and from verdicts to status, conditions and events. Pure."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import datetime
+from typing import Any
+
+import pytest
+
+from pdfleet.operator.api.health import HealthSpec
+from pdfleet.operator.api.status import Verdict
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.rank_health import GroupHealth, judge_group, settled_message
+from pdfleet.operator.render import labels
+from pdfleet.runtime.health import phases, records, report
+from tests.support.pools import pool_body
+from tests.unit.test_planning import FakeCluster
+
+P = phases.Phase
+LOOP = phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE
+HEALTH = HealthSpec.model_validate({"heartbeatPeriod": "1s", "desyncAfter": "2s", "hangAfter": "4s"})
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
+S = 1_000_000_000
+Body = dict[str, Any]
+
+
+def pod(node_rank: int = 0, *, ready: bool = True, deleting: bool = False) -> Body:
+    meta: Body = {"name": f"g-{node_rank}", "uid": f"uid-{node_rank}", "labels": {labels.RANK: str(node_rank)}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+    return {"metadata": meta, "status": {"phase": "Running", "podIP": f"127.1.0.{node_rank + 2}",
+                                         "conditions": [{"type": "Ready", "status": str(ready)}]}}
+
+
+def rank(n: int, phase: P = P.FORWARD, *, age_s: float = 0.1, collectives: int = 10, alive: bool = True,
+         loop: phases.LoopName = LOOP) -> report.RankEntry:
+    record = records.RankRecord(slot=n, rank=n, pid=100 + n, pid_start=1, loop=loop, phase=phase, phase_since_ns=0,
+                                iteration=5, collectives=collectives, stack_signal=0, attached_ns=0, consistent=True)
+    return report.RankEntry(record=record, alive=alive, phase_age_ns=round(age_s * S))
+
+
+def answer(*entries: report.RankEntry) -> report.PodReport:
+    return report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=1, ranks=entries)
+
+
+def judge(pods: list[Body], answers: dict[str, report.PodReport | None], *, tp: int = 2, gpus: int = 2,
+          before: bool = False) -> GroupHealth:
+    return judge_group(HEALTH, tp=tp, gpus_per_node=gpus, nodes=len({p["metadata"]["name"] for p in pods}) or 1,
+                       pods=pods, answers=answers, answered_before=before)
+
+
+DIVERGED = answer(rank(0, P.RECV_BROADCAST, age_s=3, collectives=11), rank(1, P.KV_POLL_ALL_REDUCE, age_s=3))
+
+CASES = [
+    # (what, pods, answers, answered_before, verdict, words in the message, ranks reporting)
+    ("a pod not Ready yet is starting, never unreachable", [pod(ready=False)], {}, True,
+     Verdict.UNKNOWN, "Starting: 0/1 pod(s) ready", 0),
+    ("no agent has ever answered: unknown", [pod()], {"g-0": None}, False,
+     Verdict.UNKNOWN, "no rank agent has answered yet", 0),
+    ("an agent that answered before and is silent now: unreachable", [pod()], {"g-0": None}, True,
+     Verdict.UNREACHABLE, "ranks 0,1: agent not answering", 0),
+    ("ranks that progress together: healthy", [pod()], {"g-0": answer(rank(0), rank(1))}, False,
+     Verdict.HEALTHY, "all 2 rank(s) make progress", 2),
+    ("ranks briefly apart between steps: still healthy", [pod()],
+     {"g-0": answer(rank(0, P.RECV_BROADCAST, collectives=11), rank(1, P.LOCAL))}, False,
+     Verdict.HEALTHY, "all 2 rank(s) make progress", 2),
+    ("ranks in different collectives past desyncAfter: desync naming ranks and collectives", [pod()],
+     {"g-0": DIVERGED}, False, Verdict.DESYNC,
+     "rank 0 in recv_broadcast at collective 11 (iteration 5); rank 1 in kv_poll_all_reduce at collective 10", 2),
+    ("ranks in one collective past hangAfter: hang", [pod()],
+     {"g-0": answer(rank(0, P.RECV_BROADCAST, age_s=5), rank(1, P.RECV_BROADCAST, age_s=5))}, False,
+     Verdict.HANG, "all 2 ranks blocked for 5.0s", 2),
+    ("a rank whose process is gone: dead", [pod()], {"g-0": answer(rank(0), rank(1, alive=False))}, False,
+     Verdict.DEAD, "rank 1: process gone", 1),
+    ("ranks not in their event loop yet: unknown, starting", [pod()],
+     {"g-0": answer(rank(0, P.STARTING), rank(1))}, False, Verdict.UNKNOWN, "Starting: rank 0", 2),
+    ("one silent pod of a two-node group makes only its ranks unreachable", [pod(0), pod(1)],
+     {"g-0": answer(rank(0)), "g-1": None}, False, Verdict.UNREACHABLE, "rank 1: agent not answering", 1),
+]
+
+
+@pytest.mark.parametrize(("pods", "answers", "before", "verdict", "words", "ranks"),
+                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_a_groups_verdict_follows_from_its_pods_and_their_agents_answers(
+        pods: list[Body], answers: dict, before: bool, verdict: Verdict, words: str, ranks: int) -> None:
+    gpus = 1 if len(pods) == 2 else 2
+    judged = judge(pods, answers, gpus=gpus, before=before)
+
+    assert (judged.verdict, judged.ranks) == (verdict, ranks)
+    assert words in judged.message
+
+
+def test_the_event_loop_is_reported_only_when_every_rank_runs_the_same_one() -> None:
+    same = judge([pod()], {"g-0": answer(rank(0), rank(1))})
+    mixed = judge([pod()], {"g-0": answer(rank(0), rank(1, loop=phases.LoopName.EVENT_LOOP_NORMAL))})
+
+    assert same.event_loop == "event_loop_normal_disagg_decode"
+    assert mixed.event_loop is None
+
+
+def test_a_held_desync_keeps_its_first_evidence_so_status_is_not_rewritten_every_poll() -> None:
+    first = judge([pod()], {"g-0": DIVERGED})
+    later = judge([pod()], {"g-0": answer(rank(0, P.RECV_BROADCAST, age_s=9, collectives=11),
+                                          rank(1, P.KV_POLL_ALL_REDUCE, age_s=9))})
+
+    assert first.message != later.message
+    assert settled_message(first, later) == first.message
+    assert settled_message(first, judge([pod()], {"g-0": answer(rank(0), rank(1))})) == "all 2 rank(s) make progress"
+
+
+# The planner with verdicts as input: the minimal pool, decode at tp 2.
+
+def converged() -> FakeCluster:
+    cluster = FakeCluster(pool_body(decode__tp=2, decode__gpusPerNode=2))
+    cluster.converge()
+    return cluster
+
+
+def step(cluster: FakeCluster, health: dict[str, GroupHealth]) -> Plan:
+    plan = reconcile.plan(cluster.pool, cluster.observed(), now=NOW, health=health)
+    cluster.apply(plan)
+    return plan
+
+
+def conditions(cluster: FakeCluster) -> dict[str, dict]:
+    return {c["type"]: c for c in cluster.pool["status"]["conditions"]}
+
+
+HEALTHY = GroupHealth(Verdict.HEALTHY, "event_loop_normal_disagg_decode", "all 2 rank(s) make progress", 2, True)
+DESYNC = GroupHealth(Verdict.DESYNC, "event_loop_normal_disagg_decode",
+                     "ranks diverged for 3.0s: rank 0 in recv_broadcast at collective 11 (iteration 5); "
+                     "rank 1 in kv_poll_all_reduce at collective 10 (iteration 5)", 2, True)
+
+
+def test_a_desync_makes_the_pool_degraded_with_a_warning_and_recovery_is_announced() -> None:
+    cluster = converged()
+    prefill = GroupHealth(Verdict.HEALTHY, None, "all 1 rank(s) make progress", 1, True)
+    step(cluster, {"tiny-prefill-0": prefill, "tiny-decode-0": HEALTHY})
+    assert conditions(cluster)["Ready"]["status"] == "True"
+
+    plan = step(cluster, {"tiny-prefill-0": prefill, "tiny-decode-0": DESYNC})
+
+    group = next(g for g in cluster.pool["status"]["groups"] if g["name"] == "tiny-decode-0")
+    assert (group["verdict"], group["eventLoop"], group["ranks"]) == ("Desync", "event_loop_normal_disagg_decode", 2)
+    degraded = conditions(cluster)["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RankDesync")
+    assert "tiny-decode-0 Desync" in degraded["message"]
+    assert conditions(cluster)["Ready"]["status"] == "False"
+    assert cluster.pool["status"]["decode"]["ready"] == 0
+    assert [(e.type, e.reason) for e in plan.events] == [("Warning", "GroupDesync")]
+    assert "rank 1 in kv_poll_all_reduce at collective 10" in plan.events[0].message
+
+    held = dataclasses.replace(DESYNC, message=DESYNC.message.replace("3.0s", "7.0s"))
+    assert step(cluster, {"tiny-prefill-0": prefill, "tiny-decode-0": held}).empty
+
+    plan = step(cluster, {"tiny-prefill-0": prefill, "tiny-decode-0": HEALTHY})
+    assert [(e.type, e.reason) for e in plan.events] == [("Normal", "GroupRecovered"), ("Normal", "PoolReady")]
+    assert conditions(cluster)["Degraded"]["status"] == "False"
+
+
+@pytest.mark.parametrize(("verdict", "reason"), [(Verdict.HANG, "RankHang"), (Verdict.DEAD, "RankDead"),
+                                                 (Verdict.UNREACHABLE, "AgentUnreachable")])
+def test_every_sick_verdict_names_its_own_degraded_reason(verdict: Verdict, reason: str) -> None:
+    cluster = converged()
+
+    step(cluster, {"tiny-decode-0": GroupHealth(verdict, None, "why", 0, True)})
+
+    degraded = conditions(cluster)["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", reason)
+    assert cluster.pool["status"]["phase"] == "Degraded"
+
+
+def test_a_group_no_agent_answered_yet_still_counts_as_ready_and_is_written_once() -> None:
+    cluster = converged()
+    unknown = GroupHealth(Verdict.UNKNOWN, None, "no rank agent has answered yet (1 pod(s) asked)", 0)
+
+    first = step(cluster, {"tiny-decode-0": unknown})
+    again = step(cluster, {"tiny-decode-0": unknown})
+
+    assert first.status is not None and again.empty
+    assert conditions(cluster)["Ready"]["status"] == "True"
+
+
+def test_before_the_first_poll_the_last_status_verdict_stands() -> None:
+    cluster = converged()
+    step(cluster, {"tiny-decode-0": DESYNC})
+    before = copy.deepcopy(cluster.pool["status"])
+
+    assert step(cluster, {}).empty
+    assert cluster.pool["status"] == before
+
+
+def test_a_group_whose_pods_are_starting_is_unknown_whatever_was_polled() -> None:
+    cluster = converged()
+    for (kind, _), obj in cluster.owned.items():
+        if kind == "Pod" and obj["metadata"]["labels"][labels.GROUP] == "tiny-decode-0":
+            obj["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+
+    step(cluster, {"tiny-decode-0": DESYNC})
+
+    group = next(g for g in cluster.pool["status"]["groups"] if g["name"] == "tiny-decode-0")
+    assert (group["verdict"], group["message"]) == ("Unknown", "Starting: 0/1 pod(s) ready")
