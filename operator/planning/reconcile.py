@@ -51,9 +51,9 @@ class _Builder:
 
     def delete_objects(self, objects: list[Body]) -> None:
         for obj in objects:
-            if not obj["metadata"].get("deletionTimestamp"):
-                self.delete.append(ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"],
-                                             obj["metadata"].get("uid")))
+            ref = ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("uid"))
+            if not obj["metadata"].get("deletionTimestamp") and ref not in self.delete:
+                self.delete.append(ref)
 
 
 def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
@@ -118,10 +118,36 @@ def _max_unavailable(spec: InferencePoolSpec, role: Role) -> int:
     return mu.prefill if role is Role.PREFILL else mu.decode
 
 
+def _other_layout(pods: list[Body], layout: str) -> list[Body]:
+    """Engine pods whose KV layout differs from `layout` (pods from before layouts were labelled count as
+    matching: nothing says otherwise)."""
+    return [p for p in pods if (p["metadata"].get("labels") or {}).get(labels.KV_LAYOUT, layout) != layout]
+
+
+def _plan_layout_change(want: Desired, observed: Observed, out: _Builder) -> bool:
+    """A new KV layout replaces every group at once. Prefill writes the KV pages decode reads: an old-layout
+    and a new-layout engine behind one router would exchange caches neither can read. So all old-layout pods
+    go first (both roles), and no new one starts while any old one is still there. True while that holds."""
+    old = _other_layout(observed.of_kind("Pod"), want.kv_layout)
+    if not old:
+        return False
+    live = [p for p in old if not p["metadata"].get("deletionTimestamp")]
+    if live:
+        groups = sorted({(p["metadata"].get("labels") or {}).get(labels.GROUP, "?") for p in live})
+        out.delete_objects(live)
+        out.events.append(Event("Normal", "LayoutChanged",
+                                f"the KV layout changes to {want.kv_layout}: replacing every engine group at once "
+                                f"({', '.join(groups)}); old and new layouts must never serve one router",
+                                about=_keys(live)))
+    return True
+
+
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, expect: Expectations,
                  out: _Builder) -> dict[str, GroupState]:
     pods = pods_by_group(observed.of_kind("Pod"))
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
+    if _plan_layout_change(want, observed, out):
+        return states
     for role in _role_order(spec):
         groups = [g for g in want.groups if g.id.role is role]
         budget = _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)

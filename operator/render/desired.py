@@ -7,7 +7,7 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.render import engine_group, revision, router
+from pdfleet.operator.render import engine_group, layout, revision, router
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import GroupId
 from pdfleet.operator.render.stamp import stamped
@@ -29,6 +29,7 @@ class Desired:
     groups: tuple[DesiredGroup, ...]
     router: tuple[Body, ...]
     revisions: dict[Role, str]
+    kv_layout: str
 
     def objects(self) -> list[Body]:
         out: list[Body] = list(self.router)
@@ -48,4 +49,4 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
                                        service=stamped(service), pods=tuple(stamped(p) for p in pods)))
     return Desired(groups=tuple(groups), router=tuple(stamped(o) for o in router.router_objects(ctx, spec)),
-                   revisions=revisions)
+                   revisions=revisions, kv_layout=layout.kv_layout(spec))

@@ -15,7 +15,7 @@ from pdfleet.operator.api.model import ModelSource
 from pdfleet.operator.api.roles import PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
-from pdfleet.operator.render import engine_args, labels
+from pdfleet.operator.render import engine_args, labels, layout
 from pdfleet.operator.render.context import RenderContext
 
 Body = dict[str, Any]
@@ -117,6 +117,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
         ports.append({"name": "dist", "containerPort": DIST_PORT})
     patches = [str(p) for p in spec.engine.patches]
     pod_labels = {**group_labels(ctx, group, revision), labels.RANK: str(node_rank),
+                  labels.KV_LAYOUT: layout.kv_layout(spec),
                   **labels.provenance(patches, spec.engine.image)}
     annotations = {labels.PATCHES: ",".join(patches), labels.IMAGE: spec.engine.image}
     if isinstance(role_spec, PrefillSpec):

@@ -11,6 +11,7 @@ ROLE = f"{PREFIX}/role"
 GROUP = f"{PREFIX}/group"
 RANK = f"{PREFIX}/node-rank"
 REVISION = f"{PREFIX}/revision"
+KV_LAYOUT = f"{PREFIX}/kv-layout"  # engines with different values must never serve one router together
 COMPONENT = "app.kubernetes.io/component"
 MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGER = "pdfleet"

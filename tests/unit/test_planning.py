@@ -210,3 +210,28 @@ def test_planning_never_mutates_what_it_observed() -> None:
     before = copy.deepcopy((observed.pool, dict(observed.owned)))
     reconcile.plan(cluster.pool, observed, now=NOW)
     assert (observed.pool, dict(observed.owned)) == before
+
+
+def test_a_new_kv_layout_replaces_every_group_at_once_and_never_mixes_layouts() -> None:
+    cluster = FakeCluster(pool_body(prefill=2, decode=2))
+    cluster.converge()
+    old = {name for kind, name in cluster.owned if kind == "Pod"}
+    cluster.pool["spec"]["engine"]["patches"] = ["bf16-index-keys"]  # changes how index keys are stored
+    first = cluster.step()
+    assert {ref.name for ref in first.delete} == old, "every group of both roles goes at once"
+    assert [o for o in first.apply if o["kind"] == "Pod"] == [], "no new-layout pod while old ones exist"
+    assert [e.reason for e in first.events] == ["LayoutChanged"]
+    plans = cluster.converge(limit=10)
+    layouts = {cluster.owned[("Pod", n)]["metadata"]["labels"]["pdfleet.dev/kv-layout"] for n in cluster.pods()}
+    assert len(layouts) == 1
+    assert len(cluster.pods()) == 4
+    assert "GroupCreated" in reasons(plans)
+
+
+def test_a_change_that_keeps_the_layout_still_rolls_group_by_group() -> None:
+    cluster = FakeCluster(pool_body(prefill=2, decode=2))
+    cluster.converge()
+    cluster.pool["spec"]["engine"]["patches"] = ["kv-poll-lockstep"]
+    plan = cluster.step()
+    assert "LayoutChanged" not in [e.reason for e in plan.events]
+    assert len({ref.name for ref in plan.delete}) == 2, "one group per role, within maxUnavailable"
