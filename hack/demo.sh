@@ -37,15 +37,18 @@ users: [{name: pdfleet, user: {token: "$TOKEN"}}]
 contexts: [{name: local, context: {cluster: local, user: pdfleet}}]
 current-context: local
 KC
-if [ -f "$STATE/operator.pid" ] && kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null; then
-  kill "$(cat "$STATE/operator.pid")"; wait "$(cat "$STATE/operator.pid")" 2>/dev/null || true
+# A demo operator from an earlier run goes first (checked by its command line: a stale pid may be reused).
+old=$(cat "$STATE/operator.pid" 2>/dev/null || true)
+if [ -n "$old" ] && grep -qa "pdfleet.operator" "/proc/$old/cmdline" 2>/dev/null; then
+  kill "$old"
+  while kill -0 "$old" 2>/dev/null; do sleep 0.2; done
 fi
 # Watching only the demo namespace keeps it out of the way of test runs on the same cluster.
 $PY -m pdfleet.operator --kubeconfig "$STATE/operator.kubeconfig" --namespace "$NS" --bind-address 127.0.0.1 \
   --metrics-port 19090 --health-port 18080 --log-format text >"$STATE/operator.log" 2>&1 &
 echo $! >"$STATE/operator.pid"
 for _ in $(seq 1 100); do
-  curl -sf http://127.0.0.1:18080/readyz >/dev/null 2>&1 && break
+  $PY -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18080/readyz', timeout=1)" 2>/dev/null && break
   kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null || { cat "$STATE/operator.log"; echo "the operator exited"; exit 1; }
   sleep 0.3
 done
