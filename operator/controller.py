@@ -13,11 +13,13 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pdfleet.operator import metrics
-from pdfleet.operator.cache import Cache, ObjectKey, PoolKey
+from pdfleet.operator.cache import Cache, ObjectKey, Observed, PoolKey
+from pdfleet.operator.engines import evidence
+from pdfleet.operator.engines.agents import AgentClient
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning import reconcile, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -42,11 +44,12 @@ def _no_health(_: PoolKey) -> Mapping[str, GroupHealth]:
 
 class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
-                 health: HealthView = _no_health) -> None:
+                 health: HealthView = _no_health, agents: AgentClient | None = None) -> None:
         self._client = client
         self._cache = cache
         self._runtime_image = runtime_image
         self._health = health
+        self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
         # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
@@ -145,10 +148,17 @@ class Controller:
         # Objects of one tier do not depend on each other and go out together; a tier waits for the one before
         # (a RoleBinding needs its Role: the operator may bind only what exists and what it holds itself).
         # Events are posted for what succeeded even when something failed, then the first failure is raised.
+        # Evidence first: nothing of a sick group is restarted in the plan that asks for its evidence.
+        for request in plan.capture:
+            await self._capture(pool, observed, request, apply)
+
         error: BaseException | None = None
         for tier in _tiers(plan.apply):
             error = error or await _all(*(apply(obj) for obj in tier))
         error = error or await _all(*(delete(ref) for ref in plan.delete))
+        for group, cause in plan.restarted:
+            if not any(kind == "Pod" and name.startswith(f"{group}-") for kind, name in failed):
+                metrics.GROUP_RESTARTS.labels(reason=cause).inc()
         if error is not None:
             await _all(*(self._post_event(pool, e) for e in plan.events if not failed & set(e.about)))
             raise error
@@ -161,6 +171,27 @@ class Controller:
                      len(plan.delete), "written" if plan.status is not None else "unchanged",
                      extra={"pool": key[1], "namespace": key[0]})
         return "rejected" if reconcile.rejected(plan) else "success"
+
+    async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
+                       apply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
+        """Asks the group's agents for evidence and stores it in the ConfigMap the plan named; the next plan
+        sees it (or, until the watch shows it, the expectation) and may restart the group."""
+        pods = [p for p in observed.of_kind("Pod") if p["metadata"]["name"] in request.pods]
+        if self._agents is not None:
+            data = await evidence.capture(self._agents, request, pods)
+        else:
+            data = evidence.data_of(request, [(p["metadata"]["name"], None, None) for p in pods])
+        obj = stamp.stamped(evidence.configmap(request, data))
+        try:
+            await apply(obj)
+        except KubeError:
+            metrics.EVIDENCE_CAPTURES.labels(result="error").inc()
+            raise
+        metrics.EVIDENCE_CAPTURES.labels(result="captured").inc()
+        name = request.metadata["name"]
+        await self._post_event(pool, Event("Normal", "EvidenceCaptured",
+                                           f"captured evidence of group {request.group} ({request.verdict}) from "
+                                           f"{len(pods)} pod(s) before restarting it: ConfigMap {name}"))
 
     async def _write_status(self, pool: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         meta = pool["metadata"]

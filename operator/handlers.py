@@ -64,11 +64,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.networking.request_timeout = 60
     cfg = await kube_client.load_configuration(state.options.kubeconfig)
     state.client = kube_client.KubeClient(cfg)
-    state.health = monitor.HealthMonitor(cache=state.cache, agents=agents.AgentClient(),
+    agent_client = agents.AgentClient()  # one door to the engines: health polls and evidence alike
+    state.health = monitor.HealthMonitor(cache=state.cache, agents=agent_client,
                                          poke=lambda key: _poke_known(state, key))
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
                                                  runtime_image=state.options.runtime_image,
-                                                 health=state.health.health)
+                                                 health=state.health.health, agents=agent_client)
     for _i in range(state.options.workers):
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
@@ -112,6 +113,7 @@ OWNED_KINDS = (
     ("", "v1", "pods", "Pod"),
     ("", "v1", "services", "Service"),
     ("", "v1", "serviceaccounts", "ServiceAccount"),
+    ("", "v1", "configmaps", "ConfigMap"),  # evidence of sick groups (`planning.restarts`)
     ("apps", "v1", "deployments", "Deployment"),
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),

@@ -27,3 +27,12 @@ WRITES_SKIPPED = Counter(
     "pdfleet_apply_skipped_total", "Desired objects not written because the cluster already matched them.",
     ["kind"], registry=REGISTRY,
 )
+GROUP_RESTARTS = Counter(
+    "pdfleet_group_restarts_total",
+    "Engine groups restarted as a unit, by reason (PodEnded, or the rank-health verdict: Desync, Hang, Dead).",
+    ["reason"], registry=REGISTRY,
+)
+EVIDENCE_CAPTURES = Counter(
+    "pdfleet_evidence_captures_total", "Evidence bundles captured from sick groups before a restart, by result.",
+    ["result"], registry=REGISTRY,
+)

@@ -8,7 +8,7 @@ from typing import Annotated
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel
-from pdfleet.operator.api.conditions import Condition
+from pdfleet.operator.api.conditions import Condition, Timestamp
 from pdfleet.operator.api.roles import Role
 
 Count = Annotated[int, Field(ge=0)]
@@ -62,7 +62,21 @@ class GroupStatus(ApiModel):
     event_loop: Annotated[str, Field(max_length=128)] | None = Field(
         default=None, description="Scheduler event loop every rank runs, e.g. event_loop_normal_disagg_decode.",
     )
-    restarts: Count = Field(default=0, description="Restarts of this group within the current budget window.")
+    restarts: Count = Field(default=0, description="Restarts of this group as a unit, all told.")
+    last_restart_time: Timestamp | None = Field(
+        default=None, description="When the operator last restarted this group as a unit.",
+        json_schema_extra={"format": "date-time"},
+    )
+    recent_restarts: tuple[Timestamp, ...] = Field(
+        default=(), max_length=100,
+        description="When the group was restarted within the last restartBudget.window (oldest first); "
+                    "the budget counts these.",
+        json_schema_extra={"items": {"type": "string", "format": "date-time"}},
+    )
+    budget_exhausted: bool = Field(
+        default=False, description="The group is sick and its restart budget is spent: the operator no longer "
+                                   "restarts it and leaves it, with its evidence, for a person.",
+    )
     message: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Why the verdict is what it is, for a person."
     )

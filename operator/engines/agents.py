@@ -73,10 +73,22 @@ class AgentClient:
 
     async def fetch(self, pod: Body, *, timeout: float | None = None) -> report.PodReport | None:
         """One pod's report, or None when its agent cannot be reached or does not answer with a report."""
+        data = await self.fetch_json(pod, timeout=timeout)
+        if data is None:
+            return None
+        try:
+            return report.from_json(data)
+        except (ValueError, TypeError, KeyError) as e:
+            log.debug("agent of %s sent no report: %r", pod["metadata"].get("name"), e)
+            return None
+
+    async def fetch_json(self, pod: Body, *, path: str = "", timeout: float | None = None) -> Any | None:
+        """The JSON a pod's agent serves at `/ranks<path>` (`/stacks?timeout=1`, say), or None when it does not
+        answer in time, or not with JSON."""
         address = self._addressing(pod)
         if address is None:
             return None
-        url = _url(*address)
+        url = _url(*address) + path
         limit = aiohttp.ClientTimeout(total=timeout or self._timeout)
         try:
             async with self._limit, self._session.get(url, timeout=limit, allow_redirects=False) as response:
@@ -85,8 +97,7 @@ class AgentClient:
                     return None
                 if (response.content_length or 0) > MAX_BODY:
                     return None
-                data = await response.json(content_type=None)
-            return report.from_json(data)
+                return await response.json(content_type=None)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
             log.debug("agent %s did not answer: %r", url, e)
             return None

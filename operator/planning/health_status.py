@@ -31,12 +31,15 @@ def degraded(groups: Sequence[GroupStatus], failed: Sequence[str]) -> Degraded:
     """Degraded=True names every failed or sick group; the reason is the worst kind present (a failed pod,
     then dead ranks, desync, hang, an unreachable agent)."""
     sick = [g for g in groups if g.verdict in SICK]
+    exhausted = [g for g in sick if g.budget_exhausted]
     if not failed and not sick:
         return Degraded(False, "AsExpected", "no group has failed and every rank agent that answered is healthy")
     parts = [f"restarting {', '.join(failed)}"] if failed else []
     parts += [f"{g.name} {g.verdict}: {g.message}" for g in sick]
     if failed:
         reason = "GroupFailed"
+    elif exhausted:
+        reason = "RestartBudgetExhausted"
     else:
         worst = next(v for v in _PRIORITY if any(g.verdict is v for g in sick))
         reason = SICK[worst]
@@ -59,3 +62,10 @@ def transition_events(previous: InferencePoolStatus, groups: Sequence[GroupStatu
             events.append(Event("Normal", "GroupRecovered",
                                 f"{group.role} group {group.name} recovered from {was}: {group.message}"))
     return events
+
+
+def exhausted_events(previous: InferencePoolStatus, groups: Sequence[GroupStatus]) -> list[Event]:
+    """One Warning when a group's restart budget runs out (the status remembers, so it is posted once)."""
+    before = {g.name: g.budget_exhausted for g in previous.groups}
+    return [Event("Warning", "GroupRestartBudgetExhausted", f"{g.role} group {g.name} is in {g.verdict}: {g.message}")
+            for g in groups if g.budget_exhausted and not before.get(g.name, False)]

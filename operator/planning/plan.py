@@ -33,7 +33,10 @@ class Plan:
     delete: tuple[ObjectRef, ...] = ()  # owned objects no longer desired
     status: Body | None = None  # the new status, or None when it would not change
     events: tuple[Event, ...] = ()
+    # Evidence to capture before a restart (`restarts.EvidenceRequest`), and the groups restarted, with why.
+    capture: tuple[Any, ...] = ()
+    restarted: tuple[tuple[str, str], ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.apply or self.delete or self.status is not None or self.events)
+        return not (self.apply or self.delete or self.status is not None or self.events or self.capture)

@@ -11,7 +11,8 @@ Rank health is an input like the observed objects: `health` maps a group name to
 judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when
 its pods are Ready and its verdict is Healthy or Unknown (Unknown: no agent of its pods has answered yet, or
 its ranks are not in their event loop; pod readiness is then the best signal there is). Desync, Hang, Dead
-and Unreachable groups are not ready and make the pool Degraded.
+and Unreachable groups are not ready and make the pool Degraded. A group in Desync, Hang or Dead is restarted as
+a unit once its evidence is captured, with backoff and within a budget (`restarts`).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status
+from pdfleet.operator.planning import health_status, restarts
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import Expectations, GroupState, classify, pod_ready, pods_by_group
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
@@ -48,6 +49,8 @@ class _Builder:
     apply: list[Body] = dataclasses.field(default_factory=list)
     delete: list[ObjectRef] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
+    capture: list[restarts.EvidenceRequest] = dataclasses.field(default_factory=list)
+    restarted: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (group, cause)
 
     def delete_objects(self, objects: list[Body]) -> None:
         for obj in objects:
@@ -86,10 +89,10 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     _plan_shared_objects(want, observed, expect, out)
     states = _plan_groups(spec, want, observed, expect, out)
     _plan_removals(want, observed, expect, out)
-    new_status = _status(spec, want, states, observed, previous, generation, now, out, health)
+    new_status = _status(spec, want, states, observed, previous, generation, now, out, health, ctx, expect)
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
-                events=tuple(out.events))
+                events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted))
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
@@ -158,6 +161,7 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
                 ended = next(p["metadata"]["name"] for p in current
                              if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
                 out.delete_objects(current)
+                out.restarted.append((group.name, "PodEnded"))
                 out.events.append(Event("Warning", "GroupRestarted",
                                         f"restarting {role} group {group.name} as a unit: pod {ended} ended",
                                         about=_keys(current)))
@@ -191,8 +195,8 @@ def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
     wanted = {(o["kind"], o["metadata"]["name"]) for o in want.objects()}
     stale_groups: dict[str, list[Body]] = {}
     for key, obj in sorted(observed.owned.items()):
-        if key in wanted or key in expect.deleting:
-            continue
+        if key in wanted or key in expect.deleting or restarts.is_evidence(obj):
+            continue  # evidence is kept (pruned by `restarts.stale_evidence` only)
         group = (obj["metadata"].get("labels") or {}).get(labels.GROUP)
         if group:
             stale_groups.setdefault(group, []).append(obj)
@@ -214,7 +218,6 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
     before = next((g for g in previous.groups if g.name == group.name), None)
     revisions = {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in pods} - {None}
     ready_pods = sum(pod_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp"))
-    restarts = (before.restarts if before else 0) + (1 if state is GroupState.FAILED else 0)
     pods_message = f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready"
     if state not in _JUDGED:  # starting, restarting or going: whatever was judged of its ranks is over
         verdict, event_loop, ranks, message = Verdict.UNKNOWN, None, 0, pods_message
@@ -234,9 +237,35 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
         ranks=ranks,
         verdict=verdict,
         event_loop=event_loop,
-        restarts=restarts,
+        restarts=before.restarts if before else 0,
+        last_restart_time=before.last_restart_time if before else None,
+        recent_restarts=before.recent_restarts if before else (),
+        budget_exhausted=before.budget_exhausted if before else False,
         message=message,
     )
+
+
+def _act_on_health(spec: InferencePoolSpec, group: DesiredGroup, state: GroupState, pods: list[Body],
+                   observed: Observed, expect: Expectations, now: datetime.datetime, out: _Builder,
+                   ctx: RenderContext, status: GroupStatus) -> GroupStatus:
+    """Evidence, then a restart as a unit, for a group in Desync, Hang or Dead (`restarts.decide`); the status
+    of the group after it. A group restarted for an ended pod is recorded here too."""
+    if state is GroupState.FAILED:
+        return restarts.restarted(spec.health, status, now)
+    decision = restarts.decide(spec.health, ctx, status, judged=state in _JUDGED, pods=pods,
+                               configmaps=observed.of_kind("ConfigMap"), pending=expect.applied, now=now)
+    if decision.request is not None:
+        out.capture.append(decision.request)
+    if decision.action is restarts.Action.RESTART:
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        where = f"evidence in ConfigMap {decision.evidence}" if decision.evidence else "evidence capture disabled"
+        message = (f"restarting {group.id.role} group {group.name} as a unit: {status.verdict} "
+                   f"({status.message}); {where}")
+        out.delete_objects(live)
+        out.restarted.append((group.name, str(status.verdict)))
+        out.events.append(Event("Warning", "GroupRestarted", message, about=_keys(live)))
+        return restarts.restarted(spec.health, decision.status, now)
+    return decision.status
 
 
 def _serving(state: GroupState, group: GroupStatus) -> bool:
@@ -245,10 +274,16 @@ def _serving(state: GroupState, group: GroupStatus) -> bool:
 
 def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
-            out: _Builder, health: Mapping[str, GroupHealth]) -> InferencePoolStatus:
+            out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
+            expect: Expectations) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
-    groups = tuple(_group_status(g, states[g.name], pods.get(g.name, []), previous, health.get(g.name))
+    groups = tuple(_act_on_health(spec, g, states[g.name], pods.get(g.name, []), observed, expect, now, out, ctx,
+                                  _group_status(g, states[g.name], pods.get(g.name, []), previous,
+                                                health.get(g.name)))
                    for g in want.groups)
+    configmaps = observed.of_kind("ConfigMap")
+    out.delete_objects([cm for cm in restarts.stale_evidence(spec.health, configmaps, [g.name for g in groups])
+                        if ("ConfigMap", cm["metadata"]["name"]) not in expect.deleting])
     by_name = {g.name: g for g in groups}
     counts = {}
     for role in Role:
@@ -281,6 +316,7 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
         if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
     was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
     out.events.extend(health_status.transition_events(previous, groups))
+    out.events.extend(health_status.exhausted_events(previous, groups))
     if all_ready and not was_ready:
         out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
     for role in Role:

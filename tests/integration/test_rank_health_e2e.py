@@ -82,15 +82,33 @@ def ready_with_ip(pod: dict) -> bool:
     return ready and bool(status.get("podIP"))
 
 
+HEALTH = {"heartbeatPeriod": "1s", "desyncAfter": "2s", "hangAfter": "4s"}
+
+
 @pytest.fixture
 def fleet(cluster: Cluster, operator: OperatorProcess, namespace: str,
           tmp_path: Path) -> Iterator[dict[str, FakeRanks]]:
     """A pool with prefill at tp 1 and decode at tp 2, and a real agent on every engine pod's IP serving
-    ranks that make progress; by group name."""
+    ranks that make progress; by group name. It detects and reports only (restartBudget.count 0)."""
+    with running_fleet(cluster, namespace, tmp_path, {**HEALTH, "restartBudget": {"count": 0}}) as groups:
+        yield groups
+
+
+@pytest.fixture
+def restarting_fleet(cluster: Cluster, operator: OperatorProcess, namespace: str,
+                     tmp_path: Path) -> Iterator[dict[str, FakeRanks]]:
+    """The same pool, acting on sick groups: evidence, then a restart; the backoff keeps it to one restart."""
+    health = {**HEALTH, "restartBudget": {"count": 3, "window": "1h"}, "backoff": {"initial": "5m", "max": "10m"}}
+    with running_fleet(cluster, namespace, tmp_path, health) as groups:
+        yield groups
+
+
+@contextlib.contextmanager
+def running_fleet(cluster: Cluster, namespace: str, tmp_path: Path, health: dict) -> Iterator[dict[str, FakeRanks]]:
     body = example("minimal")
     body["metadata"] = {"name": "tiny", "namespace": namespace}
     body["spec"]["decode"].update({"tp": 2, "gpusPerNode": 2})
-    body["spec"]["health"] = {"heartbeatPeriod": "1s", "desyncAfter": "2s", "hangAfter": "4s"}
+    body["spec"]["health"] = health
     cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
     pods = wait_for("both engine pods Ready with an IP", lambda: (lambda ps: ps if len(ps) == 2 and all(
         ready_with_ip(p) for p in ps) else None)(engine_pods(cluster, namespace)), timeout=120)
@@ -167,3 +185,49 @@ def test_a_desync_is_reported_within_seconds_and_its_recovery_too(
     assert recovered[0]["type"] == "Normal"
     wait_for("Degraded=False", lambda: conditions(cluster, namespace)["Degraded"]["status"] == "False", timeout=30)
     assert len(events(cluster, namespace, "GroupDesync")) == 1
+
+
+def test_a_desync_is_captured_as_evidence_then_the_group_is_restarted_as_a_unit(
+        cluster: Cluster, operator: OperatorProcess, namespace: str, restarting_fleet: dict[str, FakeRanks]) -> None:
+    decode = "tiny-decode-0"
+    wait_for("the decode group Healthy", lambda: group_status(cluster, namespace, decode).get("verdict") == "Healthy",
+             timeout=60)
+    before = {p["metadata"]["uid"] for p in engine_pods(cluster, namespace)
+              if p["metadata"]["labels"]["pdfleet.dev/group"] == decode}
+    assert len(before) == 1
+
+    diverged_at = time.monotonic()
+    restarting_fleet[decode].hold(P.RECV_BROADCAST, P.KV_POLL_ALL_REDUCE)
+    name = f"{decode}-evidence-1"
+    cm = wait_for("the evidence ConfigMap", lambda: next(iter(cluster.get(
+        "configmaps", "-n", namespace, "-l", f"pdfleet.dev/group={decode},pdfleet.dev/evidence=true")["items"]),
+        None), timeout=30, interval=0.2)
+    print(f"time to evidence: {time.monotonic() - diverged_at:.2f}s")
+    assert cm["metadata"]["name"] == name
+    assert cm["metadata"]["ownerReferences"][0]["kind"] == "InferencePool"
+    assert cm["metadata"]["annotations"]["pdfleet.dev/evidence-verdict"] == "Desync"
+    data = cm["data"]
+    assert "verdict: Desync" in data["summary.txt"] and "agents that did not answer: none" in data["summary.txt"]
+    [records] = [json.loads(v) for k, v in data.items() if k.endswith(".ranks.json")]
+    assert sorted(r["rank"] for r in records["ranks"]) == [0, 1]
+    assert "recv_broadcast" in json.dumps(records) and "kv_poll_all_reduce" in json.dumps(records)
+    assert any(k.endswith(".stacks.json") for k in data)
+    assert events(cluster, namespace, "EvidenceCaptured")[0]["message"].endswith(f"ConfigMap {name}")
+
+    def replaced() -> bool:
+        pods = [p for p in engine_pods(cluster, namespace) if p["metadata"]["labels"]["pdfleet.dev/group"] == decode]
+        return len(pods) == 1 and pods[0]["metadata"]["uid"] not in before and ready_with_ip(pods[0])
+    wait_for("the decode group's pods replaced", replaced, timeout=90, interval=0.2)
+    print(f"time to a replaced group: {time.monotonic() - diverged_at:.2f}s")
+    restarting_fleet[decode].progress()  # a new pod may reuse the old IP, and so this agent
+    wait_for("status restarts == 1", lambda: group_status(cluster, namespace, decode).get("restarts") == 1,
+             timeout=30)
+    restarted = wait_for("a GroupRestarted event", lambda: events(cluster, namespace, "GroupRestarted"), timeout=30)
+    assert restarted[0]["type"] == "Warning"
+    message = restarted[0]["message"]
+    assert message.startswith(f"restarting decode group {decode} as a unit: Desync (")
+    assert "recv_broadcast" in message and message.endswith(f"evidence in ConfigMap {name}")
+    wait_for("the restart counter", lambda: operator.metric("pdfleet_group_restarts_total", reason="Desync") >= 1,
+             timeout=30)
+    assert len(events(cluster, namespace, "GroupRestarted")) == 1
+    assert group_status(cluster, namespace, decode)["restarts"] == 1

@@ -114,7 +114,10 @@ def test_a_held_desync_keeps_its_first_evidence_so_status_is_not_rewritten_every
 # The planner with verdicts as input: the minimal pool, decode at tp 2.
 
 def converged() -> FakeCluster:
+    """A converged pool that detects and reports only (restartBudget.count 0): acting on a sick group, evidence
+    and restarts, is `test_restarts.py`'s subject."""
     cluster = FakeCluster(pool_body(decode__tp=2, decode__gpusPerNode=2))
+    cluster.pool["spec"]["health"] = {"restartBudget": {"count": 0}}
     cluster.converge()
     return cluster
 

@@ -1,0 +1,231 @@
+"""Acting on a sick group (`planning.restarts` through `reconcile.plan`): evidence first, then a restart as a unit,
+with backoff, within a budget; past it, the group is left for a person. Pure: no cluster, time passed in."""
+
+from __future__ import annotations
+
+import copy
+import datetime
+from typing import Any
+
+import pytest
+
+from pdfleet.operator.api.status import Verdict
+from pdfleet.operator.cache import Observed
+from pdfleet.operator.planning import reconcile, restarts
+from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.rank_health import GroupHealth
+from tests.support.pools import pool_body
+from tests.unit.test_planning import NOW, FakeCluster
+
+Body = dict[str, Any]
+GROUP = "tiny-decode-0"
+DESYNC = GroupHealth(Verdict.DESYNC, "event_loop_normal_disagg_decode",
+                     "ranks diverged for 3.0s: rank 0 in recv_broadcast at collective 11 (iteration 5); "
+                     "rank 1 in kv_poll_all_reduce at collective 10 (iteration 5)", 2, True)
+HEALTHY = GroupHealth(Verdict.HEALTHY, "event_loop_normal_disagg_decode", "all 2 rank(s) make progress", 2, True)
+
+
+def at(seconds: float) -> datetime.datetime:
+    return NOW + datetime.timedelta(seconds=seconds)
+
+
+def cluster_with(**health: Any) -> FakeCluster:
+    cluster = FakeCluster(pool_body(decode__tp=2, decode__gpusPerNode=2))
+    cluster.pool["spec"]["health"] = health
+    cluster.converge()
+    return cluster
+
+
+def step(cluster: FakeCluster, verdict: GroupHealth, now: datetime.datetime, *, capture: bool = True,
+         expect: Expectations | None = None) -> Plan:
+    """One reconcile; evidence requests are fulfilled the way the executor would (a ConfigMap appears)."""
+    plan = reconcile.plan(cluster.pool, cluster.observed(), now=now, health={GROUP: verdict}, expect=expect)
+    cluster.apply(plan)
+    if capture:
+        for request in plan.capture:
+            cm = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": copy.deepcopy(request.metadata),
+                  "data": {"summary.txt": request.message}}
+            cluster.owned[("ConfigMap", request.metadata["name"])] = cm
+    return plan
+
+
+def group(cluster: FakeCluster) -> Body:
+    return next(g for g in cluster.pool["status"]["groups"] if g["name"] == GROUP)
+
+
+def pods_deleted(plan: Plan) -> list[str]:
+    return [r.name for r in plan.delete if r.kind == "Pod"]
+
+
+def evidence(cluster: FakeCluster) -> list[str]:
+    return sorted(name for kind, name in cluster.owned if kind == "ConfigMap")
+
+
+def test_a_sick_group_is_not_restarted_before_its_evidence_is_captured() -> None:
+    cluster = cluster_with()
+
+    plan = step(cluster, DESYNC, at(0), capture=False)
+
+    assert pods_deleted(plan) == []
+    [request] = plan.capture
+    assert (request.group, request.verdict, request.pods) == (GROUP, Verdict.DESYNC, ("tiny-decode-0-0",))
+    assert request.metadata["name"] == f"{GROUP}-evidence-1"
+    assert request.metadata["ownerReferences"][0]["kind"] == "InferencePool"
+    assert request.metadata["labels"]["pdfleet.dev/group"] == GROUP
+    assert request.metadata["annotations"][restarts.EVIDENCE_VERDICT] == "Desync"
+    # Written but not seen yet: neither captured again nor restarted.
+    pending = Expectations(applied={("ConfigMap", f"{GROUP}-evidence-1"): "x"})
+    again = step(cluster, DESYNC, at(1), capture=False, expect=pending)
+    assert again.capture == () and pods_deleted(again) == []
+
+
+def test_with_evidence_captured_the_group_is_restarted_as_a_unit_and_says_why() -> None:
+    cluster = cluster_with()
+    step(cluster, DESYNC, at(0))
+
+    plan = step(cluster, DESYNC, at(1))
+
+    assert pods_deleted(plan) == ["tiny-decode-0-0"]
+    assert plan.restarted == ((GROUP, "Desync"),)
+    [event] = [e for e in plan.events if e.reason == "GroupRestarted"]
+    assert event.type == "Warning"
+    assert event.message.startswith(f"restarting decode group {GROUP} as a unit: Desync (ranks diverged")
+    assert event.message.endswith(f"evidence in ConfigMap {GROUP}-evidence-1")
+    status = group(cluster)
+    assert (status["restarts"], status["lastRestartTime"], status["recentRestarts"]) == \
+        (1, "2026-11-30T12:00:01Z", ["2026-11-30T12:00:01Z"])
+    # The evidence is not the pool's garbage: the normal reconcile recreates the pods and keeps the ConfigMap.
+    cluster.converge()
+    assert evidence(cluster) == [f"{GROUP}-evidence-1"]
+    assert "Pod" in {k for k, _ in cluster.owned}
+
+
+def test_with_evidence_disabled_the_group_is_restarted_at_once() -> None:
+    cluster = cluster_with(evidence={"keep": 0})
+
+    plan = step(cluster, DESYNC, at(0))
+
+    assert plan.capture == () and pods_deleted(plan) == ["tiny-decode-0-0"]
+    assert "evidence capture disabled" in next(e.message for e in plan.events if e.reason == "GroupRestarted")
+
+
+def restart_once(cluster: FakeCluster, now: float) -> Plan:
+    """Evidence at `now`, then the restart attempt a second later, then the pods come back."""
+    step(cluster, DESYNC, at(now))
+    plan = step(cluster, DESYNC, at(now + 1))
+    cluster.converge()
+    return plan
+
+
+@pytest.mark.parametrize(("restarts_before", "wait_s"), [(1, 10), (2, 20), (3, 40), (4, 60), (5, 60)])
+def test_the_backoff_doubles_from_initial_up_to_max(restarts_before: int, wait_s: int) -> None:
+    cluster = cluster_with(backoff={"initial": "10s", "max": "1m"}, restartBudget={"count": 10, "window": "1h"})
+    t = 0.0
+    for _ in range(restarts_before):
+        assert pods_deleted(restart_once(cluster, t)), t
+        t += 100
+    last = t - 100 + 1  # the last restart happened a second after its evidence
+
+    # A new episode: its evidence is captured, but the group waits for the backoff ...
+    step(cluster, DESYNC, at(last + 2))
+    assert pods_deleted(step(cluster, DESYNC, at(last + wait_s - 1))) == []
+    # ... and is restarted once it is over.
+    assert pods_deleted(step(cluster, DESYNC, at(last + wait_s))) == ["tiny-decode-0-0"]
+
+
+def test_past_the_budget_the_group_is_left_for_a_person_with_one_warning() -> None:
+    cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 2, "window": "1h"})
+    restart_once(cluster, 0)
+    restart_once(cluster, 10)
+
+    plans = [step(cluster, DESYNC, at(20 + i)) for i in range(3)]
+
+    assert all(pods_deleted(p) == [] for p in plans)
+    assert [len(p.capture) for p in plans] == [1, 0, 0]  # this episode's evidence, for the person
+    warnings = [e for p in plans for e in p.events if e.reason == "GroupRestartBudgetExhausted"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning"
+    status = group(cluster)
+    assert status["verdict"] == "Desync" and status["budgetExhausted"] is True
+    assert status["message"] == (f"restart budget exhausted: 2 restarts in 1h; left for a person; "
+                                 f"evidence in ConfigMap {GROUP}-evidence-3")
+    assert warnings[0].message.endswith(status["message"])
+    degraded = {c["type"]: c for c in cluster.pool["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RestartBudgetExhausted")
+    assert plans[-1].empty  # steady: nothing more is written
+    assert evidence(cluster) == [f"{GROUP}-evidence-{n}" for n in (1, 2, 3)]
+
+
+def test_the_budget_window_slides() -> None:
+    cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 1, "window": "1m"})
+    restart_once(cluster, 0)
+    step(cluster, DESYNC, at(10))
+    assert pods_deleted(step(cluster, DESYNC, at(11))) == []
+    assert group(cluster)["budgetExhausted"] is True
+
+    # An hour later the old restart is out of the window: the group is restarted again.
+    plan = step(cluster, DESYNC, at(3600))
+    assert pods_deleted(plan) == ["tiny-decode-0-0"]
+    assert group(cluster)["budgetExhausted"] is False
+
+
+@pytest.mark.parametrize("verdict", [Verdict.HEALTHY, Verdict.UNKNOWN, Verdict.UNREACHABLE])
+def test_a_group_that_is_not_desync_hang_or_dead_is_never_restarted(verdict: Verdict) -> None:
+    cluster = cluster_with(backoff={"initial": "1s", "max": "1s"})
+    health = GroupHealth(verdict, None, "why", 2, True)
+
+    plans = [step(cluster, health, at(i * 100)) for i in range(5)]
+
+    assert all(pods_deleted(p) == [] and p.capture == () and p.restarted == () for p in plans)
+    assert group(cluster)["restarts"] == 0
+
+
+@pytest.mark.parametrize("verdict", [Verdict.HANG, Verdict.DEAD])
+def test_hang_and_dead_are_acted_on_like_desync(verdict: Verdict) -> None:
+    cluster = cluster_with()
+    sick = GroupHealth(verdict, None, "why", 2, True)
+
+    step(cluster, sick, at(0))
+    plan = step(cluster, sick, at(1))
+
+    assert pods_deleted(plan) == ["tiny-decode-0-0"] and plan.restarted == ((GROUP, str(verdict)),)
+
+
+def test_a_budget_of_zero_detects_and_reports_only() -> None:
+    cluster = cluster_with(restartBudget={"count": 0})
+
+    plans = [step(cluster, DESYNC, at(i)) for i in range(3)]
+
+    assert all(pods_deleted(p) == [] and p.capture == () for p in plans)
+    assert group(cluster)["budgetExhausted"] is False
+    degraded = {c["type"]: c for c in cluster.pool["status"]["conditions"]}["Degraded"]
+    assert degraded["reason"] == "RankDesync"
+
+
+def test_only_evidence_keep_bundles_are_kept_per_group_oldest_dropped_first() -> None:
+    cluster = cluster_with(evidence={"keep": 2}, backoff={"initial": "1s", "max": "1s"},
+                           restartBudget={"count": 10})
+    for i in range(3):
+        restart_once(cluster, i * 10)
+
+    assert evidence(cluster) == [f"{GROUP}-evidence-2", f"{GROUP}-evidence-3"]
+
+
+def test_an_evidence_configmap_of_another_pool_or_no_group_is_ignored() -> None:
+    stray = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "x", "labels": {}}}
+    assert restarts.evidence_of([stray], GROUP) == []
+    assert reconcile.plan(pool_body(), Observed(pool=pool_body(), owned={}), now=NOW).capture == ()
+
+
+def test_evidence_data_stays_under_the_configmap_limit_and_notes_silent_agents() -> None:
+    from pdfleet.operator.engines import evidence as evidence_mod
+
+    request = restarts.EvidenceRequest(GROUP, Verdict.DESYNC, "why", ("p0", "p1"), {"name": "x"},
+                                       records=True, stacks=True)
+    huge = {"ranks": [{"rank": 0, "stacks": "frame\n" * 400_000}]}
+    data = evidence_mod.data_of(request, [("p0", {"ranks": []}, huge), ("p1", None, None)])
+
+    assert sum(len(k) + len(v.encode()) for k, v in data.items()) < evidence_mod.MAX_DATA
+    assert data["p0.stacks.json"].endswith(evidence_mod.TRUNCATED)
+    assert "agents that did not answer: p1" in data["summary.txt"]
+    assert data["p1.ranks.json"] == evidence_mod.UNREACHABLE
