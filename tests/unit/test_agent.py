@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdfleet.runtime.health import agent, report, verdict
+from pdfleet.runtime.health import report, verdict
 
 _RANK = """
 import sys
@@ -28,20 +28,6 @@ sys.stdin.read()  # stay alive until the test lets go
 """
 
 POLICY = verdict.HealthPolicy.from_seconds(desync_after=30, hang_after=300)
-
-
-@pytest.fixture
-def ledger_path(tmp_path: Path) -> Path:
-    return tmp_path / "ledger"
-
-
-@pytest.fixture
-def served(ledger_path: Path) -> Iterator[httpx.Client]:
-    with (
-        agent.Agent(ledger_path, host="127.0.0.1", port=0) as a,
-        httpx.Client(base_url=f"http://127.0.0.1:{a.port}", timeout=10) as client,
-    ):
-        yield client
 
 
 @pytest.fixture

@@ -15,7 +15,6 @@ from typing import Any
 import httpx
 import pytest
 
-from pdfleet.runtime.health import agent
 from tests.support import requires
 
 _BLOCKED_IN_C = """
@@ -53,20 +52,6 @@ else:
     w.begin(phases.Phase.IDLE)
     sys.stdin.read()
 """
-
-
-@pytest.fixture
-def ledger_path(tmp_path: Path) -> Path:
-    return tmp_path / "ledger"
-
-
-@pytest.fixture
-def served(ledger_path: Path) -> Iterator[httpx.Client]:
-    with (
-        agent.Agent(ledger_path, host="127.0.0.1", port=0) as a,
-        httpx.Client(base_url=f"http://127.0.0.1:{a.port}", timeout=30) as client,
-    ):
-        yield client
 
 
 @pytest.fixture
