@@ -52,7 +52,11 @@ class Backoff(ApiModel):
 
     RULES = (_BACKOFF_GROWS,)
 
-    initial: Duration = Field(default="10s", description="Delay before the first restart.")
+    initial: Duration = Field(
+        default="10s",
+        description="Least time between a group's restart and its next one; doubles with each restart in the "
+                    "budget window. The first restart of a sick group is not delayed: a hung engine serves nobody.",
+    )
     max: Duration = Field(default="5m", description="Longest delay between restarts.")
 
 
