@@ -23,10 +23,6 @@ KUBE_REQUESTS = Counter(
     "pdfleet_kube_requests_total", "Requests the operator sent to the Kubernetes API, by verb, resource and code.",
     ["verb", "resource", "code"], registry=REGISTRY,
 )
-WRITES_SKIPPED = Counter(
-    "pdfleet_apply_skipped_total", "Desired objects not written because the cluster already matched them.",
-    ["kind"], registry=REGISTRY,
-)
 GROUP_RESTARTS = Counter(
     "pdfleet_group_restarts_total",
     "Engine groups restarted as a unit, by reason (PodEnded, or the rank-health verdict: Desync, Hang, Dead).",
