@@ -170,7 +170,7 @@ class Controller:
             log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
                      len(plan.delete), "written" if plan.status is not None else "unchanged",
                      extra={"pool": key[1], "namespace": key[0]})
-        return "rejected" if reconcile.rejected(plan) else "success"
+        return "rejected" if plan.rejected else "success"
 
     async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
                        apply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:

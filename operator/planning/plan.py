@@ -33,6 +33,7 @@ class Plan:
     delete: tuple[ObjectRef, ...] = ()  # owned objects no longer desired
     status: Body | None = None  # the new status, or None when it would not change
     events: tuple[Event, ...] = ()
+    rejected: bool = False  # the spec failed a check: nothing in the fleet was planned
     # Evidence to capture before a restart (`restarts.EvidenceRequest`), and the groups restarted, with why.
     capture: tuple[Any, ...] = ()
     restarted: tuple[tuple[str, str], ...] = ()

@@ -63,12 +63,6 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
     return tuple((o["kind"], o["metadata"]["name"]) for o in objects)
 
 
-def rejected(plan: Plan) -> bool:
-    return any(e.reason == "SpecRejected" for e in plan.events) or (
-        plan.status is not None and any(c.get("type") == "Accepted" and c.get("status") == "False"
-                                        for c in plan.status.get("conditions", [])))
-
-
 def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
          now: datetime.datetime | None = None, runtime_image: str | None = None,
          health: Mapping[str, GroupHealth] | None = None) -> Plan:
@@ -371,4 +365,4 @@ def _rejected_plan(pool: Body, previous: InferencePoolStatus, problems: list[che
     events: tuple[Event, ...] = ()
     if before is None or before.status != "False" or before.message != message:
         events = (Event("Warning", "SpecRejected", f"nothing in the fleet was changed: {message}"),)
-    return _status_only(pool, previous, new, events)
+    return dataclasses.replace(_status_only(pool, previous, new, events), rejected=True)

@@ -180,7 +180,9 @@ def test_an_invalid_spec_is_rejected_and_nothing_in_the_fleet_changes() -> None:
     assert "spec.engine.patches[0]" in accepted["message"]
     assert [e.reason for e in plan.events] == ["SpecRejected"]
     assert cluster.owned == before
-    assert cluster.step().empty, "the rejection is reported once, not on every resync"
+    again = cluster.step()
+    assert again.empty, "the rejection is reported once, not on every resync"
+    assert again.rejected, "yet every reconcile of a rejected spec counts as rejected"
 
 
 def test_a_paused_pool_creates_nothing() -> None:
