@@ -12,7 +12,8 @@ from pathlib import Path
 
 from setuptools import setup
 
-COMPONENTS = {"pdfleet.operator": "operator", "pdfleet.runtime": "runtime", "pdfleet.kernels": "kernels"}
+COMPONENTS = {"pdfleet.operator": "operator", "pdfleet.runtime": "runtime", "pdfleet.kernels": "kernels",
+              "pdfleet.podrunner": "podrunner"}
 ROOT = Path(__file__).resolve().parent
 
 

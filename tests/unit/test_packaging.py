@@ -9,7 +9,8 @@ import zipfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-COMPONENTS = {"operator": "pdfleet/operator", "runtime": "pdfleet/runtime", "kernels": "pdfleet/kernels"}
+COMPONENTS = {"operator": "pdfleet/operator", "runtime": "pdfleet/runtime", "kernels": "pdfleet/kernels",
+              "podrunner": "pdfleet/podrunner"}
 
 
 def test_the_wheel_holds_every_module_under_pdfleet(tmp_path: Path) -> None:
@@ -22,4 +23,4 @@ def test_the_wheel_holds_every_module_under_pdfleet(tmp_path: Path) -> None:
                 for path in (ROOT / folder).rglob("*.py") if "__pycache__" not in path.parts}
     assert expected - names == set()
     assert "pdfleet/runtime/bootstrap/sitecustomize.py" in names
-    assert not any(n.startswith(("operator/", "runtime/", "kernels/")) for n in names)
+    assert not any(n.startswith(("operator/", "runtime/", "kernels/", "podrunner/")) for n in names)
