@@ -1,87 +1,111 @@
 #!/usr/bin/env bash
-# `make demo`: the local control plane with fake GPU nodes, the chart installed by helm, the operator running
-# with the chart's ServiceAccount token, and an example pool going Ready, shown live.
+# `make demo`: pdfleet's main job on the local fleet, end to end. The chart's own operator Deployment runs (the
+# pod runner plays its pod), a PD pool goes Ready on real readiness, requests flow through the real
+# sglang-router to simulated engines, then one decode group desyncs: detected, evidence captured, restarted as
+# a unit, and the pool is Ready again. The fleet keeps running afterwards for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 PY=.venv/bin/python
 NS=${DEMO_NAMESPACE:-pdfleet-demo}
-POOL_FILE=${DEMO_POOL:-examples/minimal.yaml}
+POOL_FILE=${DEMO_POOL:-examples/local-fleet.yaml}
 RELEASE_NS=pdfleet-system
 eval "$($PY hack/localcluster.py env)"
 STATE="$(dirname "$KUBECONFIG")/demo"
 mkdir -p "$STATE"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
+fail() { printf '\033[31mdemo: %s\033[0m\n' "$*" >&2; exit 1; }
+jp() { kubectl get "$@" 2>/dev/null || true; }
 
-step "Installing the pdfleet chart (CRD, ServiceAccount, least-privilege RBAC)"
-# The in-cluster operator Deployment would be a kwok pod without a process, so the demo runs the operator
-# here, with the very ServiceAccount token the Deployment would use: a missing permission shows up.
+# Waits for a shell condition, printing what changes in `show` meanwhile.
+watch_until() {
+  local what=$1 cond=$2 show=$3 timeout=${4:-180} last="" line
+  local deadline=$((SECONDS + timeout))
+  until eval "$cond"; do
+    line=$(eval "$show" 2>/dev/null || true)
+    [ "$line" != "$last" ] && { echo "$line"; last=$line; }
+    [ $SECONDS -lt $deadline ] || fail "timed out after ${timeout}s waiting for $what"
+    sleep 0.5
+  done
+}
+
+step "Installing the pdfleet chart: CRD, least-privilege RBAC and the operator Deployment"
+kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 # helm installs a chart's CRDs once and never upgrades them; keep the cluster's CRD current.
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
+# The operator watches only the demo namespace, out of the way of test runs on the same cluster.
 helm upgrade --install pdfleet charts/pdfleet --namespace "$RELEASE_NS" --create-namespace \
-  --set operator.enabled=false --wait
-kubectl wait --for=condition=Established crd/inferencepools.pdfleet.dev --timeout=60s
-
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-step "Starting the operator as system:serviceaccount:$RELEASE_NS:pdfleet"
-TOKEN=$(kubectl create token pdfleet -n "$RELEASE_NS" --duration=8h)
-SERVER=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-CA=$(kubectl config view --minify -o jsonpath='{.clusters[0].cluster.certificate-authority}')
-umask 077
-cat >"$STATE/operator.kubeconfig" <<KC
-apiVersion: v1
-kind: Config
-clusters: [{name: local, cluster: {server: "$SERVER", certificate-authority: "$CA"}}]
-users: [{name: pdfleet, user: {token: "$TOKEN"}}]
-contexts: [{name: local, context: {cluster: local, user: pdfleet}}]
-current-context: local
-KC
-# A demo operator from an earlier run goes first (checked by its command line: a stale pid may be reused).
-old=$(cat "$STATE/operator.pid" 2>/dev/null || true)
-if [ -n "$old" ] && grep -qa "pdfleet.operator" "/proc/$old/cmdline" 2>/dev/null; then
-  kill "$old"
-  while kill -0 "$old" 2>/dev/null; do sleep 0.2; done
-fi
-# Watching only the demo namespace keeps it out of the way of test runs on the same cluster.
-$PY -m pdfleet.operator --kubeconfig "$STATE/operator.kubeconfig" --namespace "$NS" --bind-address 127.0.0.1 \
-  --metrics-port 19090 --health-port 18080 --log-format text >"$STATE/operator.log" 2>&1 &
-echo $! >"$STATE/operator.pid"
-for _ in $(seq 1 100); do
-  $PY -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:18080/readyz', timeout=1)" 2>/dev/null && break
-  kill -0 "$(cat "$STATE/operator.pid")" 2>/dev/null || { cat "$STATE/operator.log"; echo "the operator exited"; exit 1; }
-  sleep 0.3
-done
-echo "operator ready; logs: $STATE/operator.log, metrics: http://127.0.0.1:19090/metrics"
+  --set "watchNamespaces={$NS}" --set logFormat=text --wait --timeout 3m
+kubectl get pods -n "$RELEASE_NS" -o wide
+echo "the operator runs as a real process (pdfleet-sim plays its pod); its log:"
+echo "  $(dirname "$KUBECONFIG")/pods/$RELEASE_NS/<pod>/operator.log"
 
 step "Applying $POOL_FILE in namespace $NS"
+POOL=$(kubectl create -n "$NS" -f "$POOL_FILE" --dry-run=client -o jsonpath='{.metadata.name}')
 kubectl apply -n "$NS" -f "$POOL_FILE"
-POOL=$(kubectl apply -n "$NS" -f "$POOL_FILE" --dry-run=client -o jsonpath='{.metadata.name}')
-
-step "Watching the pool (kubectl get pdpool -w)"
-last=""
-for _ in $(seq 1 240); do
-  line=$(kubectl get pdpool "$POOL" -n "$NS" --no-headers 2>/dev/null || true)
-  [ "$line" != "$last" ] && { echo "$line"; last=$line; }
-  phase=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.status.phase}' 2>/dev/null || true)
-  [ "$phase" = Ready ] && break
-  sleep 0.5
-done
-kubectl get pdpool -n "$NS"
-[ "$phase" = Ready ] || { echo "the pool did not become Ready; operator log: $STATE/operator.log"; exit 1; }
-
-step "Engine pods on fake GPU nodes (pod IPs are loopback addresses)"
+watch_until "the pool to be Ready" \
+  '[ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath={.status.phase})" = Ready ]' \
+  'kubectl get pdpool "$POOL" -n "$NS" --no-headers'
+kubectl get pdpool "$POOL" -n "$NS"
 kubectl get pods -n "$NS" -l "pdfleet.dev/pool=$POOL" -o wide
 
-step "The operator's events"
-kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
+step "Requests through the real sglang-router"
+ROUTER_IP=$(kubectl get pods -n "$NS" -l "pdfleet.dev/pool=$POOL,app.kubernetes.io/component=router" \
+  -o jsonpath='{.items[0].status.podIP}')
+ROUTER_PORT=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.router.port}')
+URL="http://$ROUTER_IP:$ROUTER_PORT"
+watch_until "the router to have its workers" \
+  "$PY -c \"import urllib.request; urllib.request.urlopen('$URL/readiness', timeout=2)\" 2>/dev/null" \
+  'echo "waiting for the router at $URL to discover the engines"' 120
+MODEL=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.model.servedName}')
+LOAD_LOG="$STATE/load.log"
+$PY -m pdfleet.podrunner.loadgen --url "$URL" --model "$MODEL" --concurrency 6 --every 2 >"$LOAD_LOG" 2>&1 &
+LOAD_PID=$!
+trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
+watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
+tail -n1 "$LOAD_LOG"
 
-step "Done"
+step "Injecting a desync into one decode group (one rank stops at a different collective)"
+VICTIM=$(kubectl get pods -n "$NS" -l "pdfleet.dev/pool=$POOL,pdfleet.dev/role=decode" \
+  -o jsonpath='{.items[0].metadata.name}')
+GROUP=$(kubectl get pod "$VICTIM" -n "$NS" -o jsonpath='{.metadata.labels.pdfleet\.dev/group}')
+OLD_UID=$(kubectl get pod "$VICTIM" -n "$NS" -o jsonpath='{.metadata.uid}')
+kubectl annotate pod "$VICTIM" -n "$NS" sim.pdfleet.dev/fault=desync
+echo "its /health still answers 200, as SGLang's does:"
+POD_IP=$(kubectl get pod "$VICTIM" -n "$NS" -o jsonpath='{.status.podIP}')
+$PY -c "import urllib.request; print('  GET /health ->', urllib.request.urlopen('http://$POD_IP:30000/health', timeout=5).status)"
+watch_until "the Desync verdict" \
+  '[ -n "$(jp events -n "$NS" --field-selector reason=GroupDesync -o name)" ]' \
+  'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 60
+kubectl get events -n "$NS" --field-selector reason=GroupDesync -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
+
+step "Evidence first, then the group restarted as a unit"
+watch_until "the evidence ConfigMap" \
+  '[ -n "$(jp configmaps -n "$NS" -l "pdfleet.dev/group=$GROUP,pdfleet.dev/evidence=true" -o name)" ]' \
+  'echo waiting for evidence' 60
+kubectl get configmaps -n "$NS" -l "pdfleet.dev/group=$GROUP,pdfleet.dev/evidence=true"
+CM=$(kubectl get configmaps -n "$NS" -l "pdfleet.dev/group=$GROUP,pdfleet.dev/evidence=true" -o jsonpath='{.items[0].metadata.name}')
+kubectl get configmap "$CM" -n "$NS" -o jsonpath='{.data.summary\.txt}' | sed 's/^/  /'
+watch_until "the group replaced and the pool Ready again" \
+  '[ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath={.status.phase})" = Ready ] && [ -n "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" ] && [ "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" != "$OLD_UID" ]' \
+  'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 120
+kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | tail -n 8
+
+step "The client's view"
+# Requests that were in flight on the desynced group when it hung could not finish: they are the failures.
+for _ in $(seq 1 10); do sleep 1; done  # let the load run on the restored pool for a while
+kill -INT $LOAD_PID 2>/dev/null || true
+wait $LOAD_PID 2>/dev/null || true
+trap - EXIT
+tail -n1 "$LOAD_LOG"
+
+step "Done: the fleet keeps running"
 cat <<MSG
-The pool is Ready. The operator keeps running (pid $(cat "$STATE/operator.pid")); try:
   eval "\$(make -s cluster-env)"
-  kubectl patch pdpool $POOL -n $NS --type=merge -p '{"spec":{"decode":{"replicas":2}}}'
-  kubectl get pdpool -n $NS -w
-Stop it with: kill $(cat "$STATE/operator.pid"); make cluster-down
+  kubectl get pdpool,pods -n $NS -o wide
+  .venv/bin/python -m pdfleet.podrunner.loadgen --url $URL --model $MODEL --duration 30
+  kubectl annotate pod <decode pod> -n $NS sim.pdfleet.dev/fault=desync      # again
+Pods' logs and state: $(dirname "$KUBECONFIG")/pods/. Stop everything with: make cluster-down
 MSG

@@ -1,0 +1,198 @@
+"""A steady client load through a pool's router, counting every request that fails and why.
+
+    pdfleet-sim load --url http://127.1.4.3:8000 [--concurrency 4] [--duration 60] [--timeout 15]
+
+Each worker sends, in turn, the three kinds of request a client of an SGLang pool sends: `/generate`, a chat
+completion, and a streamed chat completion (the last two through the `openai` client, as users do). A request
+fails when it gets an HTTP error, a connection error, no answer within `--timeout`, or, streamed, a body that
+ends without the `[DONE]` sentinel: sglang-router passes a decode failure on as a truncated SSE body, which
+clients that stop at the end of the stream would count as a success.
+
+The counters are plain data (`Tally`) so tests and the demo read the same numbers that are printed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import itertools
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import httpx
+import openai
+
+KINDS = ("generate", "chat", "chat-stream")
+
+
+@dataclasses.dataclass
+class Tally:
+    sent: int = 0
+    ok: int = 0
+    failures: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    by_kind: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
+    latencies_s: list[float] = dataclasses.field(default_factory=list)
+    first_failure_at: float | None = None
+    last_failure_at: float | None = None
+
+    @property
+    def failed(self) -> int:
+        return sum(self.failures.values())
+
+    @property
+    def in_flight(self) -> int:
+        return self.sent - self.ok - self.failed
+
+    def record(self, kind: str, started: float, failure: str | None) -> None:
+        now = time.monotonic()
+        if failure is None:
+            self.ok += 1
+            self.by_kind[kind] += 1
+            self.latencies_s.append(now - started)
+            return
+        self.failures[f"{kind}: {failure}"] += 1
+        self.first_failure_at = self.first_failure_at or now
+        self.last_failure_at = now
+
+    def line(self) -> str:
+        lat = sorted(self.latencies_s[-500:])
+        p50 = f"{statistics.median(lat) * 1000:.0f}ms" if lat else "-"
+        reasons = ", ".join(f"{k} x{n}" for k, n in self.failures.most_common(3))
+        return (f"requests {self.sent}  ok {self.ok}  failed {self.failed}  in flight {self.in_flight}  "
+                f"p50 {p50}" + (f"  ({reasons})" if reasons else ""))
+
+    def summary(self) -> dict[str, object]:
+        lat = sorted(self.latencies_s)
+        return {"sent": self.sent, "ok": self.ok, "failed": self.failed, "in_flight": self.in_flight,
+                "failures": dict(self.failures), "ok_by_kind": dict(self.by_kind),
+                "p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
+                "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1) if lat else None}
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, httpx.HTTPStatusError):
+        return f"HTTP {e.response.status_code}"
+    if isinstance(e, openai.APIStatusError):
+        return f"HTTP {e.status_code}"
+    if isinstance(e, httpx.TimeoutException | openai.APITimeoutError | TimeoutError):
+        return "timeout"
+    if isinstance(e, httpx.TransportError | openai.APIConnectionError):
+        return "connection error"
+    return type(e).__name__
+
+
+class Load:
+    """`concurrency` workers sending requests to `url` until stopped."""
+
+    def __init__(self, url: str, *, model: str = "default", concurrency: int = 4, timeout_s: float = 15.0,
+                 max_tokens: int = 16) -> None:
+        self.url = url.rstrip("/")
+        self.model = model
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.max_tokens = max_tokens
+        self.tally = Tally()
+        self._stop = asyncio.Event()
+        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
+        # No retries: a failure the router let through is what this counts.
+        self._openai = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="none", timeout=timeout_s,
+                                          max_retries=0)
+        self._counter = itertools.count()
+
+    async def _generate(self, n: int) -> None:
+        r = await self._http.post("/generate", json={
+            "text": f"request {n}: the quick brown fox", "sampling_params": {"max_new_tokens": self.max_tokens}})
+        r.raise_for_status()
+        if not r.json().get("text"):
+            raise ValueError("no text")
+
+    async def _chat(self, n: int) -> None:
+        out = await self._openai.chat.completions.create(
+            model=self.model, max_tokens=self.max_tokens,
+            messages=[{"role": "user", "content": f"request {n}: say something"}])
+        if not out.choices or not out.choices[0].message.content:
+            raise ValueError("empty completion")
+
+    async def _chat_stream(self, n: int) -> None:
+        # Raw SSE, not the openai iterator: the iterator treats a body cut short as a clean end of stream.
+        body = {"model": self.model, "max_tokens": self.max_tokens, "stream": True,
+                "messages": [{"role": "user", "content": f"request {n}: stream something"}]}
+        done, chunks = False, 0
+        async with self._http.stream("POST", "/v1/chat/completions", json=body) as r:
+            r.raise_for_status()
+            async for line in r.aiter_lines():
+                if line == "data: [DONE]":
+                    done = True
+                elif line.startswith("data: "):
+                    payload = json.loads(line[6:])
+                    if "error" in payload:
+                        raise ValueError("error in stream")
+                    chunks += 1
+        if not done or not chunks:
+            raise ValueError("truncated stream")
+
+    async def _worker(self, index: int) -> None:
+        senders: dict[str, Callable[[int], object]] = {
+            "generate": self._generate, "chat": self._chat, "chat-stream": self._chat_stream}
+        kinds = itertools.cycle(KINDS[index % len(KINDS):] + KINDS[:index % len(KINDS)])
+        while not self._stop.is_set():
+            kind = next(kinds)
+            n = next(self._counter)
+            self.tally.sent += 1
+            started = time.monotonic()
+            try:
+                await asyncio.wait_for(senders[kind](n), self.timeout_s)  # type: ignore[arg-type]
+            except Exception as e:  # every failure is counted, by kind and cause
+                self.tally.record(kind, started, _describe(e))
+            else:
+                self.tally.record(kind, started, None)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def run(self, duration_s: float | None = None, *, report_every_s: float = 0.0) -> Tally:
+        workers = [asyncio.create_task(self._worker(i)) for i in range(self.concurrency)]
+        deadline = None if duration_s is None else time.monotonic() + duration_s
+        try:
+            while not self._stop.is_set() and (deadline is None or time.monotonic() < deadline):
+                try:
+                    await asyncio.wait_for(self._stop.wait(), report_every_s or 1.0)
+                except TimeoutError:
+                    if report_every_s:
+                        print(self.tally.line(), flush=True)
+        finally:
+            self._stop.set()
+            await asyncio.gather(*workers, return_exceptions=True)
+            await self._http.aclose()
+            await self._openai.close()
+        return self.tally
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    p = argparse.ArgumentParser(prog="pdfleet-sim load", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--url", required=True, help="the router, e.g. http://<router pod IP>:<port>")
+    p.add_argument("--model", default="default", help="model name sent in chat requests")
+    p.add_argument("--concurrency", type=int, default=4)
+    p.add_argument("--duration", type=float, default=None, help="seconds (default: until interrupted)")
+    p.add_argument("--timeout", type=float, default=15.0, help="seconds before a request counts as failed")
+    p.add_argument("--every", type=float, default=1.0, help="seconds between progress lines (0: none)")
+    p.add_argument("--json", action="store_true", help="print the final summary as JSON")
+    args = p.parse_args(argv)
+    load = Load(args.url, model=args.model, concurrency=args.concurrency, timeout_s=args.timeout)
+    try:
+        tally = asyncio.run(load.run(args.duration, report_every_s=args.every))
+    except KeyboardInterrupt:
+        tally = load.tally
+    print(json.dumps(tally.summary()) if args.json else f"final: {tally.line()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,154 @@
+"""End to end: requests flow through a pool. Client -> the real sglang-router (discovering engines by label,
+as the pool's ServiceAccount) -> simulated prefill and decode engines, with the PD bootstrap between them.
+
+The operator runs as in `test_operator_e2e.py`; `pdfleet-sim` plays every pod. Nothing is faked between the
+client and the engines' HTTP surface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from pdfleet.podrunner import loadgen
+from tests.support import fleet
+from tests.support.cluster import Cluster, wait_for
+from tests.support.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+POOL = "fleet"
+MODEL = "qwen2.5-0.5b-instruct"
+
+
+@contextlib.contextmanager
+def steady_load(url: str, concurrency: int = 4) -> Iterator[loadgen.Load]:
+    """A client load from a thread of its own, stopped (and its requests finished) on exit."""
+    load = loadgen.Load(url, model=MODEL, concurrency=concurrency, timeout_s=10)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
+    thread.start()
+    try:
+        yield load
+    finally:
+        loop.call_soon_threadsafe(load.stop)
+        thread.join(timeout=30)
+
+
+def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    fleet.apply_pool(cluster, namespace, POOL)
+    fleet.wait_ready(cluster, namespace, POOL)
+    url = fleet.router_url(cluster, namespace, POOL, workers=4)
+
+    r = httpx.post(f"{url}/generate", json={"text": "the capital of France is",
+                                            "sampling_params": {"max_new_tokens": 8}}, timeout=30)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["text"] and body["meta_info"]["completion_tokens"] == 8
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=30)
+    chat = client.chat.completions.create(model=MODEL, max_tokens=12,
+                                          messages=[{"role": "user", "content": "hello"}])
+    assert chat.choices[0].message.content and chat.choices[0].finish_reason == "length"
+    assert chat.usage is not None and chat.usage.completion_tokens == 12
+    pieces = [c.choices[0].delta.content or "" for c in client.chat.completions.create(
+        model=MODEL, max_tokens=12, stream=True, messages=[{"role": "user", "content": "hello"}]) if c.choices]
+    assert "".join(pieces)
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+    # Every engine saw PD traffic: the router sends each request to a prefill and a decode engine at once with
+    # the bootstrap fields, and decode fetched the request's KV from that prefill's bootstrap server.
+    with steady_load(url) as load:
+        wait_for("requests on every engine", lambda: all(
+            served(pod) > 0 for pod in fleet.engine_pods(cluster, namespace, POOL)), timeout=60)
+    assert load.tally.failed == 0, load.tally.summary()
+    for pod in fleet.engine_pods(cluster, namespace, POOL):
+        assert bootstrapped(pod) > 0, pod["metadata"]["name"]
+
+
+def metric(pod: dict, name: str) -> float:
+    code, text = fleet.http_get(f"http://{pod['status']['podIP']}:30000/metrics")
+    assert code == 200
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))
+
+
+def served(pod: dict) -> float:
+    return metric(pod, "sglang:num_requests_total")
+
+
+def bootstrapped(pod: dict) -> float:
+    """Requests that carried bootstrap fields (prefill: KV published; decode: KV fetched by room)."""
+    return metric(pod, "sglang:num_bootstrap_requests_total")
+
+
+def test_an_engine_that_is_not_up_yet_is_not_ready_and_gets_no_traffic(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    # Each engine takes 6 s to "load its weights" before it serves: the pods run, but are not Ready.
+    fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={"replicas": 1},
+                     engine={"env": [{"name": "PDFLEET_SIM_LOAD_S", "value": "6"}]})
+    running = wait_for("engine pods running with an IP", lambda: (lambda ps: ps if len(ps) == 2 and all(
+        (p.get("status") or {}).get("phase") == "Running" and p["status"].get("podIP") for p in ps) else None)(
+        fleet.engine_pods(cluster, namespace, POOL)), timeout=60)
+    for pod in running:
+        if not fleet.is_ready(fleet.engine_pods(cluster, namespace, POOL, group=pod["metadata"]["labels"][
+                "pdfleet.dev/group"])[0]):
+            assert fleet.http_get(f"http://{pod['status']['podIP']}:30000/v1/models")[0] != 200
+    assert fleet.phase(cluster, namespace, POOL) != "Ready"
+    # Meanwhile the router has no worker to send to.
+    routers = [p for p in fleet.router_pods(cluster, namespace, POOL) if p["status"].get("podIP")]
+    if routers:
+        code, _ = fleet.http_get(f"http://{routers[0]['status']['podIP']}:30000/readiness")
+        assert code != 200
+    fleet.wait_ready(cluster, namespace, POOL, timeout=120)
+    url = fleet.router_url(cluster, namespace, POOL, workers=2)
+    r = httpx.post(f"{url}/generate", json={"text": "hi", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+    assert r.status_code == 200, r.text
+
+
+def test_a_desync_under_load_is_detected_and_the_group_replaced_while_the_rest_keeps_serving(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    fleet.apply_pool(cluster, namespace, POOL, health={"restartBudget": {"count": 3, "window": "1h"}})
+    fleet.wait_ready(cluster, namespace, POOL)
+    url = fleet.router_url(cluster, namespace, POOL, workers=4)
+    victim = fleet.engine_pods(cluster, namespace, POOL, group=f"{POOL}-decode-0")[0]
+    others = {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL)} - {victim["metadata"]["uid"]}
+    victim_url = f"http://{victim['status']['podIP']}:30000"
+
+    with steady_load(url) as load:
+        wait_for("requests succeeding", lambda: load.tally.ok >= 20, timeout=60)
+        injected_at = time.monotonic()
+        fleet.inject(cluster, namespace, victim["metadata"]["name"], "desync")
+        health_codes: list[int] = []
+
+        def replaced() -> bool:
+            pods = fleet.engine_pods(cluster, namespace, POOL, group=f"{POOL}-decode-0")
+            if any(p["metadata"]["uid"] == victim["metadata"]["uid"] for p in pods):
+                if not any(p["metadata"].get("deletionTimestamp") for p in pods):
+                    health_codes.append(fleet.http_get(f"{victim_url}/health", timeout=5)[0])
+                return False
+            return len(pods) == 1 and fleet.is_ready(pods[0])
+        desync = wait_for("the Desync event", lambda: fleet.events(cluster, namespace, POOL, "GroupDesync"),
+                          timeout=60)
+        detected_s = time.monotonic() - injected_at
+        assert f"{POOL}-decode-0" in desync[0]["message"]
+        wait_for("evidence", lambda: cluster.get("configmaps", "-n", namespace, "-l",
+                                                 "pdfleet.dev/evidence=true")["items"], timeout=30)
+        wait_for("the decode group replaced and Ready", replaced, timeout=120, interval=0.3)
+        fleet.wait_ready(cluster, namespace, POOL, timeout=60)
+        restored_ok = load.tally.ok
+        wait_for("requests succeeding on the restored pool", lambda: load.tally.ok >= restored_ok + 20, timeout=60)
+    tally = load.tally.summary()
+    print(f"desync detected after {detected_s:.1f}s; client requests: {tally}")
+    # While it hung, the engine's /health said 200 every time: the failure /health misses.
+    assert health_codes and set(health_codes) == {200}, health_codes
+    assert {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL)} >= others
+    assert fleet.group_status(cluster, namespace, POOL, f"{POOL}-decode-0")["restarts"] == 1

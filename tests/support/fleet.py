@@ -1,0 +1,108 @@
+"""A pool on the local fleet, as the end-to-end tests drive it: pods played by `pdfleet-sim`, engines served by
+the engine simulator, faults injected by pod annotation (docs/local-fleet.md)."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from typing import Any
+
+from tests.support.cluster import Cluster, wait_for
+from tests.support.pools import example
+
+FAULT = "sim.pdfleet.dev/fault"
+FAULT_RANK = "sim.pdfleet.dev/fault-rank"
+
+
+def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "local-fleet",
+               **spec: dict[str, Any]) -> dict[str, Any]:
+    """Applies the example `base` as pool `name`, each keyword merged into the spec section it names."""
+    body = example(base)
+    body["metadata"] = {"name": name, "namespace": namespace}
+    for section, values in spec.items():
+        if isinstance(values, dict):
+            body["spec"].setdefault(section, {}).update(values)
+        else:
+            body["spec"][section] = values
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    return body
+
+
+def pool(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
+    return cluster.get("pdpool", name, "-n", namespace)
+
+
+def phase(cluster: Cluster, namespace: str, name: str) -> str | None:
+    return (pool(cluster, namespace, name).get("status") or {}).get("phase")
+
+
+def engine_pods(cluster: Cluster, namespace: str, name: str, **labels: str) -> list[dict[str, Any]]:
+    selector = ",".join([f"pdfleet.dev/pool={name}", "app.kubernetes.io/component!=router",
+                         *(f"pdfleet.dev/{k}={v}" for k, v in labels.items())])
+    return cluster.get("pods", "-n", namespace, "-l", selector)["items"]
+
+
+def router_pods(cluster: Cluster, namespace: str, name: str) -> list[dict[str, Any]]:
+    return cluster.get("pods", "-n", namespace, "-l",
+                       f"pdfleet.dev/pool={name},app.kubernetes.io/component=router")["items"]
+
+
+def is_ready(pod: dict[str, Any]) -> bool:
+    status = pod.get("status") or {}
+    ready = any(c["type"] == "Ready" and c["status"] == "True" for c in status.get("conditions") or [])
+    return ready and bool(status.get("podIP")) and not pod["metadata"].get("deletionTimestamp")
+
+
+def group_status(cluster: Cluster, namespace: str, name: str, group: str) -> dict[str, Any]:
+    status = pool(cluster, namespace, name).get("status") or {}
+    return next((g for g in status.get("groups", []) if g["name"] == group), {})
+
+
+def conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
+    status = pool(cluster, namespace, name).get("status") or {}
+    return {c["type"]: c for c in status.get("conditions", [])}
+
+
+def events(cluster: Cluster, namespace: str, name: str, reason: str) -> list[dict[str, Any]]:
+    return cluster.get("events", "-n", namespace, "--field-selector",
+                       f"involvedObject.name={name},reason={reason}")["items"]
+
+
+def wait_ready(cluster: Cluster, namespace: str, name: str, timeout: float = 180) -> None:
+    def ready() -> bool:
+        return phase(cluster, namespace, name) == "Ready"
+    wait_for(f"pool {name} Ready", ready, timeout=timeout, interval=0.5)
+
+
+def http_get(url: str, timeout: float = 3) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode(errors="replace")
+    except OSError:
+        return 0, ""
+
+
+def router_url(cluster: Cluster, namespace: str, name: str, *, workers: int) -> str:
+    """The router's URL (its pod IP, a loopback address) once it has `workers` workers registered."""
+    port = pool(cluster, namespace, name)["spec"]["router"]["port"]
+
+    def found() -> str | None:
+        pods = [p for p in router_pods(cluster, namespace, name) if is_ready(p)]
+        if not pods:
+            return None
+        url = f"http://{pods[0]['status']['podIP']}:{port}"
+        code, body = http_get(f"{url}/workers")
+        if code != 200:
+            return None
+        listed = json.loads(body)
+        count = len(listed.get("workers", listed if isinstance(listed, list) else []))
+        return url if count >= workers else None
+    return wait_for(f"the router of {name} with {workers} workers", found, timeout=180, interval=0.5)
+
+
+def inject(cluster: Cluster, namespace: str, pod: str, fault: str, **params: str) -> None:
+    extra = [f"sim.pdfleet.dev/{k.replace('_', '-')}={v}" for k, v in params.items()]
+    cluster.kubectl("annotate", "pod", pod, "-n", namespace, "--overwrite", f"{FAULT}={fault}", *extra)
