@@ -126,7 +126,10 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     capabilities: Body = {"drop": ["ALL"]}
     if spec.transfer.backend in (TransferBackend.MOONCAKE, TransferBackend.NIXL) and spec.transfer.ib_device:
         capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration pins pages
-    http = {"path": "/v1/models", "port": "http"}
+    # Only node rank 0 runs SGLang's HTTP server; the other nodes of a multi-node group serve a placeholder with
+    # just /ping, /health and /health_generate, all answered without generating. /v1/models on them would never
+    # answer, and the group would never be Ready.
+    http = {"path": "/v1/models" if node_rank == 0 else "/health", "port": "http"}
     pod_spec: Body = {
         "hostname": pod_name,
         "subdomain": group_name,

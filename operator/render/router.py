@@ -24,7 +24,10 @@ def router_name(pool: str) -> str:
 
 
 def _selector_args(ctx: RenderContext, role: Role) -> list[str]:
-    return [f"{k}={v}" for k, v in labels.selector(ctx.pool, **{labels.ROLE: str(role)}).items()]
+    # Node rank 0 only: the other pods of a multi-node group serve no API (SGLang runs its HTTP server on the
+    # first node), and the router would send requests to them.
+    selector = labels.selector(ctx.pool, **{labels.ROLE: str(role), labels.RANK: "0"})
+    return [f"{k}={v}" for k, v in selector.items()]
 
 
 def router_args(ctx: RenderContext, spec: InferencePoolSpec) -> list[str]:

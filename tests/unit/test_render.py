@@ -41,6 +41,20 @@ def test_no_probe_ever_calls_sglangs_generating_health_endpoint() -> None:
         assert all(p["periodSeconds"] >= 10 for p in probes)
 
 
+def test_the_other_nodes_of_a_multi_node_group_are_probed_on_sglangs_placeholder_server() -> None:
+    # SGLang serves its API on node rank 0 only; the others answer /health without generating anything.
+    decode = pods(spec_of(base="multinode-decode"), Role.DECODE)
+    leaders = [p for p in decode if p["metadata"]["labels"]["pdfleet.dev/node-rank"] == "0"]
+    others = [p for p in decode if p["metadata"]["labels"]["pdfleet.dev/node-rank"] != "0"]
+    assert leaders and others
+    for pod in leaders:
+        assert pod["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    for pod in others:
+        engine = pod["spec"]["containers"][0]
+        assert engine["startupProbe"]["httpGet"]["path"] == engine["readinessProbe"]["httpGet"]["path"] == "/health"
+        assert engine["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "agent"}
+
+
 def test_the_engine_starts_through_pdfleets_runtime_with_the_pools_patches() -> None:
     spec = spec_of(base="deepseek-v4-sm120")
     pod = pods(spec, Role.PREFILL)[0]
@@ -86,7 +100,8 @@ def test_the_router_discovers_engines_by_label_with_a_role_that_can_only_read_po
     args = objs["Deployment"]["spec"]["template"]["spec"]["containers"][0]["args"]
     assert "--service-discovery" in args and "--pd-disaggregation" in args
     assert args[args.index("--prefill-selector") + 1:args.index("--decode-selector")] == [
-        "app.kubernetes.io/managed-by=pdfleet", "pdfleet.dev/pool=p", "pdfleet.dev/role=prefill"]
+        "app.kubernetes.io/managed-by=pdfleet", "pdfleet.dev/pool=p", "pdfleet.dev/role=prefill",
+        "pdfleet.dev/node-rank=0"]
     assert objs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert objs["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "p-router"
 
