@@ -65,6 +65,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py
 	@echo "== operator: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) benchmarks/bench_operator.py --rate 2
 	@echo "== operator: 100 pools of 8 groups, all at once"; $(PY) benchmarks/bench_operator.py
+	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
 
 demo: $(STAMP) binaries ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up
