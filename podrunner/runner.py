@@ -1,0 +1,172 @@
+"""The node agent: watch pdfleet's pods on the local cluster's fake nodes and give each a worker; say on
+/healthz whether it can run pods; on SIGTERM stop every pod it runs and exit.
+
+It adopts nothing. A pod that a previous runner started has no process any more (they die with the runner),
+so it is marked Failed, as kubelet reports pods after a node reboot, never left Running without a process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+from aiohttp import web
+
+from pdfleet.podrunner import status
+from pdfleet.podrunner.kube import ApiError
+from pdfleet.podrunner.node import Node
+from pdfleet.podrunner.pod import PodWorker, deleting
+from pdfleet.podrunner.watch import informer
+
+log = logging.getLogger("pdfleet.podrunner.runner")
+Body = dict[str, Any]
+PART_OF = "app.kubernetes.io/part-of=pdfleet"
+NODE_LABEL = "pdfleet.dev/local-cluster=true"
+NODE_REFRESH_S = 5.0
+TERMINAL = ("Failed", "Succeeded")
+
+
+def started_by_a_runner(pod: Body) -> bool:
+    return any(str(c.get("containerID", "")).startswith(status.CONTAINER_ID_PREFIX)
+               for c in pod.get("status", {}).get("containerStatuses") or [])
+
+
+def orphan_patch(pod: Body, now: float) -> Body:
+    """The status of a pod whose processes died with an earlier runner."""
+    message = "pdfleet-sim restarted and its processes did not survive it (as on a node reboot)"
+    views = []
+    for c in pod["status"].get("containerStatuses") or []:
+        running = (c.get("state") or {}).get("running") or {}
+        view = status.ContainerView(c["name"], c.get("image", ""), c.get("state") or {},
+                                    last_state=c.get("lastState") or {}, restart_count=int(c.get("restartCount", 0)),
+                                    container_id=c.get("containerID"))
+        if "terminated" not in view.state:
+            view.state = status.terminated(code=137, sig=None, started_at=now, finished_at=now,
+                                           reason="ContainerStatusUnknown", message=message)
+            if running.get("startedAt"):
+                view.state["terminated"]["startedAt"] = running["startedAt"]
+        views.append(view)
+    return status.pod_patch(phase_now="Failed", ready=False, ready_since=now, containers=views,
+                            other_conditions=pod["status"].get("conditions") or [], reason="NodeRestart",
+                            message=message)
+
+
+class Runner:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.nodes: set[str] = set()
+        self._nodes_listed = 0.0
+        self.workers: dict[str, PodWorker] = {}
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.synced = asyncio.Event()
+        self._handled_terminal: set[str] = set()
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def refresh_nodes(self, force: bool = False) -> None:
+        if not force and time.monotonic() - self._nodes_listed < NODE_REFRESH_S:
+            return
+        self._nodes_listed = time.monotonic()
+        listing = await self.node.client.list("/api/v1/nodes", {"labelSelector": NODE_LABEL})
+        self.nodes = {n["metadata"]["name"] for n in listing["items"]}
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # ------------------------------------------------------------------------------------- watch events
+
+    def on_upsert(self, pod: Body) -> None:
+        node_name = pod["spec"].get("nodeName")
+        if not node_name:
+            return  # not scheduled yet
+        if node_name not in self.nodes:
+            self._spawn(self._recheck_node(pod))
+            return
+        uid = pod["metadata"]["uid"]
+        worker = self.workers.get(uid)
+        if worker is not None:
+            worker.update(pod)
+            return
+        phase = pod.get("status", {}).get("phase")
+        if phase in TERMINAL or (not self.synced.is_set() and started_by_a_runner(pod)):
+            self._spawn(self._settle_without_process(pod))
+            return
+        worker = PodWorker(self.node, pod)
+        self.workers[uid] = worker
+        task = asyncio.create_task(worker.run())
+        self.tasks[uid] = task
+        task.add_done_callback(lambda _: self._forget(uid))
+        log.info("pod accepted", extra={"fields": {"pod": worker.key, "uid": uid, "node": node_name}})
+
+    def on_delete(self, pod: Body) -> None:
+        worker = self.workers.get(pod["metadata"]["uid"])
+        if worker is not None:
+            worker.gone()
+
+    def on_synced(self) -> None:
+        self.synced.set()
+
+    def _forget(self, uid: str) -> None:
+        self.workers.pop(uid, None)
+        self.tasks.pop(uid, None)
+
+    async def _recheck_node(self, pod: Body) -> None:
+        try:
+            await self.refresh_nodes()
+        except (ApiError, OSError) as e:
+            log.warning("listing nodes failed", extra={"fields": {"error": str(e)[:200]}})
+            return
+        if pod["spec"].get("nodeName") in self.nodes:
+            self.on_upsert(pod)
+
+    async def _settle_without_process(self, pod: Body) -> None:
+        """A pod with no process here: finished, or orphaned by an earlier runner."""
+        meta = pod["metadata"]
+        key = f"{meta['namespace']}/{meta['name']}"
+        try:
+            if pod["status"].get("phase") not in TERMINAL:
+                await self.node.client.patch_pod_status(meta["namespace"], meta["name"], orphan_patch(pod, time.time()))
+                log.info("orphaned pod marked Failed", extra={"fields": {"pod": key, "uid": meta["uid"]}})
+            if deleting(pod) and meta["uid"] not in self._handled_terminal:
+                self._handled_terminal.add(meta["uid"])
+                await self.node.client.delete_pod_now(meta["namespace"], meta["name"], meta["uid"])
+                log.info("pod deleted", extra={"fields": {"pod": key, "uid": meta["uid"], "why": "no process"}})
+        except ApiError as e:
+            log.warning("settling a pod failed", extra={"fields": {"pod": key, "error": str(e)[:300]}})
+
+    # ------------------------------------------------------------------------------------------ running
+
+    async def serve_health(self, host: str, port: int) -> web.AppRunner:
+        async def healthz(_: web.Request) -> web.Response:
+            ok = self.node.zygote.ready.is_set() and self.synced.is_set() and not self.node.zygote.died.is_set()
+            return web.Response(text="ok" if ok else "starting", status=200 if ok else 503)
+
+        async def pods(_: web.Request) -> web.Response:
+            return web.json_response({w.key: {"uid": uid, "containers": {
+                c.name: {"pid": c.proc.pid if c.proc else None, "state": next(iter(c.view.state), None),
+                         "ready": c.view.ready, "restarts": c.view.restart_count} for c in w.containers}}
+                for uid, w in self.workers.items()})
+
+        app = web.Application()
+        app.router.add_get("/healthz", healthz)
+        app.router.add_get("/pods", pods)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        await web.TCPSite(runner, host, port).start()
+        return runner
+
+    async def run(self) -> None:
+        await self.refresh_nodes(force=True)
+        # Containers need the zygote: do not start pods before it has imported SGLang.
+        await self.node.zygote.ready.wait()
+        await informer(self.node.client, "/api/v1/pods", {"labelSelector": PART_OF}, on_upsert=self.on_upsert,
+                       on_delete=self.on_delete, on_synced=self.on_synced)
+
+    async def stop_all(self) -> None:
+        log.info("stopping every pod", extra={"fields": {"pods": len(self.workers)}})
+        for worker in list(self.workers.values()):
+            worker.stop_for_shutdown()
+        await asyncio.gather(*self.tasks.values(), return_exceptions=True)

@@ -1,0 +1,210 @@
+"""The zygote: a long-lived child of the runner that imports SGLang and pdfleet's runtime once, then forks
+one process per container, so an engine pod starts in milliseconds instead of the 10-20 s an import takes.
+
+It never starts a thread (a fork copies only the calling thread, and a lock held by another one would stay
+locked forever in the child). It talks JSON lines: requests on stdin, replies on stdout, and since it is the
+parent (and child subreaper) of every container process, it reaps them all and reports each exit.
+
+    {"op": "spawn", "id": ..., "mode": "launch"|"exec", "argv": [...], "env": {...}, "cwd": ..., "log": ...}
+        -> {"op": "spawned", "id": ..., "pid": N} or {"op": "spawn-failed", "id": ..., "error": ...}
+    {"op": "signal", "pid": N, "signal": S}   (to the process group of a process it spawned)
+    -> {"op": "exit", "pid": N, "code": C|null, "signal": S|null}   (whenever a spawned process ends)
+    -> {"op": "ready", "imported": [...], "seconds": T}               (once, after the imports)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import json
+import os
+import select
+import signal
+import sys
+import time
+import traceback
+from typing import Any
+
+PRELOAD = (
+    "sglang.srt.server_args",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.disaggregation.prefill",
+    "sglang.srt.disaggregation.decode",
+    "pdfleet.runtime.launcher",
+    "pdfleet.runtime.engine_setup",
+)
+OPTIONAL = ("pdfleet.runtime.simulator",)  # the engine simulator, once it exists
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+def _prctl(option: int, value: int) -> None:
+    _libc.prctl(option, value, 0, 0, 0)
+
+
+def _send(out: Any, message: dict[str, Any]) -> None:
+    out.write(json.dumps(message) + "\n")
+    out.flush()
+
+
+def preload() -> list[str]:
+    loaded = []
+    for name in PRELOAD:
+        importlib.import_module(name)
+        loaded.append(name)
+    for name in OPTIONAL:
+        try:
+            importlib.import_module(name)
+            loaded.append(name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not name.startswith(e.name):
+                raise
+    return loaded
+
+
+def _child(request: dict[str, Any], control: list[int]) -> None:
+    """In the forked child: become the container's process and never return."""
+    code = 1
+    try:
+        os.setsid()  # its own process group: the runner signals the container as a group
+        _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # a dead zygote takes its containers with it
+        signal.set_wakeup_fd(-1)
+        for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
+            signal.signal(sig, signal.SIG_DFL)
+        for fd in control:
+            os.close(fd)
+        log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(log, 1)
+        os.dup2(log, 2)
+        os.close(null)
+        os.close(log)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        argv = list(request["argv"])
+        if request["mode"] == "exec":
+            try:
+                os.execvpe(argv[0], argv, request["env"])
+            except OSError as e:
+                os.write(2, f"pdfleet-sim: cannot run {argv[0]}: {e}\n".encode())
+                os._exit(127)
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's own stdout)
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.argv = ["pdfleet-engine", *argv]
+        from pdfleet.runtime import launcher
+
+        code = launcher.main(argv)
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if not isinstance(e.code, int | None):
+            print(e.code, file=sys.stderr)
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    finally:
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+        finally:
+            os._exit(code)  # never the zygote's own atexit handlers or buffers
+
+
+class Zygote:
+    def __init__(self) -> None:
+        self.children: set[int] = set()
+        self.groups: set[int] = set()  # process groups it made; signalled even after the leader is reaped
+        self.out = os.fdopen(os.dup(1), "w")
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        os.set_blocking(self.wake_r, False)
+
+    def spawn(self, request: dict[str, Any]) -> None:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            pid = os.fork()
+        except OSError as e:
+            _send(self.out, {"op": "spawn-failed", "id": request["id"], "error": str(e)})
+            return
+        if pid == 0:
+            _child(request, [self.out.fileno(), self.wake_r, self.wake_w])
+        self.children.add(pid)
+        self.groups.add(pid)
+        _send(self.out, {"op": "spawned", "id": request["id"], "pid": pid})
+
+    def signal(self, pid: int, sig: int) -> None:
+        if pid not in self.groups:
+            return
+        try:
+            os.killpg(pid, sig)
+        except ProcessLookupError:
+            self.groups.discard(pid)
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            if pid not in self.children:
+                continue  # an orphaned grandchild (engine ranks, say) reparented to this subreaper
+            self.children.discard(pid)
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            _send(self.out, {"op": "exit", "pid": pid, "code": code, "signal": sig})
+
+    def handle(self, line: str) -> None:
+        request = json.loads(line)
+        if request["op"] == "spawn":
+            self.spawn(request)
+        elif request["op"] == "signal":
+            self.signal(int(request["pid"]), int(request["signal"]))
+
+    def serve(self) -> None:
+        signal.set_wakeup_fd(self.wake_w)
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # wakes select through the wakeup fd
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the runner stops containers first, then closes stdin
+        buffer = b""
+        stdin = sys.stdin.fileno()
+        while True:
+            readable, _, _ = select.select([stdin, self.wake_r], [], [])
+            if self.wake_r in readable:
+                while True:
+                    try:
+                        if not os.read(self.wake_r, 512):
+                            break
+                    except BlockingIOError:
+                        break
+            self.reap()
+            if stdin in readable:
+                chunk = os.read(stdin, 65536)
+                if not chunk:
+                    return  # the runner is gone or done
+                buffer += chunk
+                *lines, buffer = buffer.split(b"\n")
+                for line in lines:
+                    if line.strip():
+                        self.handle(line.decode())
+
+
+def main() -> int:
+    _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # never outlive the runner
+    _prctl(PR_SET_CHILD_SUBREAPER, 1)
+    zygote = Zygote()
+    # Replies own the real stdout; anything an import prints goes to stderr (the runner's log).
+    os.dup2(2, 1)
+    started = time.monotonic()
+    imported = preload()
+    _send(zygote.out, {"op": "ready", "imported": imported, "seconds": round(time.monotonic() - started, 2)})
+    zygote.serve()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
