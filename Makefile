@@ -31,7 +31,7 @@ binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, schedule
 sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
 	hack/install-sglang.sh $(PY)
 
-cluster-up: $(STAMP) binaries ## start the local control plane with fake GPU nodes (idempotent)
+cluster-up: $(STAMP) binaries sglang ## start the local control plane with fake GPU nodes and the pod runner (idempotent)
 	$(CLUSTER) up
 
 cluster-down: ## stop the local control plane's processes
@@ -67,7 +67,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== operator: 100 pools of 8 groups, all at once"; $(PY) benchmarks/bench_operator.py
 	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
 
-demo: $(STAMP) binaries ## the main job, locally: cluster, chart, operator, an example pool going Ready
+demo: $(STAMP) binaries sglang ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up
 	hack/demo.sh
 

@@ -2,7 +2,8 @@
 """A real Kubernetes control plane on loopback, without a container runtime.
 
 etcd, kube-apiserver (TLS, client-certificate admin, RBAC enforced, service-account tokens),
-kube-controller-manager, kube-scheduler and the kwok controller run as local processes, each with a log file
+kube-controller-manager, kube-scheduler, the kwok controller and pdfleet's pod runner (`pdfleet-sim`, which
+plays kubelet for pdfleet's own pods, see docs/local-fleet.md) run as local processes, each with a log file
 and a pid file under the cluster directory. kwok turns fake GPU nodes Ready and pods Running without
 containers; every node's podCIDR lies inside 127.0.0.0/8, so a pod's IP is a loopback address a local process
 can listen on and nothing is ever sent to a private range.
@@ -69,6 +70,7 @@ class Ports:
     controller_manager: int
     scheduler: int
     kwok: int
+    sim: int
 
     @classmethod
     def from_env(cls) -> Ports:
@@ -79,6 +81,7 @@ class Ports:
             controller_manager=_port("PDFLEET_CONTROLLER_MANAGER_PORT", 20257),
             scheduler=_port("PDFLEET_SCHEDULER_PORT", 20259),
             kwok=_port("PDFLEET_KWOK_PORT", 20247),
+            sim=_port("PDFLEET_SIM_PORT", 20248),
         )
 
 
@@ -90,6 +93,11 @@ class Component:
     port_env: str
     args: list[str]
     ready: Callable[[], bool]
+    exe: Path | None = None  # the program when it is not one of the built binaries in BIN
+
+    @property
+    def program(self) -> Path:
+        return self.exe or BIN / self.binary
 
 
 def external_kubeconfig() -> Path | None:
@@ -108,8 +116,8 @@ def _pidfile(name: str) -> Path:
     return DIR / "run" / f"{name}.pid"
 
 
-def _alive_pid(name: str, binary: str) -> int | None:
-    """The pid of our running `name`, or None. A pid is ours only if its command line is our binary, so a
+def _alive_pid(name: str, program: Path) -> int | None:
+    """The pid of our running `name`, or None. A pid is ours only if its command line is our program, so a
     recycled pid never gets signalled."""
     try:
         pid = int(_pidfile(name).read_text().strip())
@@ -118,7 +126,7 @@ def _alive_pid(name: str, binary: str) -> int | None:
     except (OSError, ValueError):
         return None
     state = stat.rsplit(")", 1)[1].split()[0]
-    if state in ("Z", "X") or cmdline != str(BIN / binary):
+    if state in ("Z", "X") or cmdline != str(program):
         return None
     return pid
 
@@ -149,7 +157,7 @@ def _start(c: Component) -> None:
     log = DIR / "logs" / f"{c.name}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [str(BIN / c.binary), *c.args],
+            [str(c.program), *c.args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -167,13 +175,13 @@ def _start(c: Component) -> None:
     say(f"{c.name} ready (pid {proc.pid}, log {log})")
 
 
-def _stop(name: str, binary: str) -> bool:
-    pid = _alive_pid(name, binary)
+def _stop(name: str, program: Path) -> bool:
+    pid = _alive_pid(name, program)
     _pidfile(name).unlink(missing_ok=True)
     if pid is None:
         return False
     os.kill(pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 30  # the pod runner first stops its pods, each within its bounded grace
     while time.monotonic() < deadline and _pid_running(pid):
         time.sleep(0.1)
     if _pid_running(pid):
@@ -293,6 +301,12 @@ def _http_ok(port: int, path: str) -> bool:
         return False
 
 
+def sim_python() -> Path:
+    """The interpreter of the pod runner: the project's virtual environment, where SGLang is installed."""
+    value = os.environ.get("PDFLEET_SIM_PYTHON")
+    return Path(value) if value else HACK.parent / ".venv" / "bin" / "python"
+
+
 def components(ports: Ports) -> list[Component]:
     pki = DIR / "pki"
     kubeconfig = str(DIR / "kubeconfig")
@@ -337,6 +351,11 @@ def components(ports: Ports) -> list[Component]:
             "--manage-all-nodes=false", "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake",
             f"--node-ip={HOST}", "--cidr=127.254.0.0/16", f"--server-address={HOST}:{ports.kwok}",
         ], lambda: _http_ok(ports.kwok, "/healthz")),
+        # Ready once its zygote has imported SGLang and it has listed the pods: it can run pods at once.
+        Component("pdfleet-sim", "pdfleet-sim", ports.sim, "PDFLEET_SIM_PORT", [
+            "-m", "pdfleet.podrunner", f"--cluster-dir={DIR}", f"--kubeconfig={kubeconfig}",
+            f"--port={ports.sim}",
+        ], lambda: _http_ok(ports.sim, "/healthz"), exe=sim_python()),
     ]
 
 
@@ -424,12 +443,15 @@ def say(msg: str) -> None:
 
 
 def check_binaries(ports: Ports) -> None:
-    missing = [c.binary for c in components(ports) if not os.access(BIN / c.binary, os.X_OK)]
+    missing = [c.binary for c in components(ports) if c.exe is None and not os.access(c.program, os.X_OK)]
     if not os.access(BIN / "kubectl", os.X_OK):
         missing.append("kubectl")
     if missing:
         raise ClusterError(f"missing binaries in {BIN}: {', '.join(missing)}. Build them with `make binaries` "
                            f"(hack/build-binaries.sh; needs Go 1.24+).")
+    if not os.access(sim_python(), os.X_OK):
+        raise ClusterError(f"the pod runner's interpreter {sim_python()} does not exist. Install it with "
+                           f"`make sglang` (or set PDFLEET_SIM_PYTHON to a Python with pdfleet and SGLang).")
 
 
 def up() -> None:
@@ -445,9 +467,9 @@ def up() -> None:
     write_kubeconfig(ports)
     started = 0
     for c in components(ports):
-        if _alive_pid(c.name, c.binary) is not None and c.ready():
+        if _alive_pid(c.name, c.program) is not None and c.ready():
             continue
-        _stop(c.name, c.binary)  # a process that is ours but not ready is restarted
+        _stop(c.name, c.program)  # a process that is ours but not ready is restarted
         if c.name == "etcd":
             # A fresh etcd starts empty: no pools, namespaces or events left by a run that was killed
             # without `down`. Components restarted while etcd runs keep the cluster's state.
@@ -464,7 +486,8 @@ def down() -> None:
         say("PDFLEET_KUBECONFIG names an external cluster; stopping nothing")
         return
     ports = Ports.from_env()
-    stopped = sum(_stop(c.name, c.binary) for c in reversed(components(ports)))
+    # Reversed: the pod runner stops first, and stops every pod's processes while the apiserver still runs.
+    stopped = sum(_stop(c.name, c.program) for c in reversed(components(ports)))
     # A fresh etcd next time: no pools, nodes or events left over from an earlier run.
     shutil.rmtree(DIR / "etcd", ignore_errors=True)
     say(f"stopped {stopped} process(es)" if stopped else "nothing was running")
@@ -476,7 +499,7 @@ def status() -> int:
     ports = Ports.from_env()
     running = 0
     for c in components(ports):
-        pid = _alive_pid(c.name, c.binary)
+        pid = _alive_pid(c.name, c.program)
         state = f"running (pid {pid})" if pid else "stopped"
         running += pid is not None
         print(f"{c.name:24} {state}")

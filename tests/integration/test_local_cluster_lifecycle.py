@@ -21,7 +21,10 @@ BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) 
 PORTS = {
     "PDFLEET_ETCD_PORT": "33790", "PDFLEET_ETCD_PEER_PORT": "33800", "PDFLEET_APISERVER_PORT": "36443",
     "PDFLEET_CONTROLLER_MANAGER_PORT": "30257", "PDFLEET_SCHEDULER_PORT": "30259", "PDFLEET_KWOK_PORT": "30247",
+    "PDFLEET_SIM_PORT": "30248",
 }
+COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pdfleet-sim"}
+SIM_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 
 
 def processes_of(cluster_dir: Path) -> list[str]:
@@ -36,7 +39,8 @@ def processes_of(cluster_dir: Path) -> list[str]:
         except OSError:
             continue
         argv0 = cmdline.split(" ", 1)[0]
-        if str(cluster_dir) in cmdline and state not in ("Z", "X") and argv0.startswith(str(BIN)):
+        ours = argv0.startswith(str(BIN)) or (argv0 == SIM_PYTHON and "pdfleet.podrunner" in cmdline)
+        if str(cluster_dir) in cmdline and state not in ("Z", "X") and ours:
             found.append(cmdline)
     return found
 
@@ -65,8 +69,8 @@ def test_up_twice_is_harmless_and_down_leaves_no_process(private_cluster: tuple[
     assert first.returncode == 0, first.stderr
     assert "cluster is up" in first.stderr
     started = pids(cluster_dir)
-    assert set(started) == {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok"}
-    assert len(processes_of(cluster_dir)) == 5
+    assert set(started) == COMPONENTS
+    assert len(processes_of(cluster_dir)) == len(COMPONENTS)
 
     second = localcluster(env, "up")
     assert second.returncode == 0, second.stderr
