@@ -66,6 +66,8 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== operator: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) benchmarks/bench_operator.py --rate 2
 	@echo "== operator: 100 pools of 8 groups, all at once"; $(PY) benchmarks/bench_operator.py
 	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
+	@echo "== local fleet: injected desync -> Desync in status, 20 injections"; $(PY) benchmarks/bench_desync_detection.py
+	@echo "== local fleet: the pod runner's memory and idle CPU per engine pod"; $(PY) benchmarks/bench_runner.py
 
 demo: $(STAMP) binaries sglang ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up
