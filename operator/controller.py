@@ -201,6 +201,10 @@ class Controller:
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
         await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
 
+    async def post_event(self, pool: Mapping[str, Any], event: Event) -> None:
+        """An event about `pool` from outside a reconcile (the routers' membership, say)."""
+        await self._post_event(pool, event)
+
     async def _post_event(self, pool: Mapping[str, Any], event: Event) -> None:
         body = kube_events.event_body(pool, event)
         try:

@@ -18,7 +18,7 @@ from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.cache import PoolKey
-from pdfleet.operator.engines import agents, monitor
+from pdfleet.operator.engines import agents, membership, monitor, routers
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.render import labels
 from pdfleet.operator.runtime_state import OperatorState
@@ -70,6 +70,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
                                                  runtime_image=state.options.runtime_image,
                                                  health=state.health.health, agents=agent_client)
+    # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
+    state.membership = membership.RouterMembership(routers=routers.RouterClient(),
+                                                   post_event=state.controller.post_event)
+    state.health.after_poll = state.membership.sync
     for _i in range(state.options.workers):
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
@@ -103,6 +107,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     state.queue.close()
     if state.health:
         await state.health.close()
+    if state.membership:
+        await state.membership.close()
     if state.client:
         await state.client.close()
 

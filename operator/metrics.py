@@ -32,3 +32,9 @@ EVIDENCE_CAPTURES = Counter(
     "pdfleet_evidence_captures_total", "Evidence bundles captured from sick groups before a restart, by result.",
     ["result"], registry=REGISTRY,
 )
+ROUTER_WORKER_CHANGES = Counter(
+    "pdfleet_router_worker_changes_total",
+    "Workers the operator removed from or added to a pool's routers, by action and reason (a rank-health "
+    "verdict, terminating, not Ready, stale, wrong role, in rotation).",
+    ["action", "reason"], registry=REGISTRY,
+)

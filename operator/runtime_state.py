@@ -7,6 +7,7 @@ import dataclasses
 
 from pdfleet.operator.cache import Cache, PoolKey
 from pdfleet.operator.controller import Controller
+from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.workqueue import WorkQueue
@@ -34,6 +35,7 @@ class OperatorState:
     client: KubeClient | None = None
     controller: Controller | None = None
     health: HealthMonitor | None = None  # polls the engines' rank agents; set at startup
+    membership: RouterMembership | None = None  # keeps the routers' workers to what the operator judged
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 

@@ -15,7 +15,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pdfleet.operator.api import checks
@@ -37,11 +37,17 @@ IDLE_PERIOD = 5.0  # seconds between looks at a pool whose spec cannot be read (
 MAX_AGENT_TIMEOUT = 2.0  # seconds one agent may take; a live agent answers in milliseconds
 
 
+# Runs after every poll of a pool with what was judged (the routers' membership follows the verdicts).
+AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHealth]], Awaitable[None]]
+
+
 class HealthMonitor:
-    def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None]) -> None:
+    def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
+                 after_poll: AfterPoll | None = None) -> None:
         self._cache = cache
         self._agents = agents
         self._poke = poke
+        self.after_poll = after_poll
         self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
         self._answered: dict[PoolKey, set[str]] = {}  # uids of pods whose agent has answered at least once
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
@@ -122,6 +128,13 @@ class HealthMonitor:
                 log.info("rank health of %s/%s: %s", *key, ", ".join(changed),
                          extra={"namespace": key[0], "pool": key[1]})
             self._poke(key)
+        if self.after_poll is not None:
+            try:
+                await self.after_poll(key, spec, observed, judged)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # routers are best effort: rank health must go on whatever they do
+                log.exception("after the rank-health poll of %s/%s", *key)
         return period
 
     async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,

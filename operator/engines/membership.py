@@ -1,0 +1,111 @@
+"""Keeps every router of a pool sending requests to exactly the engines the operator holds in rotation
+(`planning.router_membership` decides; this module asks the routers and acts). Called after each rank-health
+poll, so a group judged sick leaves rotation within one heartbeat.
+
+A router that does not answer is skipped until the next poll; nothing here ever raises into the monitor.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from pdfleet.operator import metrics
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.cache import Observed, PoolKey
+from pdfleet.operator.engines.routers import RouterClient, router_base
+from pdfleet.operator.planning import router_membership
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.render import labels
+from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+PostEvent = Callable[[Mapping[str, Any], Event], Awaitable[None]]
+GRACE_S = 5.0  # how long the router's own discovery gets to add a newly Ready engine before the operator does
+
+
+def _is_router(pod: Body) -> bool:
+    return (pod["metadata"].get("labels") or {}).get(labels.COMPONENT) == ROUTER_COMPONENT
+
+
+def _serving(pod: Body) -> bool:
+    status = pod.get("status") or {}
+    return status.get("phase") == "Running" and bool(status.get("podIP")) and \
+        not pod["metadata"].get("deletionTimestamp")
+
+
+class RouterMembership:
+    def __init__(self, *, routers: RouterClient, post_event: PostEvent | None = None, grace_s: float = GRACE_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._routers = routers
+        self._post_event = post_event
+        self._grace = grace_s
+        self._clock = clock
+        self._missing: dict[str, Mapping[str, float]] = {}  # by router pod uid
+
+    async def close(self) -> None:
+        await self._routers.close()
+
+    async def sync(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
+                   health: Mapping[str, GroupHealth]) -> None:
+        pods = observed.of_kind("Pod")
+        routers = [p for p in pods if _is_router(p) and _serving(p)]
+        if not routers or observed.pool is None:
+            return
+        engines = [p for p in pods if not _is_router(p)]
+        wanted, left_out = router_membership.in_rotation(spec, engines, {n: h.verdict for n, h in health.items()})
+        for router in routers:
+            uid = router["metadata"].get("uid", "")
+            base = router_base(router, spec.router.port)
+            if base is None:
+                continue
+            registered = await self._routers.workers(base)
+            if registered is None:
+                continue
+            changes = router_membership.plan(wanted, registered, left_out, missing_since=self._missing.get(uid, {}),
+                                             now=self._clock(), grace=self._grace)
+            self._missing[uid] = changes.missing_since
+            await self._apply(observed.pool, router["metadata"]["name"], base, changes)
+        alive = {r["metadata"].get("uid", "") for r in routers}
+        for uid in [u for u in self._missing if u not in alive]:
+            del self._missing[uid]
+
+    async def _apply(self, pool: Body, router: str, base: str, changes: router_membership.Changes) -> None:
+        meta = pool["metadata"]
+        where = {"namespace": meta["namespace"], "pool": meta["name"], "router": router}
+        for removal in changes.remove:
+            if not await self._routers.remove(base, removal.worker):
+                continue
+            metrics.ROUTER_WORKER_CHANGES.labels(action="remove", reason=_reason_label(removal.reason)).inc()
+            log.info("router %s: removed worker %s (%s)", router, removal.worker.url, removal.reason, extra=where)
+            sick = removal.reason in {str(v) for v in router_membership.SICK}
+            await self._event(pool, Event(
+                "Warning" if sick else "Normal", "RouterWorkerRemoved",
+                f"router {router} no longer sends requests to {removal.worker.worker_type} worker "
+                f"{removal.worker.url}: {removal.reason}"))
+        for worker in changes.add:
+            if not await self._routers.add(base, worker):
+                continue
+            metrics.ROUTER_WORKER_CHANGES.labels(action="add", reason="in rotation").inc()
+            log.info("router %s: added worker %s of group %s", router, worker.url, worker.group, extra=where)
+            await self._event(pool, Event("Normal", "RouterWorkerAdded",
+                                          f"router {router} sends requests to {worker.role} group {worker.group} "
+                                          f"({worker.url}) again"))
+
+    async def _event(self, pool: Body, event: Event) -> None:
+        if self._post_event is not None:
+            await self._post_event(pool, event)
+
+
+def _reason_label(reason: str) -> str:
+    """A bounded set of metric label values: verdicts and the planner's fixed reasons."""
+    if reason in {str(v) for v in router_membership.SICK} or reason in ("terminating", "not Ready"):
+        return reason
+    if reason.startswith("registered as"):
+        return "wrong role"
+    return "stale"
