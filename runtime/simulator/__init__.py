@@ -1,0 +1,21 @@
+"""The engine simulator: SGLang's HTTP server and scheduler, with only the GPU math replaced.
+
+The launcher (`pdfleet.runtime.launcher`) calls `run(parsed, sglang_args, bind=...)` instead of SGLang's `run_server`
+when `PDFLEET_ENGINE_MODE=simulate`, after everything else it does (SGLang's parser, patch checks, patches,
+the rank-health agent). What runs then behaves like SGLang on every surface pdfleet, sglang-router and
+clients touch: health, server and model info, /v1/loads, /metrics, /generate and OpenAI chat completions,
+PD disaggregation through a real bootstrap server, TP ranks as processes that write the real rank ledger
+and meet in real cross-process collectives, faults on demand, SIGTERM drain. See docs/local-fleet.md,
+"Engine simulator", for the interface.
+
+Modules: `config` (engine facts, timing knobs), `faults` (what is asked, from annotations and env),
+`ranks` (rank processes and collectives), `ticks` (rank iterations counted on the HTTP side), `scheduler`
+(queues, timing model, PD hand-off), `kv` (bootstrap server and KV fetch), `tokenizer`, `info`,
+`native_api`, `openai_api`, `state`, `server` (lifetime).
+"""
+
+from __future__ import annotations
+
+from pdfleet.runtime.simulator.server import run
+
+__all__ = ["run"]

@@ -1,0 +1,134 @@
+"""What a simulated engine is (from SGLang's parsed arguments) and how fast it pretends to be (from env).
+
+Timing knobs, all optional (`PDFLEET_SIM_*`):
+
+    PDFLEET_SIM_PREFILL_BASE_MS      fixed cost of one prefill                    (default 5)
+    PDFLEET_SIM_PREFILL_MS_PER_TOKEN  prefill cost per prompt token               (default 0.02)
+    PDFLEET_SIM_DECODE_MS            one decode step: a busy rank iteration      (default 10)
+    PDFLEET_SIM_IDLE_MS              one idle rank iteration                     (default 30)
+    PDFLEET_SIM_MAX_RUNNING          running requests at most; more queue        (default: the
+                                     --max-running-requests given, else 64)
+    PDFLEET_SIM_MAX_TOTAL_TOKENS     the KV pool size it reports                 (default 262144)
+    PDFLEET_SIM_CONTEXT_LEN          context length, when --context-length is unset (default 32768)
+    PDFLEET_SIM_KV_WAIT_S            how long either side of a PD transfer waits for the other (default 30)
+    PDFLEET_SIM_DRAIN_S              on SIGTERM, how long in-flight requests may take (default 60)
+    PDFLEET_SIM_LOAD_S               pretend model loading before serving        (default 0)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from collections.abc import Mapping
+
+from pdfleet.runtime.health import phases
+
+ENV_PREFIX = "PDFLEET_SIM_"
+
+
+def _num(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(ENV_PREFIX + name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number") from None
+    if value < 0:
+        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} must not be negative")
+    return value
+
+
+@dataclasses.dataclass(frozen=True)
+class Timing:
+    prefill_base_s: float = 0.005
+    prefill_per_token_s: float = 0.00002
+    decode_step_s: float = 0.010
+    idle_step_s: float = 0.030
+    max_running: int = 64
+    max_total_tokens: int = 262144
+    context_len: int = 32768
+    kv_wait_s: float = 30.0
+    drain_s: float = 60.0
+    load_s: float = 0.0
+
+    def prefill_s(self, prompt_tokens: int) -> float:
+        return self.prefill_base_s + self.prefill_per_token_s * prompt_tokens
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str], *, max_running: int | None, context_len: int | None) -> Timing:
+        return cls(
+            prefill_base_s=_num(env, "PREFILL_BASE_MS", 5) / 1000,
+            prefill_per_token_s=_num(env, "PREFILL_MS_PER_TOKEN", 0.02) / 1000,
+            decode_step_s=_num(env, "DECODE_MS", 10) / 1000,
+            # An idle iteration must stay well under the operator's desync threshold (seconds).
+            idle_step_s=max(_num(env, "IDLE_MS", 30), 1) / 1000,
+            max_running=max(1, int(_num(env, "MAX_RUNNING", max_running or 64))),
+            max_total_tokens=int(_num(env, "MAX_TOTAL_TOKENS", 262144)),
+            context_len=context_len or int(_num(env, "CONTEXT_LEN", 32768)),
+            kv_wait_s=_num(env, "KV_WAIT_S", 30),
+            drain_s=_num(env, "DRAIN_S", 60),
+            load_s=_num(env, "LOAD_S", 0),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Engine:
+    """The facts of one engine process that shape what it serves and which loop its ranks run."""
+
+    mode: str  # "null", "prefill" or "decode", as SGLang's --disaggregation-mode
+    overlap: bool
+    pp_size: int
+    tp_size: int
+    nnodes: int
+    node_rank: int
+    host: str
+    port: int
+    bootstrap_port: int
+    model_path: str
+    served_model_name: str
+    transfer_backend: str
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> Engine:
+        nnodes = max(1, int(getattr(args, "nnodes", 1) or 1))
+        tp = int(args.tp_size)
+        if tp % nnodes:
+            raise ValueError(f"--tp-size {tp} is not divisible by --nnodes {nnodes}")
+        return cls(
+            mode=str(args.disaggregation_mode or "null"),
+            overlap=not bool(args.disable_overlap_schedule),
+            pp_size=int(getattr(args, "pp_size", 1) or 1),
+            tp_size=tp,
+            nnodes=nnodes,
+            node_rank=int(getattr(args, "node_rank", 0) or 0),
+            host=str(args.host),
+            port=int(args.port),
+            bootstrap_port=int(getattr(args, "disaggregation_bootstrap_port", 8998) or 8998),
+            model_path=str(args.model_path),
+            served_model_name=str(args.served_model_name or args.model_path),
+            transfer_backend=str(getattr(args, "disaggregation_transfer_backend", "mooncake")),
+        )
+
+    @property
+    def pd(self) -> bool:
+        return self.mode in ("prefill", "decode")
+
+    @property
+    def local_ranks(self) -> int:
+        return self.tp_size // self.nnodes
+
+    @property
+    def first_rank(self) -> int:
+        return self.node_rank * self.local_ranks
+
+    def loop(self, *, overlap: bool | None = None) -> phases.LoopName:
+        """The loop SGLang's `_dispatch_event_loop_once` picks for these arguments (pdmux and MLX aside)."""
+        kind = "pp" if self.pp_size > 1 else ("overlap" if (self.overlap if overlap is None else overlap)
+                                             else "normal")
+        suffix = {"prefill": "_disagg_prefill", "decode": "_disagg_decode"}.get(self.mode, "")
+        return phases.LoopName.from_method(f"event_loop_{kind}{suffix}")
+
+    def wrong_loop(self) -> phases.LoopName:
+        """The loop the `wrong-event-loop` fault reports: the other of normal and overlap."""
+        return self.loop(overlap=not self.overlap)

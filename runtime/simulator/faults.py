@@ -1,0 +1,175 @@
+"""Faults on demand: which one is asked for, read from the pod's annotations (live) and the environment.
+
+Annotations (`$PDFLEET_PODINFO/annotations`, the downward-API file: `key="value"` lines, Go-quoted values,
+rewritten atomically on change) are polled every 200 ms; the environment is read once, at start. An
+annotation wins over the environment while it is present.
+
+    sim.pdfleet.dev/fault              PDFLEET_SIM_FAULT               desync | hang | dead-rank | slow |
+                                                                        wrong-event-loop | wrong-server-args
+                                                                        (env only: crash-at-start)
+    sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
+    sim.pdfleet.dev/forward-delay-ms   PDFLEET_SIM_FORWARD_DELAY_MS    a forward's duration under `slow`
+
+desync, hang and dead-rank are latched by the ranks: taking the annotation away does not heal an engine,
+as in production. slow, wrong-event-loop and wrong-server-args follow the annotation both ways.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+PODINFO_ENV = "PDFLEET_PODINFO"
+ANNOTATION_PREFIX = "sim.pdfleet.dev/"
+ENV_FAULT = "PDFLEET_SIM_FAULT"
+ENV_FAULT_RANK = "PDFLEET_SIM_FAULT_RANK"
+ENV_FORWARD_DELAY_MS = "PDFLEET_SIM_FORWARD_DELAY_MS"
+POLL_S = 0.2
+DEFAULT_SLOW_MS = 1000
+
+
+class Fault(enum.IntEnum):
+    """Numbered: the ranks read the current fault from one shared integer."""
+
+    NONE = 0
+    DESYNC = 1
+    HANG = 2
+    DEAD_RANK = 3
+    SLOW = 4
+    WRONG_EVENT_LOOP = 5
+    WRONG_SERVER_ARGS = 6
+    CRASH_AT_START = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", "-")
+
+    @classmethod
+    def parse(cls, text: str) -> Fault:
+        """The fault a label names; '' is NONE. Raises ValueError for an unknown name."""
+        text = text.strip().lower()
+        if not text or text == "none":
+            return cls.NONE
+        for f in cls:
+            if f.label == text:
+                return f
+        raise ValueError(f"unknown simulator fault {text!r}; known: {', '.join(f.label for f in cls if f)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """The fault asked for now. `rank` is a local rank index, None for the default (the last)."""
+
+    fault: Fault = Fault.NONE
+    rank: int | None = None
+    forward_delay_ms: int = DEFAULT_SLOW_MS
+
+
+_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
+            "'": "'"}
+_ESCAPE = re.compile(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|[0-7]{3}|.)")
+
+
+def _unquote_go(quoted: str) -> str:
+    """A Go `strconv.Quote`d string's value (what kubelet writes in a downward-API file)."""
+    if len(quoted) < 2 or quoted[0] != '"' or quoted[-1] != '"':
+        return quoted
+
+    def one(m: re.Match[str]) -> str:
+        esc = m.group(1)
+        if esc[0] in "xuU":
+            return chr(int(esc[1:], 16))
+        if esc[0].isdigit():
+            return chr(int(esc, 8))
+        return _ESCAPES.get(esc, esc)
+
+    return _ESCAPE.sub(one, quoted[1:-1])
+
+
+def parse_annotations(text: str) -> dict[str, str]:
+    """The `key="value"` lines of a downward-API annotations file."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip():
+            out[key.strip()] = _unquote_go(value.strip())
+    return out
+
+
+def asked(values: Mapping[str, str], *, fault_key: str, rank_key: str, delay_key: str) -> Asked | None:
+    """The fault `values` ask for (None when they name none). Raises ValueError for a bad value."""
+    if fault_key not in values:
+        return None
+    fault = Fault.parse(values[fault_key])
+    rank = values.get(rank_key, "").strip()
+    delay = values.get(delay_key, "").strip()
+    return Asked(fault, int(rank) if rank else None, int(delay) if delay else DEFAULT_SLOW_MS)
+
+
+def from_env(env: Mapping[str, str]) -> Asked:
+    found = asked(env, fault_key=ENV_FAULT, rank_key=ENV_FAULT_RANK, delay_key=ENV_FORWARD_DELAY_MS)
+    return found or Asked()
+
+
+def from_annotations(values: Mapping[str, str]) -> Asked | None:
+    p = ANNOTATION_PREFIX
+    return asked(values, fault_key=p + "fault", rank_key=p + "fault-rank", delay_key=p + "forward-delay-ms")
+
+
+class Watcher:
+    """Polls the annotations file from a daemon thread and hands every change to `apply`."""
+
+    def __init__(self, env: Mapping[str, str], apply: Callable[[Asked], None]) -> None:
+        self._base = from_env(env)
+        podinfo = env.get(PODINFO_ENV)
+        self._path = Path(podinfo) / "annotations" if podinfo else None
+        self._apply = apply
+        self._stop = threading.Event()
+        self._last: Asked | None = None
+        self._last_error = ""
+
+    @property
+    def initial(self) -> Asked:
+        return self._base
+
+    def poll_once(self) -> Asked:
+        current = self._base
+        if self._path is not None:
+            try:
+                found = from_annotations(parse_annotations(self._path.read_text()))
+                if found is not None:
+                    current = found
+                self._last_error = ""
+            except FileNotFoundError:
+                pass
+            except (OSError, ValueError) as e:  # keep the previous state; say so once
+                if str(e) != self._last_error:
+                    log.warning("simulator: ignoring %s: %s", self._path, e)
+                    self._last_error = str(e)
+                return self._last or current
+        if current != self._last:
+            if current.fault is not Fault.NONE or self._last is not None:
+                log.warning("simulator: fault now %s (rank %s)", current.fault.label, current.rank)
+            self._last = current
+            self._apply(current)
+        return current
+
+    def start(self) -> Watcher:
+        self.poll_once()
+        threading.Thread(target=self._run, name="pdfleet-sim-faults", daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            self.poll_once()
+

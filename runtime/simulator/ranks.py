@@ -1,0 +1,184 @@
+"""The engine's tensor-parallel ranks: light forked processes that walk SGLang's scheduler loop for real.
+
+Each rank attaches the pod's real ledger (`attach_rank`: slot = local index, rank = global TP rank) and, every
+iteration, crosses the phases and collectives SGLang's loop crosses:
+
+    collective(RECV_BROADCAST)      recv_requests' broadcast          -> barrier "recv"
+    begin(LOCAL)
+    collective(KV_POLL_ALL_REDUCE)  PD loops poll their KV transfers -> barrier "kv_poll"
+    begin(FORWARD) while a batch runs, else begin(IDLE)
+    step()
+
+A collective is a real rendezvous: one `multiprocessing.Barrier` per collective kind, shared by the pod's
+ranks. So a rank that enters another collective than its peers (the `desync` fault) leaves everyone blocked,
+each in its own barrier, with the ledger showing it: exactly the failure the operator detects. Barriers do
+not cross pods: the ranks of a multi-node group rendezvous within each pod only.
+
+Requests advance only while the loop turns: rank 0 writes one byte per iteration to a pipe the HTTP side
+counts (`ticks`), and every prefill and decode step waits for it. A stuck loop stalls every request while
+/health still answers, as in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import logging
+import multiprocessing
+import multiprocessing.synchronize
+import os
+import signal
+import threading
+import time
+from multiprocessing.sharedctypes import Synchronized
+
+from pdfleet.runtime.health import attach, phases
+from pdfleet.runtime.health import writer as rank_writer
+from pdfleet.runtime.simulator.config import Engine, Timing
+from pdfleet.runtime.simulator.faults import Asked, Fault
+
+log = logging.getLogger(__name__)
+
+_CTX = multiprocessing.get_context("fork")
+_PR_SET_PDEATHSIG = 1
+_RECV = phases.Phase.RECV_BROADCAST
+_KV_POLL = phases.Phase.KV_POLL_ALL_REDUCE
+
+
+class Control:
+    """What the HTTP side tells the ranks, in shared memory: the fault asked for, whether a batch is running,
+    and when to stop."""
+
+    def __init__(self, ranks: int) -> None:
+        self.fault: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
+        self.fault_rank: Synchronized[int] = _CTX.Value("i", ranks - 1, lock=False)  # type: ignore[assignment]
+        self.delay_ms: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
+        self.stop: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
+        self.busy = _CTX.Event()
+        self.barriers = {_RECV: _CTX.Barrier(ranks), _KV_POLL: _CTX.Barrier(ranks)}
+        # Never complete: where every rank waits under the `hang` fault.
+        self.never = _CTX.Barrier(ranks + 1)
+        self._ranks = ranks
+
+    def ask(self, asked: Asked) -> None:
+        rank = asked.rank if asked.rank is not None else self._ranks - 1
+        self.fault_rank.value = min(max(rank, 0), self._ranks - 1)
+        self.delay_ms.value = asked.forward_delay_ms
+        self.fault.value = int(asked.fault)
+
+    def release_all(self) -> None:
+        """Break every barrier: a blocked rank wakes up (with BrokenBarrierError) and can exit."""
+        self.stop.value = 1
+        for b in (*self.barriers.values(), self.never):
+            b.abort()
+
+
+class _Stop(Exception):
+    pass
+
+
+def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int) -> None:
+    writer = attach.attach_rank(slot=slot, rank=engine.first_rank + slot, slots=engine.local_ranks)
+    loop, wrong = engine.loop(), engine.wrong_loop()
+    latched = Fault.NONE  # desync, hang and dead-rank never heal
+    try:
+        writer.set_loop(loop)
+        while not control.stop.value:
+            fault = Fault(control.fault.value)
+            if fault in (Fault.DESYNC, Fault.HANG, Fault.DEAD_RANK) and latched is Fault.NONE:
+                latched = fault
+            mine = control.fault_rank.value == slot
+            if latched is Fault.DEAD_RANK and mine:
+                os._exit(17)  # a crash: no goodbye in the ledger
+            writer.set_loop(wrong if fault is Fault.WRONG_EVENT_LOOP else loop)
+            _collective(writer, control, _RECV)
+            writer.begin(phases.Phase.LOCAL)
+            if engine.pd:
+                if latched is Fault.HANG:
+                    writer.collective(_KV_POLL)
+                    control.never.wait()
+                if latched is Fault.DESYNC and mine:
+                    # Skips the KV poll its peers enter: it waits in the next broadcast, they in the poll.
+                    _collective(writer, control, _RECV)
+                _collective(writer, control, _KV_POLL)
+            elif latched is Fault.HANG or (latched is Fault.DESYNC and mine):
+                # No KV poll outside PD: the odd rank goes into a collective its peers never enter.
+                writer.collective(phases.Phase.OTHER_COLLECTIVE if latched is Fault.DESYNC else _RECV)
+                control.never.wait()
+            if control.busy.is_set():
+                writer.begin(phases.Phase.FORWARD)
+                slow = fault is Fault.SLOW
+                time.sleep(control.delay_ms.value / 1000 if slow else timing.decode_step_s)
+            else:
+                writer.begin(phases.Phase.IDLE)
+                control.busy.wait(timing.idle_step_s)
+            writer.step()
+            if slot == 0:
+                # A full pipe means the reader is behind: it counts what it gets, and never blocks a rank.
+                with contextlib.suppress(BlockingIOError):
+                    os.write(tick_fd, b"\0")
+    except (_Stop, threading.BrokenBarrierError):
+        pass
+    finally:
+        writer.close()
+
+
+def _collective(writer: rank_writer.RankWriter, control: Control, phase: phases.Phase) -> None:
+    writer.collective(phase)
+    control.barriers[phase].wait()
+
+
+def _rank_main(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int) -> None:
+    # Die with the engine process, however it ends: never leave a rank behind.
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() == 1:
+        os._exit(1)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def on_term(signum: int, frame: object) -> None:
+        raise _Stop
+
+    signal.signal(signal.SIGTERM, on_term)
+    _loop(engine, timing, control, slot, tick_fd)
+    os._exit(0)
+
+
+class RankGroup:
+    """The pod's ranks: `start()` forks them, `stop()` ends them and reaps every one."""
+
+    def __init__(self, engine: Engine, timing: Timing, control: Control) -> None:
+        self.engine = engine
+        self.timing = timing
+        self.control = control
+        self.procs: list[multiprocessing.process.BaseProcess] = []
+        self.tick_read, self._tick_write = os.pipe()
+        os.set_blocking(self._tick_write, False)
+        os.set_blocking(self.tick_read, False)
+
+    def start(self) -> RankGroup:
+        for slot in range(self.engine.local_ranks):
+            p = _CTX.Process(target=_rank_main, name=f"pdfleet-sim-rank-{slot}", daemon=True,
+                             args=(self.engine, self.timing, self.control, slot, self._tick_write))
+            p.start()
+            self.procs.append(p)
+        return self
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self.procs if p.pid is not None]
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask every rank to finish its iteration, break the barriers the blocked ones wait in, then reap;
+        a rank that does not go in time is killed."""
+        self.control.release_all()
+        deadline = time.monotonic() + timeout_s
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
+            if p.is_alive():
+                log.warning("simulator: rank %s did not exit; killing it", p.name)
+                p.kill()
+                p.join(1.0)
+        for fd in (self.tick_read, self._tick_write):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -1,0 +1,197 @@
+"""The request side of the simulated engine: admission, queues, the timing model, PD hand-off.
+
+A request waits for one of `max_running` slots (SGLang's waiting queue; a PD prefill's bootstrap queue, a
+PD decode's prealloc queue), then runs: a prefill costs `prefill_s(prompt tokens)` plus one rank iteration,
+each decode token one rank iteration (a busy iteration lasts `decode_step_s`, or the `slow` fault's delay).
+Every running request decodes in the same iterations: continuous batching. Rank iterations come from the
+rank processes (`ticks`), so nothing advances while the ranks are stuck.
+
+PD: the prefill side answers after its KV was taken by the decode side (its inflight queue until then);
+the decode side fetches the KV (its transfer queue) and continues from the prefill's first token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import time
+from collections.abc import AsyncIterator
+from http import HTTPStatus
+
+import aiohttp
+
+from pdfleet.runtime.simulator import kv, tokenizer
+from pdfleet.runtime.simulator.config import Engine, Timing
+from pdfleet.runtime.simulator.ranks import Control
+from pdfleet.runtime.simulator.ticks import Ticks
+
+
+class RequestError(Exception):
+    """A request SGLang would abort: its HTTP status and message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    rid: str
+    input_ids: list[int]
+    max_new_tokens: int
+    bootstrap_host: str | None = None
+    bootstrap_port: int | None = None
+    bootstrap_room: int | None = None
+
+
+QUEUES = ("waiting", "running", "prefill_bootstrap", "prefill_inflight", "decode_prealloc", "decode_transfer")
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, timing: Timing, ticks: Ticks, control: Control, rooms: kv.Rooms) -> None:
+        self.engine = engine
+        self.timing = timing
+        self.ticks = ticks
+        self.control = control
+        self.rooms = rooms
+        self.session: aiohttp.ClientSession | None = None
+        self.queues: collections.Counter[str] = collections.Counter({q: 0 for q in QUEUES})
+        self.totals: collections.Counter[str] = collections.Counter()
+        self.in_flight = 0
+        self.used_tokens = 0
+        self._slots = asyncio.Semaphore(timing.max_running)
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+
+    def _move(self, frm: str | None, to: str | None) -> None:
+        if frm:
+            self.queues[frm] -= 1
+        if to:
+            self.queues[to] += 1
+        # The ranks run forwards while anything is running, idle iterations otherwise.
+        if self.queues["running"] > 0:
+            self.control.busy.set()
+        else:
+            self.control.busy.clear()
+
+    def check(self, req: Request) -> None:
+        """Refuse what SGLang's scheduler refuses, before anything is queued."""
+        if self.engine.pd and req.bootstrap_room is None:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "Invalid request: Disaggregated request received without "
+                                                       f"bootstrap room id. req.rid={req.rid!r}")
+        if len(req.input_ids) >= self.timing.context_len:
+            raise RequestError(HTTPStatus.BAD_REQUEST,
+                               f"The input ({len(req.input_ids)} tokens) is longer than the model's context "
+                               f"length ({self.timing.context_len} tokens).")
+
+    async def generate(self, req: Request) -> AsyncIterator[int]:
+        """The request's output token ids, each as soon as it exists. Raises RequestError."""
+        self.check(req)
+        self.in_flight += 1
+        self._idle.clear()
+        self.totals["requests"] += 1
+        self.totals["prompt_tokens"] += len(req.input_ids)
+        try:
+            if self.engine.mode == "prefill":
+                yield await self._prefill_side(req)
+            else:
+                async for token in self._run(req):
+                    self.totals["generation_tokens"] += 1
+                    yield token
+        except RequestError:
+            self.totals["aborted"] += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            if self.in_flight == 0:
+                self._idle.set()
+
+    async def complete(self, req: Request) -> list[int]:
+        """Every output token of a non-streamed request. Raises RequestError."""
+        return [token async for token in self.generate(req)]
+
+    async def _admit(self, queue: str) -> None:
+        self._move(None, queue)
+        try:
+            await self._slots.acquire()
+        except BaseException:
+            self._move(queue, None)
+            raise
+
+    async def _prefill_side(self, req: Request) -> int:
+        key = tokenizer.prompt_key(req.input_ids)
+        await self._admit("prefill_bootstrap")
+        self._move("prefill_bootstrap", "running")
+        try:
+            await self._forward_prefill(len(req.input_ids))
+        finally:
+            self._move("running", "prefill_inflight")
+            self._slots.release()
+        first = tokenizer.output_token(key, 0)
+        try:
+            if req.bootstrap_host != kv.FAKE_BOOTSTRAP_HOST:
+                assert req.bootstrap_room is not None
+                payload = {"input_ids": req.input_ids, "first_token": first, "rid": req.rid}
+                if not await self.rooms.publish_and_wait(req.bootstrap_room, payload, self.timing.kv_wait_s):
+                    self.totals["transfer_failed"] += 1
+                    raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                                       f"KV transfer failed for request rank=0 req.rid={req.rid!r} "
+                                       f"req.bootstrap_room={req.bootstrap_room}: the decode side never took it "
+                                       f"within {self.timing.kv_wait_s:.0f} s")
+        finally:
+            self._move("prefill_inflight", None)
+        self.totals["generation_tokens"] += 1
+        return first
+
+    async def _run(self, req: Request) -> AsyncIterator[int]:
+        key = tokenizer.prompt_key(req.input_ids)
+        decode = self.engine.mode == "decode"
+        await self._admit("decode_prealloc" if decode else "waiting")
+        queue = "decode_prealloc" if decode else "waiting"
+        try:
+            if decode:
+                self._move(queue, queue := "decode_transfer")
+                first = await self._transfer(req)
+            self._move(queue, queue := "running")
+            self.used_tokens += len(req.input_ids)
+            if not decode:
+                await self._forward_prefill(len(req.input_ids))
+                first = tokenizer.output_token(key, 0)
+            yield first
+            for i in range(1, req.max_new_tokens):
+                await self.ticks.advance(1)
+                self.used_tokens += 1
+                yield tokenizer.output_token(key, i)
+        finally:
+            if queue == "running":
+                self.used_tokens -= len(req.input_ids)
+            self._move(queue, None)
+            self._slots.release()
+
+    async def _forward_prefill(self, prompt_tokens: int) -> None:
+        await asyncio.sleep(self.timing.prefill_s(prompt_tokens))
+        await self.ticks.advance(1)
+
+    async def _transfer(self, req: Request) -> int:
+        if req.bootstrap_host == kv.FAKE_BOOTSTRAP_HOST:
+            return tokenizer.output_token(tokenizer.prompt_key(req.input_ids), 0)
+        assert self.session is not None and req.bootstrap_room is not None
+        started = time.monotonic()
+        try:
+            payload = await kv.fetch(self.session, str(req.bootstrap_host), int(req.bootstrap_port or 8998),
+                                     req.bootstrap_room, self.timing.kv_wait_s)
+        except kv.TransferFailed as e:
+            self.totals["transfer_failed"] += 1
+            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                               f"Decode handshake failed for request rank=0 req.rid={req.rid!r} "
+                               f"req.bootstrap_room={req.bootstrap_room} with exception {e}") from None
+        self.totals["transfer_ms"] += round((time.monotonic() - started) * 1000)
+        return int(payload["first_token"])
