@@ -13,6 +13,10 @@ and the pod's rank-health agent on `--agent-port` (`/ranks`, `/ranks/stacks`, `/
 from a daemon thread of this process, which is SGLang's main process: same pid namespace as the ranks, same
 ledger path. The launcher starts each engine with an empty ledger and records the engine's URL beside it for
 the preStop drain (`pdfleet.runtime.drain`).
+
+Listeners bind to $PDFLEET_BIND_ADDRESS when set (the pod's own IP, where pods share a network namespace, as
+on the local fleet), else to SGLang's `--host`. With PDFLEET_ENGINE_MODE=simulate, everything above happens
+and then the engine simulator (`pdfleet.runtime.simulator`) serves instead of SGLang's `run_server`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.patches import base, catalogue
 
 EXIT_USAGE = 2
+BIND_ENV = "PDFLEET_BIND_ADDRESS"
+MODE_ENV = "PDFLEET_ENGINE_MODE"
+SIMULATE = "simulate"
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
 
@@ -80,6 +87,11 @@ def export_for_children(patch_ids: list[str]) -> None:
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(BOOTSTRAP), path) if p)
 
 
+def bind_address(sglang: argparse.Namespace) -> str:
+    """Where this engine's listeners bind: the pod's address when the environment names it, else `--host`."""
+    return os.environ.get(BIND_ENV) or str(sglang.host)
+
+
 def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.Agent | None:
     """The pod's rank-health agent on `port` (None for port 0), reading this engine's ledger."""
     if port == 0:
@@ -91,7 +103,7 @@ def prepare_pod_state(sglang: argparse.Namespace) -> None:
     """A fresh ledger for this engine (a stale one may have another geometry, which ranks would refuse), and
     the engine's URL for the drain."""
     ledger.default_path().unlink(missing_ok=True)
-    drain.write_endpoint(drain.local_url(sglang.host, sglang.port))
+    drain.write_endpoint(drain.local_url(bind_address(sglang), sglang.port))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -114,7 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     export_for_children(options.patch)
     prepare_pod_state(parsed)
     try:
-        running = start_agent(options.agent_port)
+        running = start_agent(options.agent_port, host=bind_address(parsed))
     except OSError as e:  # the port is taken: without its agent the pod would fail its liveness probe anyway
         print(f"pdfleet-engine: the rank-health agent cannot listen on port {options.agent_port}: {e}",
               file=sys.stderr)
@@ -129,6 +141,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     # As `python -m sglang.launch_server` does: plugins first, and never leave scheduler ranks behind.
     load_plugins()
     try:
+        if os.environ.get(MODE_ENV) == SIMULATE:
+            from pdfleet.runtime import simulator
+
+            return simulator.run(parsed, sglang_args, bind=bind_address(parsed))
         run_server(prepare_server_args(sglang_args))
     finally:
         kill_process_tree(os.getpid(), include_parent=False)
