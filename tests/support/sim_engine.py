@@ -1,0 +1,107 @@
+"""A simulated engine as a real process: the launcher with PDFLEET_ENGINE_MODE=simulate on 127.0.0.1."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from tests.support.operator_process import free_port
+
+STARTUP_S = 120.0  # importing SGLang takes 10-20 s on a loaded machine
+
+
+@dataclasses.dataclass
+class SimEngine:
+    role: str
+    port: int
+    agent_port: int
+    bootstrap_port: int
+    podinfo: Path
+    log: Path
+    process: subprocess.Popen[bytes]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def agent_url(self) -> str:
+        return f"http://127.0.0.1:{self.agent_port}"
+
+    def annotate(self, **annotations: str) -> None:
+        """Rewrite the pod's annotations file atomically, as kubelet does (Go-quoted values)."""
+        text = "".join(f'sim.pdfleet.dev/{k.replace("_", "-")}="{v}"\n' for k, v in annotations.items())
+        tmp = self.podinfo / ".annotations.tmp"
+        tmp.write_text(text)
+        tmp.replace(self.podinfo / "annotations")
+
+    def ranks(self) -> dict[str, Any]:
+        return dict(httpx.get(self.agent_url + "/ranks", timeout=10).json())
+
+    def wait_healthy(self, deadline: float) -> None:
+        until(lambda: self._healthy(), deadline, f"{self.role} engine healthy (log: {self.log})")
+
+    def _healthy(self) -> bool:
+        if self.process.poll() is not None:
+            raise AssertionError(f"{self.role} engine exited {self.process.returncode}: {self.log.read_text()[-3000:]}")
+        try:
+            return httpx.get(self.url + "/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def terminate(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+
+    def stop(self) -> None:
+        """SIGTERM, then wait (the interpreter's exit after SGLang's imports takes seconds), then kill."""
+        self.terminate()
+        if self.process.poll() is None:
+            try:
+                self.process.wait(30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(10)
+
+
+def until(condition: Callable[[], Any], deadline: float, what: str, interval: float = 0.05) -> Any:
+    """Poll `condition` until it returns something truthy (returned), or fail at `deadline` (monotonic)."""
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for: {what}")
+        time.sleep(interval)
+
+
+def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
+          env: dict[str, str] | None = None) -> SimEngine:
+    """Start one engine; `role` is prefill, decode or null (no disaggregation)."""
+    port, agent_port, bootstrap_port = free_port(), free_port(), free_port()
+    podinfo = tmp / f"{role}-{port}"
+    podinfo.mkdir(parents=True)
+    args = ["--model-path", "/models/sim", "--served-model-name", "sim-model", "--host", "0.0.0.0",
+            "--port", str(port), "--tp-size", str(tp), "--enable-metrics", *(extra or [])]
+    if role != "null":
+        args += ["--disaggregation-mode", role]
+    if role == "prefill":
+        args += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
+    log = podinfo / "engine.log"
+    full_env = {**os.environ, "PDFLEET_ENGINE_MODE": "simulate", "PDFLEET_BIND_ADDRESS": "127.0.0.1",
+                "PDFLEET_LEDGER_PATH": str(podinfo / "ledger"), "PDFLEET_PODINFO": str(podinfo),
+                "HF_HUB_OFFLINE": "1", **(env or {})}
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "pdfleet.runtime.launcher", "--agent-port", str(agent_port), "--", *args],
+            stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    return SimEngine(role, port, agent_port, bootstrap_port, podinfo, log, process)
