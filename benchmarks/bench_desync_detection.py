@@ -141,12 +141,17 @@ def inject_once(api: Api, namespace: str, group: str, pods_dir: Path, shots: lis
                 # The operator acted on a verdict status never showed us: one reconcile both restarted the
                 # group and wrote its status (Terminating reads Unknown), or Desync held for under 50 ms.
                 shot.acted_s = time.monotonic() - t0
-                shot.note = f"restarted without a Desync seen; verdicts: {'; '.join(trail)}"
+                shot.note = f"restarted without a Desync seen; verdicts: {said(trail)}"
                 break
         time.sleep(FILE_PERIOD_S if shot.delivered_s is None else STATUS_PERIOD_S / 5)
     if shot.desync_s is None and not shot.note:
-        shot.note = f"no Desync within {timeout:.0f} s; verdicts: {'; '.join(trail)}"
+        shot.note = f"no Desync within {timeout:.0f} s; verdicts: {said(trail)}"
     return shot
+
+
+def said(trail: list[str], most: int = 6) -> str:
+    more = f"; ... {len(trail)} changes in all (status flapping?)" if len(trail) > most else ""
+    return "; ".join(trail[:most]) + more
 
 
 def summary(label: str, values: list[float | None]) -> str:
@@ -176,7 +181,7 @@ def main() -> None:
     tmp = Path(tempfile.mkdtemp(prefix="pdfleet-bench-desync-"))
     try:
         with localfleet.running_operator(localfleet.token_kubeconfig(kubeconfig, tmp / "kubeconfig"),
-                                         tmp / "operator.log") as _op:
+                                         tmp / "operator.log", namespace) as _op:
             localfleet.apply(localfleet.pool_body(
                 namespace, POOL, prefill={"replicas": 1, "tp": 1, "gpusPerNode": 1},
                 decode={"replicas": args.groups, "tp": 2, "gpusPerNode": 2}, router={"replicas": 0},

@@ -183,9 +183,10 @@ def main() -> None:
     api = Api(kubeconfig)
     try:
         own, pods = split(runner, pods_dir)
+        others = len(pods)
         if pods:
-            print(f"note: the runner also plays {len(pods)} pod(s) of others: {sorted(pods)}; they are left out "
-                  f"of every figure but the tree's growth, which holds only if they stay as they are")
+            print(f"note: the runner also plays {len(pods)} pod(s) of others: {sorted(pods)}; their processes are "
+                  f"left out, but the runner's CPU includes their probes and its PSS shares pages with them")
         base_pss, base_rss = total_mb(own)
         base_tree = base_pss + total_mb([pid for pids in pods.values() for pid in pids])[0]
         base_cpu = idle_cpu({"runner": own}, args.idle)["runner"]
@@ -195,7 +196,7 @@ def main() -> None:
 
         with tempfile.TemporaryDirectory(prefix="pdfleet-bench-") as tmp, \
                 localfleet.running_operator(localfleet.token_kubeconfig(kubeconfig, Path(tmp) / "kubeconfig"),
-                                            Path(tmp) / "operator.log") as _op:
+                                            Path(tmp) / "operator.log", namespace) as _op:
             expected = args.prefill + args.decode
             localfleet.apply(localfleet.pool_body(
                 namespace, POOL, prefill={"replicas": args.prefill, "tp": 2, "gpusPerNode": 2},
@@ -209,6 +210,7 @@ def main() -> None:
             time.sleep(5)  # past the start-up work (first polls, first status writes)
 
             own, pods = split(runner, pods_dir)
+            others = max(others, len(pods) - expected)
             ours = {name: pids for name, pids in pods.items() if name.startswith(f"{namespace}/")}
             if len(ours) != expected:
                 print(f"warning: found the processes of {len(ours)} of {expected} pods: {sorted(ours)}")
@@ -236,7 +238,10 @@ def main() -> None:
     pss_med, rss_med = statistics.median(pss), statistics.median(rss)
     print(f"PSS per pod: median {pss_med:.0f} MB, max {max(pss):.0f} MB ({pss_med / base_pss:.2f}x the runner "
           f"alone); RSS per pod: median {rss_med:.0f} MB ({rss_med / max(pss_med, 1e-9):.1f}x its PSS)")
-    print(f"the runner tree's PSS grew {grown:.0f} MB per pod ({len(ours)} pods)")
+    if others:  # shared pages move between every process that maps them, others' pods included
+        print(f"the runner tree's growth per pod: not reported, {others} pod(s) of others ran meanwhile")
+    else:
+        print(f"the runner tree's PSS grew {grown:.0f} MB per pod ({len(ours)} pods)")
     print(f"idle CPU per pod: median {statistics.median(per_cpu):.2f}%, max {max(per_cpu):.2f}% of a core "
           f"({statistics.median(per_cpu) / max(base_cpu, 1e-9):.1f}x the runner alone); all pods "
           f"{sum(per_cpu):.1f}%")

@@ -26,7 +26,9 @@ import httpx
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-RELEASE_NAMESPACE = "pdfleet-system"
+# A release of its own: the end-to-end tests install and uninstall theirs in pdfleet-system, which deletes the
+# ServiceAccount and with it every token of it (the operator then reads 401 Unauthorized mid-run).
+RELEASE_NAMESPACE = "pdfleet-bench-system"
 SERVICE_ACCOUNT = "pdfleet"
 POOLS = "/apis/pdfleet.dev/v1alpha1/namespaces/{namespace}/inferencepools"
 FAULT = "sim.pdfleet.dev/fault"
@@ -104,14 +106,15 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: Path, log_path: Path) -> Iterator[subprocess.Popen[bytes]]:
-    """The real operator as the chart's ServiceAccount, ready (its /readyz answers) when this yields."""
+def running_operator(kubeconfig: Path, log_path: Path, namespace: str) -> Iterator[subprocess.Popen[bytes]]:
+    """The real operator as the chart's ServiceAccount, watching `namespace` only (never the pools of tests
+    that run meanwhile), ready (its /readyz answers) when this yields."""
     health = free_port()
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     with log_path.open("w") as log:
         op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", str(kubeconfig),
                                "--metrics-port", str(free_port()), "--health-port", str(health),
-                               "--bind-address", "127.0.0.1", "--log-format", "json"],
+                               "--bind-address", "127.0.0.1", "--log-format", "json", "--namespace", namespace],
                               stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
             def ready() -> bool:
