@@ -138,7 +138,8 @@ class Controller:
         async def delete(ref: ObjectRef) -> None:
             try:
                 async with self._in_flight:
-                    await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid)
+                    await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid,
+                                              grace_period_seconds=ref.grace_period_seconds)
             except KubeError:
                 failed.add((ref.kind, ref.name))
                 raise

@@ -106,12 +106,14 @@ class KubeClient:
                                   content_type="application/apply-patch+yaml")
 
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
-                     *, uid: str | None = None) -> None:
+                     *, uid: str | None = None, grace_period_seconds: int | None = None) -> None:
         """Deletes in the background (dependents go with it); a precondition on `uid` avoids deleting a
         same-named successor. A 404 is success: the object is already gone."""
         body: Body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if uid:
             body["preconditions"] = {"uid": uid}
+        if grace_period_seconds is not None:
+            body["gracePeriodSeconds"] = grace_period_seconds
         path = resources.path_for(api_version, kind, namespace, name)
         try:
             await self.request("DELETE", path, body=body)

@@ -25,6 +25,8 @@ class ObjectRef:
     kind: str
     name: str
     uid: str | None = None
+    # Seconds the object's pods get to stop (None: their own terminationGracePeriodSeconds).
+    grace_period_seconds: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)

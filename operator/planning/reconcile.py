@@ -40,6 +40,10 @@ from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
 from pdfleet.operator.render.stamp import applied_hash
 
 Body = dict[str, Any]
+# Seconds a sick group's pods get to stop when it is restarted. Its preStop drain would wait the whole grace
+# period (180 s) for requests that a desynced or hung engine can never finish; its evidence is already taken
+# and the routers have already dropped it.
+SICK_GRACE_SECONDS = 5
 UNAVAILABLE = {GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,
                GroupState.FAILED}
 
@@ -52,9 +56,10 @@ class _Builder:
     capture: list[restarts.EvidenceRequest] = dataclasses.field(default_factory=list)
     restarted: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (group, cause)
 
-    def delete_objects(self, objects: list[Body]) -> None:
+    def delete_objects(self, objects: list[Body], *, grace_period_seconds: int | None = None) -> None:
         for obj in objects:
-            ref = ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("uid"))
+            ref = ObjectRef(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], obj["metadata"].get("uid"),
+                            grace_period_seconds)
             if not obj["metadata"].get("deletionTimestamp") and ref not in self.delete:
                 self.delete.append(ref)
 
@@ -255,7 +260,8 @@ def _act_on_health(spec: InferencePoolSpec, group: DesiredGroup, state: GroupSta
         where = f"evidence in ConfigMap {decision.evidence}" if decision.evidence else "evidence capture disabled"
         message = (f"restarting {group.id.role} group {group.name} as a unit: {status.verdict} "
                    f"({status.message}); {where}")
-        out.delete_objects(live)
+        # A sick engine never finishes what it has in flight: no drain, just the time to stop.
+        out.delete_objects(live, grace_period_seconds=SICK_GRACE_SECONDS)
         out.restarted.append((group.name, str(status.verdict)))
         out.events.append(Event("Warning", "GroupRestarted", message, about=_keys(live)))
         return restarts.restarted(spec.health, decision.status, now)

@@ -87,6 +87,8 @@ def test_with_evidence_captured_the_group_is_restarted_as_a_unit_and_says_why() 
     plan = step(cluster, DESYNC, at(1))
 
     assert pods_deleted(plan) == ["tiny-decode-0-0"]
+    # No drain for a sick engine: its in-flight requests never finish, the grace period would only wait.
+    assert {ref.grace_period_seconds for ref in plan.delete if ref.kind == "Pod"} == {reconcile.SICK_GRACE_SECONDS}
     assert plan.restarted == ((GROUP, "Desync"),)
     [event] = [e for e in plan.events if e.reason == "GroupRestarted"]
     assert event.type == "Warning"
