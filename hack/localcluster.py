@@ -340,7 +340,10 @@ def components(ports: Ports) -> list[Component]:
             *auth, f"--secure-port={ports.controller_manager}",
             f"--service-account-private-key-file={pki / 'sa.key'}", f"--root-ca-file={pki / 'ca.crt'}",
             f"--cluster-signing-cert-file={pki / 'ca.crt'}", f"--cluster-signing-key-file={pki / 'ca.key'}",
-            "--use-service-account-credentials=false", "--controllers=*,-nodeipam",
+            # No Endpoints or EndpointSlices: they refuse loopback pod IPs, and would fill every namespace's
+            # events with FailedToUpdateEndpoint warnings. Nothing here may use a Service's address anyway.
+            "--use-service-account-credentials=false",
+            "--controllers=*,-nodeipam,-endpoint,-endpointslice,-endpointslicemirroring",
             f"--service-cluster-ip-range={SERVICE_CIDR}", "--profiling=false", "--v=1",
         ], lambda: _https_ok(ports.controller_manager, "/healthz", client_cert=False)),
         Component("kube-scheduler", "kube-scheduler", ports.scheduler, "PDFLEET_SCHEDULER_PORT", [

@@ -167,8 +167,10 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
                 {"name": "dshm", "mountPath": "/dev/shm"},
                 *mounts,
             ],
-            # Loading weights takes minutes: startup allows an hour before liveness applies.
-            "startupProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 360},
+            # Loading weights takes minutes: startup allows an hour before liveness applies. It asks every 2 s
+            # (a cheap, non-generating endpoint) so that a loaded engine joins the router seconds, not a period,
+            # after it can serve.
+            "startupProbe": {"httpGet": http, "periodSeconds": 2, "failureThreshold": 1800},
             "readinessProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 3},
             "livenessProbe": {"httpGet": {"path": "/livez", "port": "agent"}, "periodSeconds": 20,
                               "failureThreshold": 3},
