@@ -9,6 +9,11 @@ annotation wins over the environment while it is present.
                                                                         (env only: crash-at-start)
     sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
     sim.pdfleet.dev/forward-delay-ms   PDFLEET_SIM_FORWARD_DELAY_MS    a forward's duration under `slow`
+    sim.pdfleet.dev/stall-ms           PDFLEET_SIM_STALL_MS            how long `straggle` holds its rank
+
+straggle is one stall of one rank in its own code (default 5 s) while its peers wait for it in the KV-poll
+collective: past desyncAfter it reads as a Desync, then the rank catches up and the group recovers. Each
+new value of the annotations (another stall-ms, say) asks for one more stall.
 
 desync, hang and dead-rank are latched by the ranks: taking the annotation away does not heal an engine,
 as in production. slow, wrong-event-loop and wrong-server-args follow the annotation both ways.
@@ -31,8 +36,10 @@ ANNOTATION_PREFIX = "sim.pdfleet.dev/"
 ENV_FAULT = "PDFLEET_SIM_FAULT"
 ENV_FAULT_RANK = "PDFLEET_SIM_FAULT_RANK"
 ENV_FORWARD_DELAY_MS = "PDFLEET_SIM_FORWARD_DELAY_MS"
+ENV_STALL_MS = "PDFLEET_SIM_STALL_MS"
 POLL_S = 0.2
 DEFAULT_SLOW_MS = 1000
+DEFAULT_STALL_MS = 5000
 
 
 class Fault(enum.IntEnum):
@@ -46,6 +53,7 @@ class Fault(enum.IntEnum):
     WRONG_EVENT_LOOP = 5
     WRONG_SERVER_ARGS = 6
     CRASH_AT_START = 7
+    STRAGGLE = 8
 
     @property
     def label(self) -> str:
@@ -70,6 +78,7 @@ class Asked:
     fault: Fault = Fault.NONE
     rank: int | None = None
     forward_delay_ms: int = DEFAULT_SLOW_MS
+    stall_ms: int = DEFAULT_STALL_MS
 
 
 _ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
@@ -103,24 +112,29 @@ def parse_annotations(text: str) -> dict[str, str]:
     return out
 
 
-def asked(values: Mapping[str, str], *, fault_key: str, rank_key: str, delay_key: str) -> Asked | None:
+def asked(values: Mapping[str, str], *, fault_key: str, rank_key: str, delay_key: str,
+          stall_key: str) -> Asked | None:
     """The fault `values` ask for (None when they name none). Raises ValueError for a bad value."""
     if fault_key not in values:
         return None
     fault = Fault.parse(values[fault_key])
     rank = values.get(rank_key, "").strip()
     delay = values.get(delay_key, "").strip()
-    return Asked(fault, int(rank) if rank else None, int(delay) if delay else DEFAULT_SLOW_MS)
+    stall = values.get(stall_key, "").strip()
+    return Asked(fault, int(rank) if rank else None, int(delay) if delay else DEFAULT_SLOW_MS,
+                 int(stall) if stall else DEFAULT_STALL_MS)
 
 
 def from_env(env: Mapping[str, str]) -> Asked:
-    found = asked(env, fault_key=ENV_FAULT, rank_key=ENV_FAULT_RANK, delay_key=ENV_FORWARD_DELAY_MS)
+    found = asked(env, fault_key=ENV_FAULT, rank_key=ENV_FAULT_RANK, delay_key=ENV_FORWARD_DELAY_MS,
+                  stall_key=ENV_STALL_MS)
     return found or Asked()
 
 
 def from_annotations(values: Mapping[str, str]) -> Asked | None:
     p = ANNOTATION_PREFIX
-    return asked(values, fault_key=p + "fault", rank_key=p + "fault-rank", delay_key=p + "forward-delay-ms")
+    return asked(values, fault_key=p + "fault", rank_key=p + "fault-rank", delay_key=p + "forward-delay-ms",
+                 stall_key=p + "stall-ms")
 
 
 class Watcher:

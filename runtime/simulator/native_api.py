@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from http import HTTPStatus
 from typing import Any
@@ -13,6 +14,8 @@ from pdfleet.runtime.simulator import info, tokenizer
 from pdfleet.runtime.simulator.faults import Fault
 from pdfleet.runtime.simulator.scheduler import RequestError
 from pdfleet.runtime.simulator.state import State, request_from, sse
+
+log = logging.getLogger(__name__)
 
 STATE = web.AppKey("state", State)
 
@@ -109,18 +112,21 @@ async def generate(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     try:
-        async for token in state.scheduler.generate(req):
-            output.append(token)
-            # Cumulative text and ids, as SGLang streams by default (no incremental streaming output).
-            last = len(output) == req.max_new_tokens or state.engine.mode == "prefill"
-            await response.write(sse({"text": tokenizer.decode(output), "output_ids": list(output),
-                                       "meta_info": _meta(req.rid, len(req.input_ids), output, last, started)}))
-    except RequestError as e:
-        meta = _meta(req.rid, len(req.input_ids), output, False, started)
-        meta["finish_reason"] = {"type": "abort", "message": str(e), "status_code": e.status}
-        await response.write(sse({"text": tokenizer.decode(output), "output_ids": output, "meta_info": meta}))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+        try:
+            async for token in state.scheduler.generate(req):
+                output.append(token)
+                # Cumulative text and ids, as SGLang streams by default (no incremental streaming output).
+                last = len(output) == req.max_new_tokens or state.engine.mode == "prefill"
+                await response.write(sse({"text": tokenizer.decode(output), "output_ids": list(output),
+                                           "meta_info": _meta(req.rid, len(req.input_ids), output, last, started)}))
+        except RequestError as e:
+            meta = _meta(req.rid, len(req.input_ids), output, False, started)
+            meta["finish_reason"] = {"type": "abort", "message": str(e), "status_code": e.status}
+            await response.write(sse({"text": tokenizer.decode(output), "output_ids": output, "meta_info": meta}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away mid-stream: nobody is left to tell
+        log.info("client of %s went away mid-stream", req.rid)
     return response
 
 

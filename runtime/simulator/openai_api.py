@@ -6,6 +6,7 @@ JSON body, where the router puts them (and where the `openai` client's `extra_bo
 
 from __future__ import annotations
 
+import logging
 import time
 from http import HTTPStatus
 from typing import Any
@@ -16,6 +17,8 @@ from pdfleet.runtime.simulator import tokenizer
 from pdfleet.runtime.simulator.native_api import STATE
 from pdfleet.runtime.simulator.scheduler import Request, RequestError
 from pdfleet.runtime.simulator.state import request_from, sse
+
+log = logging.getLogger(__name__)
 
 
 def _error(status: int, message: str) -> dict[str, Any]:
@@ -78,20 +81,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await response.prepare(request)
     try:
-        async for token in state.scheduler.generate(req):
-            delta: dict[str, Any] = {"content": tokenizer.decode_token(token)}
-            if not output:
-                delta = {"role": "assistant", **delta}
-            output.append(token)
-            await response.write(sse(_chunk(req, model, created, delta, None)))
-        await response.write(sse(_chunk(req, model, created, {}, "length")))
-        if include_usage:
-            await response.write(sse({"id": req.rid, "object": "chat.completion.chunk", "created": created,
-                                       "model": model, "choices": [], "usage": _usage(req, len(output))}))
-    except RequestError as e:
-        await response.write(sse({"error": _error(e.status, str(e))}))
-    await response.write(b"data: [DONE]\n\n")
-    await response.write_eof()
+        try:
+            async for token in state.scheduler.generate(req):
+                delta: dict[str, Any] = {"content": tokenizer.decode_token(token)}
+                if not output:
+                    delta = {"role": "assistant", **delta}
+                output.append(token)
+                await response.write(sse(_chunk(req, model, created, delta, None)))
+            await response.write(sse(_chunk(req, model, created, {}, "length")))
+            if include_usage:
+                await response.write(sse({"id": req.rid, "object": "chat.completion.chunk", "created": created,
+                                           "model": model, "choices": [], "usage": _usage(req, len(output))}))
+        except RequestError as e:
+            await response.write(sse({"error": _error(e.status, str(e))}))
+        await response.write(b"data: [DONE]\n\n")
+        await response.write_eof()
+    except ConnectionResetError:  # the client went away mid-stream: nobody is left to tell
+        log.info("client of %s went away mid-stream", req.rid)
     return response
 
 

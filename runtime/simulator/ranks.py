@@ -53,6 +53,9 @@ class Control:
         self.fault: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.fault_rank: Synchronized[int] = _CTX.Value("i", ranks - 1, lock=False)  # type: ignore[assignment]
         self.delay_ms: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
+        # `straggle`: one stall of `stall_ms` per ask; a rank stalls when the count moves past what it saw.
+        self.stall_ms: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
+        self.stalls: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.stop: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.busy = _CTX.Event()
         self.barriers = {_RECV: _CTX.Barrier(ranks), _KV_POLL: _CTX.Barrier(ranks)}
@@ -64,6 +67,9 @@ class Control:
         rank = asked.rank if asked.rank is not None else self._ranks - 1
         self.fault_rank.value = min(max(rank, 0), self._ranks - 1)
         self.delay_ms.value = asked.forward_delay_ms
+        self.stall_ms.value = asked.stall_ms
+        if asked.fault is Fault.STRAGGLE:
+            self.stalls.value += 1
         self.fault.value = int(asked.fault)
 
     def release_all(self) -> None:
@@ -81,6 +87,7 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
     writer = attach.attach_rank(slot=slot, rank=engine.first_rank + slot, slots=engine.local_ranks)
     loop, wrong = engine.loop(), engine.wrong_loop()
     latched = Fault.NONE  # desync, hang and dead-rank never heal
+    stalls_seen = control.stalls.value
     try:
         writer.set_loop(loop)
         while not control.stop.value:
@@ -93,6 +100,10 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
             writer.set_loop(wrong if fault is Fault.WRONG_EVENT_LOOP else loop)
             _collective(writer, control, _RECV)
             writer.begin(phases.Phase.LOCAL)
+            if control.stalls.value != stalls_seen:
+                stalls_seen = control.stalls.value
+                if mine:  # stuck in its own code while its peers go on into the next collective
+                    time.sleep(control.stall_ms.value / 1000)
             if engine.pd:
                 if latched is Fault.HANG:
                     writer.collective(_KV_POLL)

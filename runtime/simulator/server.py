@@ -21,6 +21,7 @@ from collections.abc import Mapping
 
 import aiohttp
 from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage
 
 from pdfleet.runtime.simulator import faults, info, kv, native_api, openai_api
 from pdfleet.runtime.simulator.config import Engine, Timing
@@ -105,6 +106,20 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
             await runner.cleanup()
         await loop.run_in_executor(None, ranks.stop)
     return 0
+
+
+class _OneLineBadRequests(logging.Filter):
+    """sglang-router probes every worker with HTTP/2 `PRI *` preambles at registration. SGLang's uvicorn answers
+    them with one warning line; aiohttp logs a traceback each. Keep the line, drop the traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.exc_info and isinstance(record.exc_info[1], BadHttpMessage):
+            record.msg, record.args = "invalid HTTP request received: %s", (record.exc_info[1].message,)
+            record.exc_info = None
+        return True
+
+
+logging.getLogger("aiohttp.server").addFilter(_OneLineBadRequests())
 
 
 async def _listen(app: web.Application, host: str, port: int) -> web.AppRunner:

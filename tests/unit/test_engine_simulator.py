@@ -240,3 +240,16 @@ def test_crash_at_start_exits_non_zero_with_a_message(fleet: dict[str, SimEngine
     engine = fleet["crash"]
     assert engine.process.wait(60) != 0
     assert "crash-at-start" in engine.log.read_text()
+
+
+def test_a_straggler_reads_as_desync_while_it_stalls_then_the_group_recovers(fleet: dict[str, SimEngine]) -> None:
+    engine = fleet["decode"]
+    engine.annotate(fault="straggle", fault_rank="1", stall_ms="2000")
+    deadline = time.monotonic() + 15
+    found = until(lambda: (v := verdict.judge(views(engine), POLICY)).health is verdict.Health.DESYNC and v,
+                  deadline, "a Desync verdict while rank 1 stalls")
+    phases = {v.rank: v.phase for v in found.ranks}
+    assert phases == {0: verdict.phases.Phase.KV_POLL_ALL_REDUCE, 1: verdict.phases.Phase.LOCAL}
+    until(lambda: verdict.judge(views(engine), POLICY).health is verdict.Health.HEALTHY, deadline,
+          "Healthy again once the straggler caught up")
+    engine.annotate()
