@@ -49,7 +49,8 @@ def test_a_desync_is_reported_within_seconds_and_a_straggler_that_catches_up_rec
     healthy = wait_for("the decode group Healthy", lambda: verdict(cluster, namespace, DECODE, "Healthy"),
                        timeout=60)
     assert (healthy["eventLoop"], healthy["ranks"]) == ("event_loop_overlap_disagg_decode", 2)
-    assert verdict(cluster, namespace, f"{POOL}-prefill-0", "Healthy")
+    wait_for("the prefill group Healthy", lambda: verdict(cluster, namespace, f"{POOL}-prefill-0", "Healthy"),
+             timeout=30)
     pod = decode_pod(cluster, namespace)
 
     # Rank 1 stalls in its own code for 6 s while rank 0 waits for it in the next collective: a straggler.
