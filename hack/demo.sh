@@ -95,7 +95,10 @@ kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool -
 
 step "The client's view"
 # Requests that were in flight on the desynced group when it hung could not finish: they are the failures.
-for _ in $(seq 1 10); do sleep 1; done  # let the load run on the restored pool for a while
+ok_now() { tail -n1 "$LOAD_LOG" | sed -n 's/.*  ok \([0-9]*\).*/\1/p'; }
+restored=$(ok_now)
+watch_until "requests to keep succeeding on the restored pool" '[ "$(ok_now)" -ge $((restored + 100)) ]' \
+  'tail -n1 "$LOAD_LOG"' 120
 kill -INT $LOAD_PID 2>/dev/null || true
 wait $LOAD_PID 2>/dev/null || true
 trap - EXIT
