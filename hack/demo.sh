@@ -60,7 +60,7 @@ watch_until "the router to have its workers" \
   'echo "waiting for the router at $URL to discover the engines"' 120
 MODEL=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.model.servedName}')
 LOAD_LOG="$STATE/load.log"
-$PY -m pdfleet.podrunner.loadgen --url "$URL" --model "$MODEL" --concurrency 6 --every 2 >"$LOAD_LOG" 2>&1 &
+.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 >"$LOAD_LOG" 2>&1 &
 LOAD_PID=$!
 trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
 watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
@@ -108,7 +108,7 @@ step "Done: the fleet keeps running"
 cat <<MSG
   eval "\$(make -s cluster-env)"
   kubectl get pdpool,pods -n $NS -o wide
-  .venv/bin/python -m pdfleet.podrunner.loadgen --url $URL --model $MODEL --duration 30
+  .venv/bin/pdfleet-sim load --url $URL --model $MODEL --duration 30
   kubectl annotate pod <decode pod> -n $NS sim.pdfleet.dev/fault=desync      # again
 Pods' logs and state: $(dirname "$KUBECONFIG")/pods/. Stop everything with: make cluster-down
 MSG

@@ -1,6 +1,7 @@
 """`pdfleet-sim`: the local cluster's pod runner (docs/local-fleet.md). Started by `hack/localcluster.py up`.
 
     python -m pdfleet.podrunner [--cluster-dir DIR] [--port N]
+    pdfleet-sim load --url http://<router pod IP>:<port> ...     a client load through a pool's router
 """
 
 from __future__ import annotations
@@ -95,6 +96,11 @@ async def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["load"]:
+        from pdfleet.podrunner import loadgen
+
+        return loadgen.main(argv[1:])
     args = parse_args(argv)
     logs.configure(args.log_level)
     try:

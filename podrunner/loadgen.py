@@ -73,7 +73,13 @@ class Tally:
                 "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1) if lat else None}
 
 
+class BadAnswer(Exception):
+    """An answer that came back, but is not a whole one (empty, truncated, an error inside a stream)."""
+
+
 def _describe(e: BaseException) -> str:
+    if isinstance(e, BadAnswer):
+        return str(e)
     if isinstance(e, httpx.HTTPStatusError):
         return f"HTTP {e.response.status_code}"
     if isinstance(e, openai.APIStatusError):
@@ -108,14 +114,14 @@ class Load:
             "text": f"request {n}: the quick brown fox", "sampling_params": {"max_new_tokens": self.max_tokens}})
         r.raise_for_status()
         if not r.json().get("text"):
-            raise ValueError("no text")
+            raise BadAnswer("no text")
 
     async def _chat(self, n: int) -> None:
         out = await self._openai.chat.completions.create(
             model=self.model, max_tokens=self.max_tokens,
             messages=[{"role": "user", "content": f"request {n}: say something"}])
         if not out.choices or not out.choices[0].message.content:
-            raise ValueError("empty completion")
+            raise BadAnswer("empty completion")
 
     async def _chat_stream(self, n: int) -> None:
         # Raw SSE, not the openai iterator: the iterator treats a body cut short as a clean end of stream.
@@ -130,10 +136,10 @@ class Load:
                 elif line.startswith("data: "):
                     payload = json.loads(line[6:])
                     if "error" in payload:
-                        raise ValueError("error in stream")
+                        raise BadAnswer("error in stream")
                     chunks += 1
         if not done or not chunks:
-            raise ValueError("truncated stream")
+            raise BadAnswer("truncated stream")
 
     async def _worker(self, index: int) -> None:
         senders: dict[str, Callable[[int], object]] = {
