@@ -31,7 +31,12 @@ watch_until() {
 }
 
 step "Installing the pdfleet chart: CRD, least-privilege RBAC and the operator Deployment"
-kubectl create namespace "$NS" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+# A fresh namespace each time: a fleet left by an earlier demo (and its incident) would answer every wait below.
+if kubectl get namespace "$NS" >/dev/null 2>&1; then
+  echo "deleting the fleet of an earlier demo in namespace $NS"
+  kubectl delete namespace "$NS" --timeout=5m >/dev/null
+fi
+kubectl create namespace "$NS" >/dev/null
 # helm installs a chart's CRDs once and never upgrades them; keep the cluster's CRD current.
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 # The operator watches only the demo namespace, out of the way of test runs on the same cluster.
@@ -59,9 +64,15 @@ watch_until "the router to have its workers" \
   "$PY -c \"import urllib.request; urllib.request.urlopen('$URL/readiness', timeout=2)\" 2>/dev/null" \
   'echo "waiting for the router at $URL to discover the engines"' 120
 MODEL=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.model.servedName}')
-LOAD_LOG="$STATE/load.log"
-.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 >"$LOAD_LOG" 2>&1 &
+# A load left by an earlier demo goes first (checked by its command line: a stale pid may be reused).
+old=$(cat "$STATE/load.pid" 2>/dev/null || true)
+if [ -n "$old" ] && grep -qa "pdfleet-sim" "/proc/$old/cmdline" 2>/dev/null; then kill "$old" || true; fi
+LOAD_LOG="$STATE/load-$(date +%s).log"
+# Bounded, so that a demo killed halfway never leaves a client running for good.
+.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
+  >"$LOAD_LOG" 2>&1 &
 LOAD_PID=$!
+echo $LOAD_PID >"$STATE/load.pid"
 trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
 watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
 tail -n1 "$LOAD_LOG"

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import itertools
 import json
@@ -27,6 +28,7 @@ import httpx
 import openai
 
 KINDS = ("generate", "chat", "chat-stream")
+FAILURE_PAUSE_S = 0.5
 
 
 @dataclasses.dataclass
@@ -154,6 +156,10 @@ class Load:
                 await asyncio.wait_for(senders[kind](n), self.timeout_s)  # type: ignore[arg-type]
             except Exception as e:  # every failure is counted, by kind and cause
                 self.tally.record(kind, started, _describe(e))
+                # A client backs off after a failure: a refused connection fails in microseconds, and a tight
+                # retry loop would count a router that is down thousands of times a second.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), FAILURE_PAUSE_S)
             else:
                 self.tally.record(kind, started, None)
 

@@ -16,6 +16,7 @@ from pdfleet.podrunner.kube import ApiError
 from pdfleet.podrunner.node import Node
 
 log = logging.getLogger("pdfleet.podrunner.pod")
+OWNER = ".uid"  # in a pod directory: the uid of the pod that uses it
 Body = dict[str, Any]
 CONFIG_ERROR = "CreateContainerConfigError"
 
@@ -111,6 +112,7 @@ class PodWorker:
             shutil.rmtree(self.dir / sub, ignore_errors=True)  # a new pod of an old name starts empty
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         (self.dir / "shm").chmod(0o1777)
+        (self.dir / OWNER).write_text(self.uid)  # which pod of this name the directory belongs to now
         podinfo.write_annotations(self.dir / "podinfo", self.pod["metadata"].get("annotations") or {})
         self.prepared = True
         kubeconfig = None
@@ -163,7 +165,14 @@ class PodWorker:
             log.warning("pod delete failed", extra=self._fields(error=str(e)[:300]))
 
     def _cleanup(self) -> None:
-        # Logs stay for post-mortems; the memory-backed emptyDir and the token do not outlive the pod.
+        # Logs stay for post-mortems; the memory-backed emptyDir and the token do not outlive the pod. Once the
+        # pod object is deleted, a new pod of the same name may already run in this directory: leave it alone.
+        try:
+            owner = (self.dir / OWNER).read_text()
+        except OSError:
+            owner = self.uid
+        if owner != self.uid:
+            return
         shutil.rmtree(self.dir / "shm", ignore_errors=True)
         (self.dir / "kubeconfig").unlink(missing_ok=True)
 
@@ -232,6 +241,7 @@ class PodWorker:
 
     async def _flush(self) -> None:
         await self._write()
+
 
 
 def pod_dir_of(cluster_dir: Path, namespace: str, name: str) -> Path:

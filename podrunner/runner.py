@@ -96,7 +96,7 @@ class Runner:
             return
         worker = PodWorker(self.node, pod)
         self.workers[uid] = worker
-        task = asyncio.create_task(worker.run())
+        task = asyncio.create_task(worker.run(), name=f"pod {worker.key}")
         self.tasks[uid] = task
         task.add_done_callback(lambda _: self._forget(uid))
         log.info("pod accepted", extra={"fields": {"pod": worker.key, "uid": uid, "node": node_name}})
@@ -169,4 +169,15 @@ class Runner:
         log.info("stopping every pod", extra={"fields": {"pods": len(self.workers)}})
         for worker in list(self.workers.values()):
             worker.stop_for_shutdown()
-        await asyncio.gather(*self.tasks.values(), return_exceptions=True)
+        tasks = list(self.tasks.values())
+        if not tasks:
+            return
+        # Every process is gone within the shutdown grace; what a worker still does after that is bookkeeping
+        # (a status write to an apiserver that may be down), which must never keep the runner from exiting.
+        _, late = await asyncio.wait(tasks, timeout=self.node.shutdown_grace_s + 10)
+        if late:
+            log.warning("pod workers did not finish; cancelling them",
+                        extra={"fields": {"workers": sorted(t.get_name() for t in late)}})
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)

@@ -72,6 +72,11 @@ def _child(request: dict[str, Any], control: list[int]) -> None:
         signal.set_wakeup_fd(-1)
         for sig in (signal.SIGCHLD, signal.SIGTERM, signal.SIGINT, signal.SIGPIPE):
             signal.signal(sig, signal.SIG_DFL)
+        if request["mode"] != "exec":
+            # A forked container goes on as the Python process `python3 -m ...` would have been, and Python
+            # ignores SIGPIPE from its start: a client that hangs up mid-answer is an error to handle, not a
+            # signal that kills the engine (it did, before this line).
+            signal.signal(signal.SIGPIPE, signal.SIG_IGN)
         for fd in control:
             os.close(fd)
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)

@@ -88,6 +88,18 @@ def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(
         wait_for("requests on every engine", lambda: all(
             served(pod) > 0 for pod in fleet.engine_pods(cluster, namespace, POOL)), timeout=60)
     assert load.tally.failed == 0, load.tally.summary()
+    # Clients that hang up mid-stream are an everyday event: the engines must shrug them off.
+    engines = {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL)}
+    for _ in range(6):
+        with httpx.stream("POST", f"{url}/v1/chat/completions", timeout=30, json={
+                "model": MODEL, "max_tokens": 300, "stream": True,
+                "messages": [{"role": "user", "content": "a long answer, please"}]}) as stream:
+            next(stream.iter_lines())
+    r = httpx.post(f"{url}/generate", json={"text": "still there?", "sampling_params": {"max_new_tokens": 4}},
+                   timeout=30)
+    assert r.status_code == 200, r.text
+    pods = fleet.engine_pods(cluster, namespace, POOL)
+    assert {p["metadata"]["uid"] for p in pods} == engines and all(fleet.is_ready(p) for p in pods)
     decode_ip = fleet.engine_pods(cluster, namespace, POOL, role="decode")[0]["status"]["podIP"]
     direct = httpx.post(f"http://{decode_ip}:30000/generate", json={"text": "no bootstrap"}, timeout=10)
     assert direct.status_code == 400 and "bootstrap room" in direct.text
