@@ -91,6 +91,11 @@ watch_until "the Desync verdict" \
   'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 60
 kubectl get events -n "$NS" --field-selector reason=GroupDesync -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
 
+echo "the operator takes it out of the router's rotation at once (sglang-router would keep it):"
+watch_until "the router to drop it" \
+  '[ -n "$(jp events -n "$NS" --field-selector reason=RouterWorkerRemoved -o name)" ]' 'echo waiting' 30
+kubectl get events -n "$NS" --field-selector reason=RouterWorkerRemoved -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message
+
 step "Evidence first, then the group restarted as a unit"
 watch_until "the evidence ConfigMap" \
   '[ -n "$(jp configmaps -n "$NS" -l "pdfleet.dev/group=$GROUP,pdfleet.dev/evidence=true" -o name)" ]' \
@@ -102,7 +107,7 @@ watch_until "the group replaced and the pool Ready again" \
   '[ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath={.status.phase})" = Ready ] && [ -n "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" ] && [ "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" != "$OLD_UID" ]' \
   'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 120
 kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | tail -n 8
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | tail -n 7
 
 step "The client's view"
 # Requests that were in flight on the desynced group when it hung could not finish: they are the failures.
@@ -110,7 +115,7 @@ ok_now() { tail -n1 "$LOAD_LOG" | sed -n 's/.*  ok \([0-9]*\).*/\1/p'; }
 restored=$(ok_now)
 watch_until "requests to keep succeeding on the restored pool" '[ "$(ok_now)" -ge $((restored + 100)) ]' \
   'tail -n1 "$LOAD_LOG"' 120
-kill -INT $LOAD_PID 2>/dev/null || true
+kill $LOAD_PID 2>/dev/null || true
 wait $LOAD_PID 2>/dev/null || true
 trap - EXIT
 tail -n1 "$LOAD_LOG"

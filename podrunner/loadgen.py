@@ -19,6 +19,7 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import signal
 import statistics
 import sys
 import time
@@ -198,10 +199,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     args = p.parse_args(argv)
     load = Load(args.url, model=args.model, concurrency=args.concurrency, timeout_s=args.timeout)
-    try:
-        tally = asyncio.run(load.run(args.duration, report_every_s=args.every))
-    except KeyboardInterrupt:
-        tally = load.tally
+
+    async def until_stopped() -> Tally:
+        # SIGTERM as well as Ctrl-C: a script stops its background load with `kill`, and expects the summary.
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, load.stop)
+        return await load.run(args.duration, report_every_s=args.every)
+
+    tally = asyncio.run(until_stopped())
     print(json.dumps(tally.summary()) if args.json else f"final: {tally.line()}", flush=True)
     return 0
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import http.server
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -105,6 +107,81 @@ def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(
     assert direct.status_code == 400 and "bootstrap room" in direct.text
 
 
+def registered(url: str) -> dict[str, str]:
+    """The router's workers: url -> worker_type."""
+    code, body = fleet.http_get(f"{url}/workers")
+    assert code == 200, body
+    return {w["url"]: w["worker_type"] for w in json.loads(body)["workers"]}
+
+
+@contextlib.contextmanager
+def foreign_engine(ip: str, port: int) -> Iterator[str]:
+    """The registration surface of an SGLang engine (what sglang-router asks before it adds a worker)."""
+    answers = {"/health": {}, "/health_generate": {}, "/v1/models": {"object": "list", "data": []},
+               "/server_info": {"model_path": "foreign", "disaggregation_mode": "decode"},
+               "/model_info": {"model_path": "foreign", "is_generation": True}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
+            self.send_response(200 if self.path.split("?")[0] in answers else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((ip, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{ip}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def set_ready(cluster: Cluster, namespace: str, pod: dict, ready: bool) -> None:
+    """Flips the pod's Ready condition as kubelet would on a readiness failure (the runner leaves it so until its
+    own view changes)."""
+    current = cluster.get("pod", pod["metadata"]["name"], "-n", namespace)
+    index = next(i for i, c in enumerate(current["status"]["conditions"]) if c["type"] == "Ready")
+    patch = [{"op": "replace", "path": f"/status/conditions/{index}/status", "value": "True" if ready else "False"}]
+    cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--subresource=status",
+                    "--type=json", "-p", json.dumps(patch))
+
+
+def test_the_operator_keeps_the_routers_workers_to_what_it_judged(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    """sglang-router 0.3.2's discovery keeps a pod that turns NotReady in rotation and never drops a stale
+    registration; the operator corrects both through the router's worker API (docs/router.md)."""
+    fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={"replicas": 2})
+    fleet.wait_ready(cluster, namespace, POOL)
+    url = fleet.router_url(cluster, namespace, POOL, workers=3)
+
+    # An engine that is no pod of the pool (the leftover of a deleted pod, say) gets registered: the router
+    # itself would keep it for good.
+    with foreign_engine("127.1.9.9", 30000) as stale:
+        r = httpx.post(f"{url}/workers", json={"url": stale, "worker_type": "decode"}, timeout=10)
+        assert r.status_code < 300, r.text
+        wait_for("the router to register it", lambda: stale in registered(url), timeout=60)
+        wait_for("the operator to remove it", lambda: stale not in registered(url), timeout=30)
+    pod = fleet.engine_pods(cluster, namespace, POOL, group=f"{POOL}-decode-1")[0]
+    own = f"http://{pod['status']['podIP']}:30000"
+    set_ready(cluster, namespace, pod, False)
+    wait_for("the NotReady decode engine out of rotation", lambda: own not in registered(url), timeout=30)
+    reasons = {e["message"].rsplit(": ", 1)[-1] for e in fleet.events(cluster, namespace, POOL,
+                                                                       "RouterWorkerRemoved")}
+    assert {"not Ready", "no such engine in the pool"} <= reasons, reasons
+
+    set_ready(cluster, namespace, pod, True)
+    wait_for("the engine back in rotation", lambda: registered(url).get(own) == "decode", timeout=30)
+    assert fleet.events(cluster, namespace, POOL, "RouterWorkerAdded")
+    assert operator.metric("pdfleet_router_worker_changes_total", action="remove") >= 2
+
+
 def metric(pod: dict, name: str) -> float:
     code, text = fleet.http_get(f"http://{pod['status']['podIP']}:30000/metrics")
     assert code == 200
@@ -164,6 +241,11 @@ def test_a_desync_under_load_is_detected_and_the_group_replaced_while_the_rest_k
         detected_s = time.monotonic() - injected_at
         during = [code for t, code in health if injected_at <= t <= time.monotonic()]
         assert f"{POOL}-decode-0" in desync[0]["message"]
+        # The sick group left the router's rotation with the verdict, before its restart.
+        removed = wait_for("the desynced engine out of rotation", lambda: [
+            e for e in fleet.events(cluster, namespace, POOL, "RouterWorkerRemoved") if e["type"] == "Warning"],
+            timeout=30)
+        assert removed[0]["message"].endswith(": Desync") and victim["status"]["podIP"] in removed[0]["message"]
         wait_for("evidence", lambda: cluster.get("configmaps", "-n", namespace, "-l",
                                                  "pdfleet.dev/evidence=true")["items"], timeout=30)
         wait_for("the decode group replaced and Ready", replaced, timeout=120, interval=0.3)
