@@ -15,6 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pdfleet.operator.api import meta as api_meta
+from pdfleet.operator.render import labels
+from pdfleet.operator.render.router import router_name
 
 Body = dict[str, Any]
 PoolKey = tuple[str, str]  # (namespace, name)
@@ -29,6 +31,9 @@ class Observed:
 
     pool: Body | None
     owned: Mapping[ObjectKey, Body]
+    # The pool's router pods. They belong to the router Deployment's ReplicaSet, not to the pool, so they are
+    # never among `owned` (never judged, restarted or deleted as the pool's); the routers' membership reads them.
+    routers: tuple[Body, ...] = ()
 
     def of_kind(self, kind: str) -> list[Body]:
         return [body for (k, _), body in sorted(self.owned.items()) if k == kind]
@@ -60,10 +65,26 @@ def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[Po
     return {(meta["namespace"], pool): {**copy.deepcopy(dict(body)), "apiVersion": api_version, "kind": kind}}
 
 
+def router_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
+    """What the router-pod index stores for one pod, or None for a pod that is not a pool's router: its labels
+    name the pool, and its controller is a ReplicaSet of that pool's router Deployment (labels alone could be
+    copied by any pod in the namespace, which would then receive the operator's calls to the router API)."""
+    meta = body["metadata"]
+    pool = (meta.get("labels") or {}).get(labels.POOL)
+    if not pool:
+        return None
+    prefix = f"{router_name(pool)}-"
+    if not any(ref.get("controller") and ref.get("kind") == "ReplicaSet" and str(ref.get("name", "")).startswith(
+            prefix) for ref in meta.get("ownerReferences") or []):
+        return None
+    return {(meta["namespace"], pool): {**copy.deepcopy(dict(body)), "apiVersion": "v1", "kind": "Pod"}}
+
+
 class Cache:
-    def __init__(self, pools: IndexView, owned: Iterable[IndexView]) -> None:
+    def __init__(self, pools: IndexView, owned: Iterable[IndexView], routers: IndexView | None = None) -> None:
         self._pools = pools
         self._owned = tuple(owned)
+        self._routers = routers
 
     def snapshot(self, key: PoolKey) -> Observed:
         """The pool and what it owns, by reference: the bodies are the entries' own copies, which nothing
@@ -74,7 +95,8 @@ class Cache:
         for index in self._owned:
             for body in index.get(key, ()):
                 objects[(body["kind"], body["metadata"]["name"])] = body
-        return Observed(pool=pools[0] if pools else None, owned=objects)
+        routers = tuple(self._routers.get(key, ())) if self._routers is not None else ()
+        return Observed(pool=pools[0] if pools else None, owned=objects, routers=routers)
 
     def pool_keys(self) -> list[PoolKey]:
         return sorted(self._pools)

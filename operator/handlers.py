@@ -21,6 +21,7 @@ from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import agents, membership, monitor, routers
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.render import labels
+from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
 from pdfleet.operator.runtime_state import OperatorState
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state: OperatorState = memo["state"]
     # kopf hands every index to activity handlers by its id; they fill up as the watches list.
     state.cache = cache_mod.Cache(pools=kwargs["pool_index"],
-                                  owned=[kwargs[f"owned_{plural}"] for _, _, plural, _ in OWNED_KINDS])
+                                  owned=[kwargs[f"owned_{plural}"] for _, _, plural, _ in OWNED_KINDS],
+                                  routers=kwargs["router_pods"])
     # Anything kopf itself stores lives under pdfleet's own group.
     settings.persistence.finalizer = f"{api_meta.GROUP}/finalizer"
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=api_meta.GROUP)
@@ -148,6 +150,11 @@ def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
 
 for _group, _version, _plural, _kind in OWNED_KINDS:
     _register_owned(_group, _version, _plural, _kind)
+
+
+@kopf.index("", "v1", "pods", labels={**MANAGED, labels.COMPONENT: ROUTER_COMPONENT})
+def router_pods(body: kopf.Body, **_: Any) -> dict[PoolKey, Any] | None:
+    return cache_mod.router_entry(body)
 
 
 @kopf.on.event(api_meta.GROUP, api_meta.VERSION, api_meta.PLURAL)

@@ -19,18 +19,12 @@ from pdfleet.operator.engines.routers import RouterClient, router_base
 from pdfleet.operator.planning import router_membership
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.render import labels
-from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
 
 log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 PostEvent = Callable[[Mapping[str, Any], Event], Awaitable[None]]
 GRACE_S = 5.0  # how long the router's own discovery gets to add a newly Ready engine before the operator does
-
-
-def _is_router(pod: Body) -> bool:
-    return (pod["metadata"].get("labels") or {}).get(labels.COMPONENT) == ROUTER_COMPONENT
 
 
 def _serving(pod: Body) -> bool:
@@ -53,12 +47,11 @@ class RouterMembership:
 
     async def sync(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
                    health: Mapping[str, GroupHealth]) -> None:
-        pods = observed.of_kind("Pod")
-        routers = [p for p in pods if _is_router(p) and _serving(p)]
+        routers = [p for p in observed.routers if _serving(p)]
         if not routers or observed.pool is None:
             return
-        engines = [p for p in pods if not _is_router(p)]
-        wanted, left_out = router_membership.in_rotation(spec, engines, {n: h.verdict for n, h in health.items()})
+        wanted, left_out = router_membership.in_rotation(spec, observed.of_kind("Pod"),
+                                                         {n: h.verdict for n, h in health.items()})
         for router in routers:
             uid = router["metadata"].get("uid", "")
             base = router_base(router, spec.router.port)

@@ -3,6 +3,7 @@ events cannot change."""
 
 from __future__ import annotations
 
+from pdfleet.operator import cache
 from pdfleet.operator.cache import Cache, owned_entry, pool_entry
 
 
@@ -52,3 +53,30 @@ def test_a_snapshot_does_not_change_when_the_index_does() -> None:
     assert snap.pool["spec"] == {"x": 1}
     assert cache.pool_keys() == [("ns", "p")]
     assert cache.snapshot(("ns", "gone")).pool is None
+
+
+def _router_pod(pool: str, owner: dict | None) -> dict:
+    meta: dict = {"name": f"{pool}-router-abc-xyz", "namespace": "ns",
+                  "labels": {"pdfleet.dev/pool": pool, "app.kubernetes.io/component": "router"}}
+    if owner is not None:
+        meta["ownerReferences"] = [owner]
+    return {"metadata": meta, "status": {"podIP": "127.1.4.2"}}
+
+
+def test_a_router_pod_is_its_pools_only_when_its_replicaset_is_the_pools_router() -> None:
+    ours = {"kind": "ReplicaSet", "name": "tiny-router-abc", "controller": True}
+    entry = cache.router_entry(_router_pod("tiny", ours))
+    assert entry is not None and list(entry) == [("ns", "tiny")] and entry[("ns", "tiny")]["kind"] == "Pod"
+    # The same labels on a pod someone else runs are not enough.
+    assert cache.router_entry(_router_pod("tiny", {"kind": "ReplicaSet", "name": "evil-abc", "controller": True})) \
+        is None
+    assert cache.router_entry(_router_pod("tiny", None)) is None
+    assert cache.router_entry(_router_pod("tiny", {**ours, "controller": False})) is None
+
+
+def test_router_pods_are_in_the_snapshot_but_never_among_what_the_pool_owns() -> None:
+    pod = _router_pod("tiny", {"kind": "ReplicaSet", "name": "tiny-router-abc", "controller": True})
+    c = cache.Cache(pools={("ns", "tiny"): [{"metadata": {"name": "tiny"}}]}, owned=[],
+                    routers={("ns", "tiny"): [pod]})
+    snap = c.snapshot(("ns", "tiny"))
+    assert snap.routers == (pod,) and snap.of_kind("Pod") == []
