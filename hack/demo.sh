@@ -10,6 +10,7 @@ PY=.venv/bin/python
 NS=${DEMO_NAMESPACE:-pdfleet-demo}
 POOL_FILE=${DEMO_POOL:-examples/local-fleet.yaml}
 RELEASE_NS=pdfleet-system
+RELEASE=pdfleet-demo
 eval "$($PY hack/localcluster.py env)"
 STATE="$(dirname "$KUBECONFIG")/demo"
 mkdir -p "$STATE"
@@ -40,7 +41,8 @@ kubectl create namespace "$NS" >/dev/null
 # helm installs a chart's CRDs once and never upgrades them; keep the cluster's CRD current.
 kubectl apply --server-side --force-conflicts -f crds/ >/dev/null
 # The operator watches only the demo namespace, out of the way of test runs on the same cluster.
-helm upgrade --install pdfleet charts/pdfleet --namespace "$RELEASE_NS" --create-namespace \
+# A release of its own (`pdfleet-demo`): the test suite installs and uninstalls its own `pdfleet` release.
+helm upgrade --install "$RELEASE" charts/pdfleet --namespace "$RELEASE_NS" --create-namespace \
   --set "watchNamespaces={$NS}" --set logFormat=text --wait --timeout 3m
 kubectl get pods -n "$RELEASE_NS" -o wide
 echo "the operator runs as a real process (pdfleet-sim plays its pod); its log:"
