@@ -41,6 +41,7 @@ class RouterMembership:
         self._grace = grace_s
         self._clock = clock
         self._missing: dict[str, Mapping[str, float]] = {}  # by router pod uid
+        self._unwanted: dict[str, Mapping[str, float]] = {}  # by router pod uid
 
     async def close(self) -> None:
         await self._routers.close()
@@ -61,12 +62,15 @@ class RouterMembership:
             if registered is None:
                 continue
             changes = router_membership.plan(wanted, registered, left_out, missing_since=self._missing.get(uid, {}),
-                                             now=self._clock(), grace=self._grace)
+                                             unwanted_since=self._unwanted.get(uid, {}), now=self._clock(),
+                                             grace=self._grace)
             self._missing[uid] = changes.missing_since
+            self._unwanted[uid] = changes.unwanted_since
             await self._apply(observed.pool, router["metadata"]["name"], base, changes)
         alive = {r["metadata"].get("uid", "") for r in routers}
         for uid in [u for u in self._missing if u not in alive]:
             del self._missing[uid]
+            self._unwanted.pop(uid, None)
 
     async def _apply(self, pool: Body, router: str, base: str, changes: router_membership.Changes) -> None:
         meta = pool["metadata"]

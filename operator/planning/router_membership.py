@@ -8,9 +8,12 @@ knows, through the router's own worker API, every heartbeat:
 - in rotation: the node-rank-0 pod of every group whose pods are all Ready (none terminating) and whose rank
   health is not sick (a group in Desync, Hang, Dead or Unreachable leaves rotation at once, before its
   evidence is captured and it is restarted: requests stop queueing on an engine that will never answer them);
-- a registered worker that is not in rotation is removed (stale registrations of deleted pods included);
-- a worker in rotation that the router lacks is added, but only after `grace` seconds: discovery adds a
-  newly Ready pod by itself within a second or so, and two registrations of one URL would race.
+- a registered worker of a sick group is removed at once;
+- any other registered worker that is not in rotation (NotReady, terminating, a stale registration of a
+  deleted pod) is removed once it has been so for `grace` seconds: the router sees pods through a watch of
+  its own, and a pod it has just seen turn Ready may not be Ready in the operator's view yet;
+- a worker in rotation that the router lacks is added after the same grace: discovery adds a newly Ready
+  pod by itself within a second or so, and two registrations of one URL would race.
 
 Discovery never re-adds a worker that was removed through the API (it remembers pods it has seen), which is
 why the operator also adds back a group that becomes healthy again.
@@ -62,8 +65,10 @@ class Removal:
 class Changes:
     remove: tuple[Removal, ...] = ()
     add: tuple[Worker, ...] = ()
-    # URLs in rotation that the router lacks, with the time each was first seen missing (carry to the next call)
+    # URLs in rotation that the router lacks, and registered URLs out of rotation for a reason that may be a
+    # view lagging behind, each with the time it was first seen so (carry both to the next call)
     missing_since: Mapping[str, float] = dataclasses.field(default_factory=dict)
+    unwanted_since: Mapping[str, float] = dataclasses.field(default_factory=dict)
 
     def __bool__(self) -> bool:
         return bool(self.remove or self.add)
@@ -118,18 +123,27 @@ def in_rotation(spec: InferencePoolSpec, pods: Sequence[Body],
 
 
 def plan(wanted: Mapping[str, Worker], registered: Sequence[Registered], left_out: Mapping[str, str], *,
-         missing_since: Mapping[str, float], now: float, grace: float) -> Changes:
-    """What to change on one router. `missing_since` is what the previous call returned for this router."""
+         missing_since: Mapping[str, float], now: float, grace: float,
+         unwanted_since: Mapping[str, float] | None = None) -> Changes:
+    """What to change on one router. `missing_since` and `unwanted_since` are what the previous call returned
+    for this router."""
     remove: list[Removal] = []
     present: set[str] = set()
+    unwanted: dict[str, float] = {}
+    sick = {str(v) for v in SICK}
     for entry in registered:
         worker = wanted.get(entry.url)
         if worker is None:
-            remove.append(Removal(entry, left_out.get(entry.url, "no such engine in the pool")))
+            reason = left_out.get(entry.url, "no such engine in the pool")
+            if reason not in sick:
+                unwanted[entry.url] = since = (unwanted_since or {}).get(entry.url, now)
+                if now - since < grace:
+                    continue
+            remove.append(Removal(entry, reason))
         elif entry.worker_type != str(worker.role):
             remove.append(Removal(entry, f"registered as {entry.worker_type}, is {worker.role}"))
         else:
             present.add(entry.url)
     since = {url: missing_since.get(url, now) for url in wanted if url not in present}
     add = tuple(wanted[url] for url, t in sorted(since.items()) if now - t >= grace)
-    return Changes(remove=tuple(remove), add=add, missing_since=since)
+    return Changes(remove=tuple(remove), add=add, missing_since=since, unwanted_since=unwanted)

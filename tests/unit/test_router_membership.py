@@ -81,15 +81,33 @@ def test_a_router_that_matches_needs_nothing() -> None:
     assert not changes and changes.missing_since == {}
 
 
-def test_stale_and_sick_registrations_are_removed_with_their_reasons() -> None:
+def test_a_sick_registration_is_removed_at_once_a_stale_one_after_the_grace() -> None:
     wanted, left_out = in_rotation(SPEC, FLEET, {"f-decode-0": Verdict.DESYNC})
     registered = [reg(w, "prefill" if ".0." in w else "decode") for w in
                   ("http://127.1.0.2:30000", "http://127.1.0.3:30000", "http://127.1.1.2:30000",
                    "http://127.1.1.3:30000", "http://127.1.1.9:30000")]
-    changes = plan(wanted, registered, left_out, missing_since={}, now=100.0, grace=5.0)
-    assert {(r.worker.url, r.reason) for r in changes.remove} == {
+    first = plan(wanted, registered, left_out, missing_since={}, now=100.0, grace=5.0)
+    assert {(r.worker.url, r.reason) for r in first.remove} == {("http://127.1.1.2:30000", "Desync")}
+    assert first.unwanted_since == {"http://127.1.1.9:30000": 100.0}
+    # The stale one may be a pod the operator has not seen yet: it goes only once the grace is over.
+    later = plan(wanted, registered, left_out, missing_since={}, unwanted_since=first.unwanted_since, now=105.0,
+                 grace=5.0)
+    assert {(r.worker.url, r.reason) for r in later.remove} == {
         ("http://127.1.1.2:30000", "Desync"), ("http://127.1.1.9:30000", "no such engine in the pool")}
-    assert changes.add == ()
+    assert later.add == ()
+
+
+def test_a_worker_the_router_saw_turn_ready_first_is_not_removed_when_the_operator_catches_up() -> None:
+    pods = [*FLEET[:3], pod("f-decode-1", "decode", "127.1.1.3", ready=False)]
+    wanted, left_out = in_rotation(SPEC, pods, {})
+    registered = [reg(f"http://{p['status']['podIP']}:30000", p["metadata"]["labels"]["pdfleet.dev/role"])
+                  for p in FLEET]
+    lagging = plan(wanted, registered, left_out, missing_since={}, now=100.0, grace=5.0)
+    assert lagging.remove == ()
+    wanted, left_out = in_rotation(SPEC, FLEET, {})
+    caught_up = plan(wanted, registered, left_out, missing_since={}, unwanted_since=lagging.unwanted_since,
+                     now=102.0, grace=5.0)
+    assert not caught_up and caught_up.unwanted_since == {}
 
 
 def test_a_missing_worker_is_added_only_after_the_grace_its_discovery_gets() -> None:
