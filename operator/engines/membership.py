@@ -40,8 +40,10 @@ class RouterMembership:
         self._post_event = post_event
         self._grace = grace_s
         self._clock = clock
-        self._missing: dict[str, Mapping[str, float]] = {}  # by router pod uid
-        self._unwanted: dict[str, Mapping[str, float]] = {}  # by router pod uid
+        # What each router lacks or has too much, since when: by pool, then by router pod uid. Per pool, because
+        # each pool's poll sees only its own routers and must never forget another pool's.
+        self._missing: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
+        self._unwanted: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
 
     async def close(self) -> None:
         await self._routers.close()
@@ -50,7 +52,12 @@ class RouterMembership:
                    health: Mapping[str, GroupHealth]) -> None:
         routers = [p for p in observed.routers if _serving(p)]
         if not routers or observed.pool is None:
+            log.debug("no serving router of %s/%s (%d known)", *key, len(observed.routers))
+            self._missing.pop(key, None)
+            self._unwanted.pop(key, None)
             return
+        missing = self._missing.setdefault(key, {})
+        unwanted = self._unwanted.setdefault(key, {})
         wanted, left_out = router_membership.in_rotation(spec, observed.of_kind("Pod"),
                                                          {n: h.verdict for n, h in health.items()})
         for router in routers:
@@ -61,16 +68,19 @@ class RouterMembership:
             registered = await self._routers.workers(base)
             if registered is None:
                 continue
-            changes = router_membership.plan(wanted, registered, left_out, missing_since=self._missing.get(uid, {}),
-                                             unwanted_since=self._unwanted.get(uid, {}), now=self._clock(),
+            changes = router_membership.plan(wanted, registered, left_out, missing_since=missing.get(uid, {}),
+                                             unwanted_since=unwanted.get(uid, {}), now=self._clock(),
                                              grace=self._grace)
-            self._missing[uid] = changes.missing_since
-            self._unwanted[uid] = changes.unwanted_since
+            missing[uid] = changes.missing_since
+            unwanted[uid] = changes.unwanted_since
+            if changes.missing_since or changes.unwanted_since:
+                log.debug("router %s: waiting out the grace for %s", router["metadata"]["name"],
+                          sorted({*changes.missing_since, *changes.unwanted_since}))
             await self._apply(observed.pool, router["metadata"]["name"], base, changes)
         alive = {r["metadata"].get("uid", "") for r in routers}
-        for uid in [u for u in self._missing if u not in alive]:
-            del self._missing[uid]
-            self._unwanted.pop(uid, None)
+        for uid in [u for u in missing if u not in alive]:
+            del missing[uid]
+            unwanted.pop(uid, None)
 
     async def _apply(self, pool: Body, router: str, base: str, changes: router_membership.Changes) -> None:
         meta = pool["metadata"]
