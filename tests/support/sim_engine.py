@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 
+from tests.support.cluster import wait_for
 from tests.support.operator_process import free_port
 
 STARTUP_S = 120.0  # importing SGLang takes 10-20 s on a loaded machine
@@ -75,13 +76,7 @@ class SimEngine:
 
 def until(condition: Callable[[], Any], deadline: float, what: str, interval: float = 0.05) -> Any:
     """Poll `condition` until it returns something truthy (returned), or fail at `deadline` (monotonic)."""
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for: {what}")
-        time.sleep(interval)
+    return wait_for(what, condition, timeout=max(interval, deadline - time.monotonic()), interval=interval)
 
 
 def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
