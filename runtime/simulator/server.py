@@ -82,12 +82,13 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
             native_api.add_routes(app, leader=leader, enable_metrics=enable_metrics)
             if leader:
                 openai_api.add_routes(app)
-            runners.append(await _listen(app, host, engine.port))
             if engine.mode == "prefill" and leader:
                 runners.append(await _listen(kv.bootstrap_app(engine, rooms, timing.kv_wait_s), host,
                                              engine.bootstrap_port))
+            # SGLang loads the model before it starts its HTTP server: nothing answers on the port meanwhile.
             if timing.load_s:
                 await asyncio.wait([asyncio.ensure_future(stop.wait())], timeout=timing.load_s)
+            runners.append(await _listen(app, host, engine.port))
             state.ready = True
             _say(f"serving {engine.mode} engine on {host}:{engine.port}, {engine.local_ranks} rank(s) "
                  f"(pids {', '.join(map(str, ranks.pids()))}), loop {engine.loop().method}")
