@@ -1,6 +1,6 @@
 """`spec.health`: how the operator judges rank health and what it does about a sick engine group.
 
-Verdicts come from the per-rank ledgers (see DESIGN.md): a group whose ranks are blocked in different
+Verdicts come from the per-rank ledgers (see docs/architecture.md): a group whose ranks are blocked in different
 collectives for `desyncAfter` is in Desync; one whose ranks all sit in the same collective without progress for
 `hangAfter` is in Hang. Either way the operator captures evidence first, then restarts the whole group, with
 backoff, at most `restartBudget.count` times per `restartBudget.window`; past that the group is Failed and left

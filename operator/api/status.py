@@ -26,7 +26,7 @@ class Phase(enum.StrEnum):
 
 
 class Verdict(enum.StrEnum):
-    """A group's rank-health verdict (see DESIGN.md, "Rank health")."""
+    """A group's rank-health verdict (docs/architecture.md, "Rank health")."""
 
     UNKNOWN = "Unknown"
     HEALTHY = "Healthy"

@@ -1,4 +1,4 @@
-"""The operator's only door to the engines' rank-health agents (see DESIGN.md, "Rank health").
+"""The operator's only door to the engines' rank-health agents (docs/architecture.md, "Rank health").
 
 Everything the operator asks an engine goes through `AgentClient.fetch`: one method, so concurrency is bounded
 in one place and every failure (refused, timed out, not JSON, not a report) is translated here into one

@@ -1,4 +1,4 @@
-"""Evidence of a sick group, captured from its agents before the operator restarts it (DESIGN.md, "Rank health").
+"""Evidence of a sick group, captured from its agents before the operator restarts it (docs/architecture.md).
 
 `capture` asks every pod's agent, through the one agent client (`agents.AgentClient`), for its ranks' records
 (`/ranks`) and, when asked, their Python stacks (`/ranks/stacks`), all at once and each bounded by a short

@@ -1,5 +1,5 @@
 """What the operator does about a sick engine group: capture evidence, then restart it as a unit, with backoff,
-within a budget; past the budget, leave it for a person (DESIGN.md, "Rank health"). Pure: time comes in as
+within a budget; past the budget, leave it for a person (docs/architecture.md, "Rank health"). Pure: time comes in as
 `now`, evidence bundles as the ConfigMaps the pool owns.
 
 The decision for a group in Desync, Hang or Dead, in order:

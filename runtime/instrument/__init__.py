@@ -5,7 +5,7 @@ verified like every patch: each seam is a named SGLang function with a pinned fi
 anything is replaced.
 
 The seams are chosen so that every one of the scheduler's event loops passes through them, instead of
-patching each `event_loop_*` variant (see STYLE.md on SGLang's scheduler.py):
+patching each `event_loop_*` variant (see docs/architecture.md, "Where pdfleet hooks into SGLang"):
 - `loop`: the loop dispatcher (`_dispatch_event_loop_once`): attach the rank to the pod's ledger and record
   which loop SGLang picked. This part is the catalogue's `overlap-loop-report` patch.
 - `seams`: the tiny hot-path wrappers: the per-iteration input intake (one `step()` per iteration), the

@@ -1,7 +1,7 @@
 """Finding a patch's target functions in the installed SGLang and checking they are what the patch expects.
 
 A patch replaces exact functions. Before it does, each target is resolved from its dotted name and
-fingerprinted: a hash of its dedented source and its signature. SGLang moves fast (see STYLE.md on its
+fingerprinted: a hash of its dedented source and its signature. SGLang moves fast (see docs/architecture.md on its
 scheduler), so a target whose fingerprint differs from the one the patch was written against is refused
 instead of patched: a patch silently applied to code it was not written for is how a fix becomes a bug.
 """
