@@ -11,12 +11,12 @@ only the pod's own IP is ever contacted.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import logging
 from typing import Any
 
 import aiohttp
 
+from pdfleet.operator.planning import router_membership
 from pdfleet.operator.planning.router_membership import Registered, Worker
 
 log = logging.getLogger(__name__)
@@ -26,14 +26,8 @@ MAX_BODY = 4 * 1024 * 1024
 
 
 def router_base(pod: Body, port: int) -> str | None:
-    ip = (pod.get("status") or {}).get("podIP")
-    if not ip:
-        return None
-    try:
-        ipaddress.ip_address(ip)
-    except ValueError:
-        return None
-    return f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
+    ip = router_membership.pod_ip(pod)
+    return router_membership.worker_url(ip, port) if ip else None
 
 
 class RouterClient:

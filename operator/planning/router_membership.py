@@ -78,7 +78,8 @@ def worker_url(ip: str, port: int) -> str:
     return f"http://[{ip}]:{port}" if ":" in ip else f"http://{ip}:{port}"
 
 
-def _ip(pod: Body) -> str | None:
+def pod_ip(pod: Body) -> str | None:
+    """The pod's IP from its status, only if it is an address (never a name to resolve)."""
     ip = (pod.get("status") or {}).get("podIP")
     if not ip:
         return None
@@ -104,7 +105,7 @@ def in_rotation(spec: InferencePoolSpec, pods: Sequence[Body],
         role_spec = spec.role(role)
         leader = next((p for p in members if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
                       None)
-        ip = _ip(leader) if leader is not None else None
+        ip = pod_ip(leader) if leader is not None else None
         if ip is None:
             continue
         url = worker_url(ip, role_spec.port)
