@@ -108,8 +108,10 @@ kubectl get configmap "$CM" -n "$NS" -o jsonpath='{.data.summary\.txt}' | sed 's
 watch_until "the group replaced and the pool Ready again" \
   '[ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath={.status.phase})" = Ready ] && [ -n "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" ] && [ "$(jp pods -n "$NS" -l pdfleet.dev/group=$GROUP -o jsonpath={.items[0].metadata.uid})" != "$OLD_UID" ]' \
   'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 120
+# The incident, as the operator reported it (every event of these reasons; the pool's creation is above).
 kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | tail -n 7
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message \
+  | grep -E '^TYPE|GroupDesync|RouterWorker|EvidenceCaptured|GroupRestarted|PoolReady'
 
 step "The client's view"
 # Requests that were in flight on the desynced group when it hung could not finish: they are the failures.
