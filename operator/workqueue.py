@@ -41,9 +41,15 @@ class WorkQueue(Generic[K]):
             self._ready.put_nowait(key)
 
     def add_after(self, key: K, delay: float) -> None:
-        if key in self._timers:
-            return
+        """Adds `key` once `delay` seconds have passed. A key already waiting keeps the earlier of the two
+        deadlines (as client-go's delaying queue does): a prompt poke, such as an owned object's event, must
+        not wait out a long failure backoff."""
         loop = asyncio.get_running_loop()
+        pending = self._timers.get(key)
+        if pending is not None:
+            if pending.when() <= loop.time() + delay:
+                return
+            pending.cancel()
 
         def fire() -> None:
             self._timers.pop(key, None)

@@ -99,3 +99,61 @@ async def test_forget_cancels_a_pending_retry() -> None:
     queue.forget("gone")
     await asyncio.sleep(0.1)
     assert len(queue) == 0
+
+
+async def _handled_within(queue: WorkQueue[str], handled: list[str], key: str, seconds: float) -> bool:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + seconds
+    while loop.time() < deadline:
+        if key in handled:
+            return True
+        await asyncio.sleep(0.005)
+    return key in handled
+
+
+async def test_a_shorter_delay_overrides_a_pending_longer_backoff() -> None:
+    # A failure backoff of 30 s is pending when an owned object's event asks for the key in 10 ms: the key is
+    # handled after the short delay, not the long one (client-go keeps the earliest deadline).
+    queue: WorkQueue[str] = WorkQueue(base_delay=30, max_delay=60)
+    handled: list[str] = []
+    worker = await drain(queue, handled, fail={"a"})
+    queue.add("a")
+    assert await _handled_within(queue, handled, "a", 1.0)
+    handled.clear()  # the first run failed: a retry is pending 30 s out
+    queue.add_after("a", 0.01)
+    try:
+        assert await _handled_within(queue, handled, "a", 2.0)
+    finally:
+        worker.cancel()
+        queue.close()
+    assert handled == ["a"]
+
+
+async def test_a_longer_delay_does_not_postpone_a_pending_shorter_one() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    handled: list[str] = []
+    worker = await drain(queue, handled)
+    queue.add_after("a", 0.01)
+    queue.add_after("a", 30)
+    try:
+        assert await _handled_within(queue, handled, "a", 2.0)
+    finally:
+        worker.cancel()
+        queue.close()
+    assert handled == ["a"]
+
+
+async def test_a_key_waiting_twice_is_handled_once() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    handled: list[str] = []
+    worker = await drain(queue, handled)
+    queue.add_after("a", 0.05)
+    queue.add_after("a", 0.01)  # replaces the first timer instead of adding a second one
+    try:
+        assert await _handled_within(queue, handled, "a", 2.0)
+        await asyncio.sleep(0.1)  # past the first deadline: a leftover timer would have fired by now
+        await wait_idle(queue)
+    finally:
+        worker.cancel()
+        queue.close()
+    assert handled == ["a"]
