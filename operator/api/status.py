@@ -90,7 +90,7 @@ class InferencePoolStatus(ApiModel):
         default=None, description="metadata.generation this status was computed from."
     )
     current_revision: Annotated[str, Field(max_length=64)] | None = Field(
-        default=None, description="Last revision that passed verification."
+        default=None, description="Revision every engine group last ran with all its pods Ready."
     )
     update_revision: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description="Revision the spec asks for; differs from currentRevision during a rollout."
@@ -102,6 +102,6 @@ class InferencePoolStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     conditions: tuple[Condition, ...] = Field(
-        default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",
+        default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

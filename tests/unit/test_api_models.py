@@ -31,7 +31,7 @@ def test_defaults_fill_every_omitted_section() -> None:
     assert spec.engine.overlap_schedule is Switch.ENABLED
     assert spec.prefill.bootstrap_port == 8998
     assert spec.health.hang_after == "10m"
-    assert spec.rollout.playbooks.overlap_desync.action == "Restart"
+    assert spec.rollout.order == "DecodeFirst"
     assert spec.engine.extra_args == ()
     assert spec.engine.patches == ()
 
