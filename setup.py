@@ -18,14 +18,14 @@ ROOT = Path(__file__).resolve().parent
 
 
 def packages() -> list[str]:
-    found = []
+    """Every folder holding Python files, with or without __init__.py: `operator/` itself (see above), and
+    runtime/bootstrap, whose sitecustomize.py the engine's ranks import from PYTHONPATH (runtime/launcher.py).
+    Left out, setuptools would still ship such a folder but warn that it is an unlisted package."""
+    found = set()
     for prefix, folder in COMPONENTS.items():
-        found.append(prefix)  # `operator/` itself has no __init__.py: see the module docstring
-        for init in sorted((ROOT / folder).rglob("__init__.py")):
-            rel = init.parent.relative_to(ROOT / folder).parts
-            if rel:
-                found.append(".".join((prefix, *rel)))
-    return found
+        for module in (ROOT / folder).rglob("*.py"):
+            found.add(".".join((prefix, *module.parent.relative_to(ROOT / folder).parts)))
+    return sorted(found)
 
 
 setup(packages=packages(), package_dir=COMPONENTS)

@@ -14,9 +14,12 @@ COMPONENTS = {"operator": "pdfleet/operator", "runtime": "pdfleet/runtime", "ker
 
 
 def test_the_wheel_holds_every_module_under_pdfleet(tmp_path: Path) -> None:
-    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
+    # Not -q: pip shows the build backend's warnings only when it is not quiet.
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps",
                             "-w", str(tmp_path), str(ROOT)], capture_output=True, text=True, timeout=300)
     assert build.returncode == 0, build.stderr
+    # Every install (`make venv`) would print screens of them: a deprecated pyproject field, an unlisted package.
+    assert "Warning:" not in build.stdout + build.stderr, build.stdout + build.stderr
     wheel = next(tmp_path.glob("pdfleet-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {f"{prefix}/{path.relative_to(ROOT / folder)}" for folder, prefix in COMPONENTS.items()
