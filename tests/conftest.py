@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCALCLUSTER = ROOT / "hack" / "localcluster.py"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # Registered here rather than in pyproject.toml: tests/unit/test_api_field_effects.py reads these markers.
+    config.addinivalue_line(
+        "markers", "effect(*fields): shows the effect of these InferencePool spec fields (wire paths; `*` is one "
+                   "segment), see tests/unit/test_api_field_effects.py")
+
+
 def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(LOCALCLUSTER), *args], text=True, capture_output=True)
 
