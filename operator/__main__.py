@@ -6,7 +6,12 @@ import argparse
 import asyncio
 import json
 import logging
+import os
+import secrets
+import signal
+import socket
 import sys
+from pathlib import Path
 from typing import Any
 
 import kopf
@@ -17,7 +22,18 @@ from pdfleet.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
     metrics,
 )
-from pdfleet.operator.runtime_state import OperatorState, Options
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.kube.client import KubeClient, load_configuration
+from pdfleet.operator.leader.decision import Timings
+from pdfleet.operator.leader.elector import LeaderElector
+from pdfleet.operator.leader.lease import LeaseStore
+from pdfleet.operator.runtime_state import LeaderElection, OperatorState, Options
+
+log = logging.getLogger("pdfleet.operator")
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+# Exit status after losing the Lease: the Deployment restarts the process, which then stands by.
+EXIT_LOST_LEASE = 3
 
 
 class JsonFormatter(logging.Formatter):
@@ -51,7 +67,64 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "engine pods (default: the runtime image of this operator's version)")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
-    return p.parse_args(argv)
+    le = p.add_argument_group("leader election", "several replicas, one of which leads (a coordination.k8s.io "
+                              "Lease); the others serve health and metrics and write nothing")
+    le.add_argument("--leader-elect", action="store_true", help="elect a leader before reconciling anything")
+    le.add_argument("--leader-elect-lease-duration", type=_seconds, default=15.0, metavar="DURATION",
+                    help="how long a standby waits after the leader's last renewal before taking over "
+                    "(default: 15s)")
+    le.add_argument("--leader-elect-renew-deadline", type=_seconds, default=10.0, metavar="DURATION",
+                    help="how long the leader keeps trying to renew before it exits (default: 10s)")
+    le.add_argument("--leader-elect-retry-period", type=_seconds, default=2.0, metavar="DURATION",
+                    help="time between attempts to acquire or renew (default: 2s)")
+    le.add_argument("--leader-elect-namespace", help="namespace of the Lease (default: the namespace the pod "
+                    "runs in; required outside a pod)")
+    le.add_argument("--leader-elect-id", default="pdfleet-operator", help="name of the Lease (default: "
+                    "pdfleet-operator)")
+    args = p.parse_args(argv)
+    if args.leader_elect:
+        if not args.leader_elect_namespace:
+            args.leader_elect_namespace = _pod_namespace()
+            if not args.leader_elect_namespace:
+                p.error("--leader-elect needs --leader-elect-namespace outside a pod")
+        try:
+            _timings(args).validate()
+        except ValueError as e:
+            p.error(f"--leader-elect: {e}")
+    return args
+
+
+def _seconds(text: str) -> float:
+    """A duration flag: 15s, 500ms or 1m (as controller-runtime spells them), or plain seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    if text.endswith("ms") and text[:-2].isdigit():
+        return int(text[:-2]) / 1000
+    try:
+        return parse_duration(text).total_seconds()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _timings(args: argparse.Namespace) -> Timings:
+    return Timings(lease_duration=args.leader_elect_lease_duration, renew_deadline=args.leader_elect_renew_deadline,
+                   retry_period=args.leader_elect_retry_period)
+
+
+def _pod_namespace() -> str | None:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _identity() -> str:
+    """The pod's name (the chart passes POD_NAME) or the host name, plus a random suffix: a restarted process
+    is a new candidate, never mistaken for the leader it replaced."""
+    base = os.environ.get("POD_NAME") or os.environ.get("HOSTNAME") or socket.gethostname()
+    return f"{base}_{secrets.token_hex(4)}"
 
 
 def configure_logging(fmt: str, level: str) -> None:
@@ -67,12 +140,18 @@ def configure_logging(fmt: str, level: str) -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
-async def serve_health(state: OperatorState) -> web.AppRunner:
+async def serve_health(state: OperatorState, elector: LeaderElector | None) -> web.AppRunner:
+    def standby() -> bool:
+        return elector is not None and not elector.is_leader
+
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok")
+        return web.Response(text="ok: standby" if standby() else "ok")
 
     async def readyz(_: web.Request) -> web.Response:
-        # Ready once the first listing of pools has arrived and workers run.
+        # A standby is ready: it does what it should (nothing), and rollouts and `helm --wait` need it Ready.
+        if elector is not None and standby():
+            return web.Response(text=f"ok: standby, the leader is {elector.holder or 'not known yet'}")
+        # The leader (or the only replica) is ready once the first listing of pools has arrived and workers run.
         ok = state.ready.is_set() and state.controller is not None
         return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
 
@@ -85,23 +164,66 @@ async def serve_health(state: OperatorState) -> web.AppRunner:
     return runner
 
 
+async def run_kopf(state: OperatorState, stop: asyncio.Event | None = None) -> None:
+    options = state.options
+    await kopf.operator(
+        standalone=True,
+        clusterwide=not options.namespaces,
+        namespaces=list(options.namespaces),
+        memo=kopf.Memo(state=state),
+        stop_flag=stop,
+    )
+
+
+async def lead(state: OperatorState, elector: LeaderElector) -> None:
+    """Stands by until elected, then runs kopf while renewing the Lease. Losing the Lease ends the process at
+    once: kopf's writes must stop before the next leader's begin, and a clean shutdown could take longer than
+    the margin between the renew deadline and the lease duration."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):  # kopf installs its own once it runs
+        loop.add_signal_handler(sig, stop.set)
+    if not await elector.acquire(stop):
+        return
+    holding = asyncio.create_task(elector.hold())
+    operating = asyncio.create_task(run_kopf(state, stop))
+    try:
+        await asyncio.wait({holding, operating}, return_when=asyncio.FIRST_COMPLETED)
+        if holding.done():
+            error = holding.exception()
+            reason = holding.result() if error is None else f"the renewal loop failed: {error!r}"
+            log.critical("lost leadership of the Lease %s (%s): exiting so that no write of this replica can "
+                         "race the next leader's", elector.lease, reason)
+            logging.shutdown()
+            os._exit(EXIT_LOST_LEASE)
+        holding.cancel()
+        await asyncio.gather(holding, return_exceptions=True)  # no renewal in flight while releasing
+        await elector.release()
+        await operating  # kopf's own outcome: its error, if it failed
+    finally:
+        holding.cancel()
+        operating.cancel()
+
+
 async def run(options: Options) -> None:
     state = OperatorState(options=options)
+    election = options.leader_election
+    client = KubeClient(await load_configuration(options.kubeconfig)) if election else None
+    elector = LeaderElector(LeaseStore(client, election.namespace, election.name), election.identity,
+                            election.timings) if client and election else None
     if options.metrics_port:
         start_http_server(options.metrics_port, addr=options.bind_address, registry=metrics.REGISTRY)
-    runner = await serve_health(state) if options.health_port else None
-    # The cache fills as soon as the watch lists pools; an empty cluster lists none, so readiness also
-    # follows the first resync-free moment after startup.
+    runner = await serve_health(state, elector) if options.health_port else None
     try:
-        await kopf.operator(
-            standalone=True,
-            clusterwide=not options.namespaces,
-            namespaces=list(options.namespaces),
-            memo=kopf.Memo(state=state),
-        )
+        if elector:
+            await lead(state, elector)
+        else:
+            await run_kopf(state)
     finally:
         if runner:
             await runner.cleanup()
+        if client:
+            await client.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +233,8 @@ def main(argv: list[str] | None = None) -> int:
         namespaces=tuple(args.namespace), kubeconfig=args.kubeconfig, workers=args.workers,
         resync_period=args.resync_period, metrics_port=args.metrics_port, health_port=args.health_port,
         bind_address=args.bind_address, runtime_image=args.runtime_image,
+        leader_election=LeaderElection(namespace=args.leader_elect_namespace, name=args.leader_elect_id,
+                                       identity=_identity(), timings=_timings(args)) if args.leader_elect else None,
     )
     try:
         asyncio.run(run(options))

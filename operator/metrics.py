@@ -38,3 +38,13 @@ ROUTER_WORKER_CHANGES = Counter(
     "verdict, terminating, not Ready, stale, wrong role, in rotation).",
     ["action", "reason"], registry=REGISTRY,
 )
+LEADER = Gauge(
+    "pdfleet_leader_is_leader",
+    "1 while this operator replica holds the leader-election Lease and reconciles; 0 while it stands by.",
+    registry=REGISTRY,
+)
+LEADER_TRANSITIONS = Counter(
+    "pdfleet_leader_transitions_total",
+    "Leadership changes of this replica, by transition (acquired, lost, released).",
+    ["transition"], registry=REGISTRY,
+)

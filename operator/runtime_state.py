@@ -10,7 +10,16 @@ from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.workqueue import WorkQueue
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaderElection:
+    namespace: str  # of the Lease
+    name: str  # of the Lease
+    identity: str  # this process, as the Lease's holderIdentity
+    timings: Timings
 
 
 @dataclasses.dataclass(frozen=True)
@@ -24,6 +33,7 @@ class Options:
     bind_address: str = "0.0.0.0"
     runtime_image: str | None = None
     owned_event_delay: float = 0.2  # seconds owned-object events wait to coalesce
+    leader_election: LeaderElection | None = None  # None: this process is the only operator
 
 
 @dataclasses.dataclass
