@@ -30,6 +30,7 @@ from typing import NoReturn
 
 from pdfleet.runtime import drain, engine_setup
 from pdfleet.runtime.health import agent, ledger
+from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import base, catalogue
 
 EXIT_USAGE = 2
@@ -39,10 +40,30 @@ SIMULATE = "simulate"
 BOOTSTRAP = Path(__file__).resolve().parent / "bootstrap"
 
 
+def sglang_import_problem() -> str | None:
+    """One line when SGLang does not import: not installed in this Python, or installed without something it
+    needs (torch, say). The launcher's first use of SGLang is its argument parser: checked here, so that either
+    case is a message instead of a traceback."""
+    try:
+        import sglang.srt.server_args  # noqa: F401
+    except ImportError as e:
+        missing = e.name or ""
+        if missing == "sglang" or missing.startswith("sglang."):
+            problem = "SGLang is not installed"
+        else:
+            problem = f"SGLang does not import ({e})"
+        # The instrumentation refuses any SGLang it has no fingerprints of: name the newest it knows.
+        newest = max(rank_seams.FINGERPRINTS, key=catalogue.version_key)
+        return (f"{problem} in {sys.executable}: run pdfleet-engine in an SGLang image, "
+                f"or `pip install sglang=={newest}` into that Python")
+    return None
+
+
 def list_patches() -> str:
     rows = []
     for p in catalogue.CATALOGUE:
         fixed = f", fixed upstream in {p.fixed_in}" if p.fixed_in else ""
+        fixed += f"; not implemented by pdfleet yet: {p.unavailable}" if p.unavailable else ""
         rows.append(f"{p.id}\n  SGLang {p.applies_to}{fixed}\n  {p.summary}\n  replaces: {', '.join(p.targets)}")
     return "\n".join(rows)
 
@@ -111,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if options.command == "patches":
         print(list_patches())
         return 0
+    if (problem := sglang_import_problem()) is not None:
+        print(f"pdfleet-engine: {problem}", file=sys.stderr)
+        return EXIT_USAGE
     try:
         version = engine_setup.sglang_version()
         base.check(options.patch, version)
