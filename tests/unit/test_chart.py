@@ -49,7 +49,9 @@ NAMESPACED_RULES: Rules = {
 }
 CRD_DISCOVERY_RULES: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"): _verbs(*READ)}
 CLUSTER_WIDE_RULES: Rules = NAMESPACED_RULES | CRD_DISCOVERY_RULES | {("", "namespaces"): _verbs("list", "watch")}
-LEADER_ELECTION_RULES: Rules = {("coordination.k8s.io", "leases"): _verbs("get", "create", "update")}
+# RBAC cannot restrict create by name; get and update only the release's own Lease (`leases[<name>]`).
+LEADER_ELECTION_RULES: Rules = {("coordination.k8s.io", "leases"): _verbs("create"),
+                                ("coordination.k8s.io", "leases[pdfleet]"): _verbs("get", "update")}
 # The router's Role, which the operator creates, grants these; RBAC lets it only grant what it holds.
 ROUTER_DISCOVERY_RULES: Rules = {("", "pods"): _verbs(*READ)}
 
@@ -57,7 +59,8 @@ SCENARIOS: dict[str, dict[str, Any]] = {
     "default": {},
     "namespaced": {"watchNamespaces": ["team-a", "team-b"]},
     "service-monitor": {"metrics": {"serviceMonitor": {"enabled": True, "labels": {"release": "prom"}}}},
-    "leader-election": {"leaderElection": {"enabled": True}},
+    "single-replica": {"replicaCount": 1},
+    "no-leader-election": {"replicaCount": 1, "leaderElection": {"enabled": False}},
     "operator-disabled": {"operator": {"enabled": False}},
     "scaled-to-zero": {"replicaCount": 0},
 }
@@ -114,10 +117,13 @@ def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
 def rule_table(role: dict[str, Any]) -> Rules:
     table: dict[tuple[str, str], set[str]] = {}
     for rule in role.get("rules") or []:
-        assert set(rule) <= {"apiGroups", "resources", "verbs"}, f"unexpected rule fields in {rule}"
+        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, f"unexpected rule fields in {rule}"
+        names = rule.get("resourceNames")
         for group in rule["apiGroups"]:
             for resource in rule["resources"]:
-                table.setdefault((group, resource), set()).update(rule["verbs"])
+                keys = [f"{resource}[{name}]" for name in names] if names else [resource]
+                for key in keys:
+                    table.setdefault((group, key), set()).update(rule["verbs"])
     return {key: frozenset(verbs) for key, verbs in table.items()}
 
 
@@ -179,7 +185,7 @@ def test_a_bad_value_is_rejected_by_the_schema_with_a_message_naming_it(values: 
 
 
 def test_more_than_one_replica_without_leader_election_is_refused_with_the_reason() -> None:
-    result = template({"replicaCount": 2}, check=False)
+    result = template({"replicaCount": 2, "leaderElection": {"enabled": False}}, check=False)
     assert result.returncode != 0
     assert "only one replica may be active" in result.stderr
 
@@ -265,10 +271,20 @@ def test_the_operator_learns_its_namespace_from_the_downward_api() -> None:
     assert env["PDFLEET_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
 
 
-def test_a_single_replica_is_replaced_by_recreate_so_two_operators_never_overlap() -> None:
-    spec = one(render("default"), "Deployment")["spec"]
+def test_without_leader_election_the_single_replica_is_replaced_by_recreate_so_two_never_overlap() -> None:
+    spec = one(render("no-leader-election"), "Deployment")["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
+    assert not [a for a in operator_container("no-leader-election")["args"] if a.startswith("--leader-elect")]
+
+
+@pytest.mark.parametrize("scenario", ["default", "single-replica"])
+def test_with_leader_election_a_rollout_starts_a_standby_before_it_stops_the_leader(scenario: str) -> None:
+    spec = one(render(scenario), "Deployment")["spec"]
+    assert spec["replicas"] == (2 if scenario == "default" else 1)
+    assert spec["strategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}
+    env = {e["name"]: e for e in operator_container(scenario)["env"]}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
 def test_the_image_tag_defaults_to_the_app_version() -> None:
@@ -301,17 +317,18 @@ def deployment_pod_of(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
 
 def test_cluster_wide_mode_grants_exactly_the_operator_table_through_one_cluster_role() -> None:
     docs = render("default")
-    assert not of_kind(docs, "Role")
+    # The only Role is leader election's, for its Lease.
+    assert [r["metadata"]["name"] for r in of_kind(docs, "Role")] == ["pdfleet-leader-election"]
     assert_rules(one(docs, "ClusterRole"), CLUSTER_WIDE_RULES)
 
 
 def test_namespaced_mode_grants_the_table_by_a_role_in_each_watched_namespace() -> None:
     docs = render("namespaced")
-    roles = of_kind(docs, "Role")
+    roles = [r for r in of_kind(docs, "Role") if not r["metadata"]["name"].endswith("-leader-election")]
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
     for role in roles:
         assert_rules(role, NAMESPACED_RULES)
-    bindings = of_kind(docs, "RoleBinding")
+    bindings = [b for b in of_kind(docs, "RoleBinding") if not b["metadata"]["name"].endswith("-leader-election")]
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
 
 
@@ -324,12 +341,24 @@ def test_namespaced_mode_has_no_cluster_role_granting_pods_or_anything_but_crd_d
 def test_leases_are_granted_only_with_leader_election_and_only_in_the_release_namespace() -> None:
     for scenario in SCENARIOS:
         for role in of_kind(render(scenario), "ClusterRole"):
-            assert ("coordination.k8s.io", "leases") not in rule_table(role)
-    assert not any(("coordination.k8s.io", "leases") in rule_table(r) for r in of_kind(render("default"), "Role"))
-    (role,) = of_kind(render("leader-election"), "Role")
+            assert not any(group == "coordination.k8s.io" for group, _ in rule_table(role))
+    assert not any(group == "coordination.k8s.io" for r in of_kind(render("no-leader-election"), "Role")
+                   for group, _ in rule_table(r))
+    (role,) = of_kind(render("default"), "Role")
     assert role["metadata"]["namespace"] == RELEASE_NS
     assert_rules(role, LEADER_ELECTION_RULES)
-    assert "--leader-elect" in operator_container("leader-election")["args"]
+
+
+def test_the_chart_passes_the_leader_election_flags_the_operator_accepts() -> None:
+    from pdfleet.operator.__main__ import parse_args
+
+    args = operator_container()["args"]
+    assert {"--leader-elect", f"--leader-elect-namespace={RELEASE_NS}", "--leader-elect-id=pdfleet"} <= set(args)
+    parsed = parse_args(args)
+    assert (parsed.leader_elect, parsed.leader_elect_namespace, parsed.leader_elect_id) == (True, RELEASE_NS,
+                                                                                            "pdfleet")
+    assert (parsed.leader_elect_lease_duration, parsed.leader_elect_renew_deadline,
+            parsed.leader_elect_retry_period) == (15, 10, 2)
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)

@@ -74,7 +74,7 @@ app.kubernetes.io/component: operator
 {{/* Checks across values that the schema cannot express. */}}
 {{- define "pdfleet.validate" -}}
 {{- if and (gt (int .Values.replicaCount) 1) (not .Values.leaderElection.enabled) }}
-{{- fail (printf "replicaCount is %d, but the operator runs kopf standalone: only one replica may be active. Set replicaCount to 1 (or 0), or enable leaderElection (not implemented by the operator yet)." (int .Values.replicaCount)) }}
+{{- fail (printf "replicaCount is %d, but without leader election only one replica may be active (every replica would write). Set replicaCount to 1 (or 0), or enable leaderElection." (int .Values.replicaCount)) }}
 {{- end }}
 {{- if eq (int .Values.healthPort) (int .Values.metrics.port) }}
 {{- fail (printf "healthPort and metrics.port are both %d: the health and metrics endpoints need their own ports" (int .Values.healthPort)) }}
