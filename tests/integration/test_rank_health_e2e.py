@@ -43,6 +43,7 @@ def decode_pod(cluster: Cluster, namespace: str) -> dict:
     return pod
 
 
+@pytest.mark.effect("spec.health.heartbeatPeriod", "spec.health.desyncAfter")
 def test_a_desync_is_reported_within_seconds_and_a_straggler_that_catches_up_recovers(
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
     start_pool(cluster, namespace, {**HEALTH, "restartBudget": {"count": 0}})  # detect and report only

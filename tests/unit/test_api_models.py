@@ -96,6 +96,7 @@ def test_a_patch_fixed_upstream_is_refused_as_redundant() -> None:
     assert "fixed upstream in SGLang 0.5.23" in problem.message
 
 
+@pytest.mark.effect("spec.engine.sglangVersion")
 def test_a_patch_for_another_sglang_version_is_refused() -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.4.9", "patches": ["kv-poll-lockstep"]}})
     [problem] = validate({"spec": spec})
@@ -103,6 +104,7 @@ def test_a_patch_for_another_sglang_version_is_refused() -> None:
     assert "applies to SGLang >=0.5.0,<0.6.0, not to sglangVersion 0.4.9" in problem.message
 
 
+@pytest.mark.effect("spec.engine.sglangVersion")
 def test_an_older_sglang_may_use_the_patch_upstream_fixed_later() -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.22", "patches": ["dsml-batch-decode-guard"]}})
     assert validate({"spec": spec}) == []

@@ -34,6 +34,7 @@ def flags(argv: list[str]) -> list[str]:
     return [arg for arg in argv if arg.startswith("--")]
 
 
+@pytest.mark.effect("spec.model.servedName", "spec.model.source.path")
 def test_a_minimal_prefill_engine_gets_exactly_the_managed_flags() -> None:
     assert engine_args(spec_of({}), Role.PREFILL) == [
         "--model-path", "/models/tiny",
@@ -75,12 +76,16 @@ def test_a_decode_engine_has_no_bootstrap_port() -> None:
     pytest.param({"engine": {"extraArgs": ["--mem-fraction-static", "0.8"]}}, Role.PREFILL, {},
                  ["--disaggregation-bootstrap-port", "8998", "--mem-fraction-static", "0.8"], id="extra args last"),
 ])
+@pytest.mark.effect("spec.engine.overlapSchedule", "spec.engine.tokenizerBatchDecode", "spec.model.toolCallParser",
+                    "spec.model.reasoningParser", "spec.model.chatTemplate", "spec.model.trustRemoteCode",
+                    "spec.decode.dp", "spec.decode.nodesPerGroup", "spec.transfer.ibDevice", "spec.engine.extraArgs")
 def test_typed_fields_become_their_flags(patch: dict[str, Any], role: Role, kwargs: dict[str, Any],
                                          expected_tail: list[str]) -> None:
     argv = engine_args(spec_of(patch), role, **kwargs)
     assert argv[-len(expected_tail):] == expected_tail
 
 
+@pytest.mark.effect("spec.*.tp")
 def test_the_tp_size_is_the_role_s_own() -> None:
     spec = spec_of({"prefill": {"tp": 4, "gpusPerNode": 4}, "decode": {"tp": 8, "gpusPerNode": 8}})
     assert engine_args(spec, Role.PREFILL)[engine_args(spec, Role.PREFILL).index("--tp-size") + 1] == "4"

@@ -7,6 +7,8 @@ import copy
 import datetime
 from typing import Any
 
+import pytest
+
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
@@ -69,6 +71,7 @@ def reasons(plans: list[Plan]) -> list[str]:
     return [e.reason for p in plans for e in p.events]
 
 
+@pytest.mark.effect("spec.*.replicas")
 def test_a_new_pool_gets_its_groups_and_router_and_becomes_ready() -> None:
     cluster = FakeCluster(pool_body(prefill=1, decode=2))
     plans = cluster.converge()
@@ -115,6 +118,7 @@ def test_objects_written_but_not_yet_seen_are_not_written_again() -> None:
     assert again.apply == ()
 
 
+@pytest.mark.effect("spec.decode.replicas")
 def test_scaling_down_deletes_the_highest_groups_and_says_so() -> None:
     cluster = FakeCluster(pool_body(decode=3))
     cluster.converge()
@@ -138,6 +142,7 @@ def test_scaling_never_replaces_the_groups_that_stay() -> None:
     assert not any(ref.name == "tiny-decode-0-0" for p in plans for ref in p.delete)
 
 
+@pytest.mark.effect("spec.engine.overlapSchedule")
 def test_an_engine_change_replaces_groups_one_at_a_time_per_role() -> None:
     cluster = FakeCluster(pool_body(prefill=2, decode=2))
     cluster.converge()
@@ -167,6 +172,7 @@ def test_a_group_with_a_failed_pod_restarts_as_a_unit() -> None:
     assert group["restarts"] == 1
 
 
+@pytest.mark.effect("spec.engine.sglangVersion")
 def test_an_invalid_spec_is_rejected_and_nothing_in_the_fleet_changes() -> None:
     cluster = FakeCluster(pool_body())
     cluster.converge()
@@ -185,6 +191,7 @@ def test_an_invalid_spec_is_rejected_and_nothing_in_the_fleet_changes() -> None:
     assert again.rejected, "yet every reconcile of a rejected spec counts as rejected"
 
 
+@pytest.mark.effect("spec.paused")
 def test_a_paused_pool_creates_nothing() -> None:
     cluster = FakeCluster(pool_body(prefill=0, decode=0, paused=True))
     cluster.converge()

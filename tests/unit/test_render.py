@@ -23,6 +23,7 @@ def pods(spec: InferencePoolSpec, role: Role) -> list[dict]:
     return [p for g in desired.desired(CTX, spec).groups if g.id.role is role for p in g.pods]
 
 
+@pytest.mark.effect("spec.decode.gpusPerNode", "spec.decode.scheduling.nodeSelector")
 def test_an_engine_pod_requests_its_gpus_and_tolerates_gpu_nodes() -> None:
     pod = pods(spec_of(base="deepseek-v4-sm120"), Role.DECODE)[0]
     engine = pod["spec"]["containers"][0]
@@ -57,6 +58,7 @@ def test_the_other_nodes_of_a_multi_node_group_are_probed_on_sglangs_placeholder
         assert engine["livenessProbe"]["httpGet"] == {"path": "/livez", "port": "agent"}
 
 
+@pytest.mark.effect("spec.engine.image", "spec.engine.patches")
 def test_the_engine_starts_through_pdfleets_runtime_with_the_pools_patches() -> None:
     spec = spec_of(base="deepseek-v4-sm120")
     pod = pods(spec, Role.PREFILL)[0]
@@ -83,6 +85,7 @@ def test_a_drain_runs_before_the_engine_stops_and_has_time_to_finish() -> None:
     assert pod["spec"]["restartPolicy"] == "Never", "the operator restarts a group as a unit, not kubelet"
 
 
+@pytest.mark.effect("spec.decode.nodesPerGroup")
 def test_multi_node_groups_meet_at_their_leader_through_the_groups_headless_service() -> None:
     spec = spec_of(base="multinode-decode")
     group = next(g for g in desired.desired(CTX, spec).groups if g.id.role is Role.DECODE)
@@ -108,6 +111,7 @@ def test_the_router_discovers_engines_by_label_with_a_role_that_can_only_read_po
     assert objs["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "p-router"
 
 
+@pytest.mark.effect("spec.router.replicas")
 def test_a_pool_without_a_router_renders_none() -> None:
     assert desired.desired(CTX, spec_of(router={"replicas": 0})).router == ()
 

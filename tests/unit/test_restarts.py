@@ -103,6 +103,7 @@ def test_with_evidence_captured_the_group_is_restarted_as_a_unit_and_says_why() 
     assert "Pod" in {k for k, _ in cluster.owned}
 
 
+@pytest.mark.effect("spec.health.evidence.keep")
 def test_with_evidence_disabled_the_group_is_restarted_at_once() -> None:
     cluster = cluster_with(evidence={"keep": 0})
 
@@ -121,6 +122,7 @@ def restart_once(cluster: FakeCluster, now: float) -> Plan:
 
 
 @pytest.mark.parametrize(("restarts_before", "wait_s"), [(1, 10), (2, 20), (3, 40), (4, 60), (5, 60)])
+@pytest.mark.effect("spec.health.backoff.initial", "spec.health.backoff.max")
 def test_the_backoff_doubles_from_initial_up_to_max(restarts_before: int, wait_s: int) -> None:
     cluster = cluster_with(backoff={"initial": "10s", "max": "1m"}, restartBudget={"count": 10, "window": "1h"})
     t = 0.0
@@ -136,6 +138,7 @@ def test_the_backoff_doubles_from_initial_up_to_max(restarts_before: int, wait_s
     assert pods_deleted(step(cluster, DESYNC, at(last + wait_s))) == ["tiny-decode-0-0"]
 
 
+@pytest.mark.effect("spec.health.restartBudget.count")
 def test_past_the_budget_the_group_is_left_for_a_person_with_one_warning() -> None:
     cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 2, "window": "1h"})
     restart_once(cluster, 0)
@@ -158,6 +161,7 @@ def test_past_the_budget_the_group_is_left_for_a_person_with_one_warning() -> No
     assert evidence(cluster) == [f"{GROUP}-evidence-{n}" for n in (1, 2, 3)]
 
 
+@pytest.mark.effect("spec.health.restartBudget.window")
 def test_the_budget_window_slides() -> None:
     cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 1, "window": "1m"})
     restart_once(cluster, 0)
@@ -193,6 +197,7 @@ def test_hang_and_dead_are_acted_on_like_desync(verdict: Verdict) -> None:
     assert pods_deleted(plan) == ["tiny-decode-0-0"] and plan.restarted == ((GROUP, str(verdict)),)
 
 
+@pytest.mark.effect("spec.health.restartBudget.count")
 def test_a_budget_of_zero_detects_and_reports_only() -> None:
     cluster = cluster_with(restartBudget={"count": 0})
 
@@ -204,6 +209,7 @@ def test_a_budget_of_zero_detects_and_reports_only() -> None:
     assert degraded["reason"] == "RankDesync"
 
 
+@pytest.mark.effect("spec.health.evidence.keep")
 def test_only_evidence_keep_bundles_are_kept_per_group_oldest_dropped_first() -> None:
     cluster = cluster_with(evidence={"keep": 2}, backoff={"initial": "1s", "max": "1s"},
                            restartBudget={"count": 10})
