@@ -1,0 +1,285 @@
+"""The executor against an in-memory apiserver (`tests.support.fake_kube`): what it writes, in what order, how
+often, and what it does when the API says no. The planner's decisions are `test_planning`'s business; here a
+change to how plans turn into API calls fails fast, without a cluster."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pdfleet.operator import metrics
+from pdfleet.operator.controller import Controller
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.workqueue import Retry
+from tests.support.fake_kube import FakeKube, Write
+from tests.support.pools import pool_body
+
+KEY = ("ns", "tiny")
+Body = dict[str, Any]
+ROUTER_OBJECTS = [("ServiceAccount", "tiny-router"), ("Role", "tiny-router"), ("RoleBinding", "tiny-router"),
+                  ("Deployment", "tiny-router"), ("Service", "tiny-router")]
+GROUP_OBJECTS = [("Service", "tiny-prefill-0"), ("Pod", "tiny-prefill-0-0"),
+                 ("Service", "tiny-decode-0"), ("Pod", "tiny-decode-0-0")]
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    kube = FakeKube()
+    kube.seed(pool_body())
+    return kube
+
+
+def executor(kube: FakeKube) -> Controller:
+    return Controller(client=kube, cache=kube.cache())
+
+
+def what(writes: list[Write], verb: str | None = None) -> list[tuple[str, str]]:
+    return [(w.kind, w.name) for w in writes if verb is None or w.verb == verb]
+
+
+def pool(kube: FakeKube) -> Body:
+    body = kube.get("InferencePool", *KEY)
+    assert body is not None
+    return body
+
+
+def kubelet_runs_everything(kube: FakeKube) -> None:
+    """What kubelet and the Deployment controller would do next: every pod Running and Ready with an IP, the
+    router available."""
+    for n, p in enumerate(kube.of_kind("Pod", "ns")):
+        kube.update("Pod", "ns", p["metadata"]["name"], lambda o, n=n: o.update(status={
+            "phase": "Running", "podIP": f"127.1.0.{n + 2}", "conditions": [{"type": "Ready", "status": "True"}]}))
+    for d in kube.of_kind("Deployment", "ns"):
+        kube.update("Deployment", "ns", d["metadata"]["name"], lambda o: o.update(
+            status={"replicas": o["spec"]["replicas"], "availableReplicas": o["spec"]["replicas"]}))
+
+
+async def settle(kube: FakeKube, controller: Controller, limit: int = 5) -> None:
+    """Reconciles until a reconcile writes nothing (the watch is instant here)."""
+    for _ in range(limit):
+        await controller.reconcile(KEY)
+        if not kube.take_writes():
+            return
+    raise AssertionError(f"still writing after {limit} reconciles")
+
+
+async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_its_events(kube: FakeKube) -> None:
+    planned = reconcile.plan(pool(kube), kube.cache().snapshot(KEY))
+    rv = pool(kube)["metadata"]["resourceVersion"]
+
+    await executor(kube).reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert all(w.ok for w in writes), writes
+    assert sorted(what(writes, "apply")) == sorted((o["kind"], o["metadata"]["name"]) for o in planned.apply)
+    assert sorted(what(writes, "apply")) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
+    # Objects, then status, then events; a RoleBinding only after the Role and ServiceAccount it binds.
+    verbs = [w.verb for w in writes]
+    assert verbs == ["apply"] * 9 + ["status"] + ["create"] * len(planned.events)
+    order = what(writes, "apply")
+    sent = {(w.kind, w.name): w for w in writes}
+    binding = sent[("RoleBinding", "tiny-router")]
+    assert binding.started > max(sent[("Role", "tiny-router")].answered,
+                                 sent[("ServiceAccount", "tiny-router")].answered)
+    assert binding.answered < min(sent[k].started for k in GROUP_OBJECTS)
+    # The status patch is guarded by the resourceVersion the plan was made from, and is stored.
+    status_write = next(w for w in writes if w.verb == "status")
+    assert status_write.body is not None and status_write.body["metadata"] == {"resourceVersion": rv}
+    assert pool(kube)["status"]["phase"] == "Pending"
+    # Every object is the pool's (the garbage collector removes them with it).
+    uid = pool(kube)["metadata"]["uid"]
+    for kind, name in order:
+        refs = kube.get(kind, "ns", name)["metadata"]["ownerReferences"]  # type: ignore[index]
+        assert [r["uid"] for r in refs if r.get("controller")] == [uid]
+    events = kube.of_kind("Event", "ns")
+    assert sorted(e["reason"] for e in events) == sorted(e.reason for e in planned.events) == \
+        ["GroupCreated", "GroupCreated"]
+    assert {(e["involvedObject"]["kind"], e["involvedObject"]["uid"], e["type"]) for e in events} == \
+        {("InferencePool", uid, "Normal")}
+
+
+async def test_at_steady_state_a_reconcile_writes_nothing(kube: FakeKube) -> None:
+    controller = executor(kube)
+    await settle(kube, controller)  # the pods exist; Progressing
+
+    kubelet_runs_everything(kube)
+    await controller.reconcile(KEY)
+    writes = kube.take_writes()
+    assert what(writes, "status") == [("InferencePool", "tiny")]
+    assert what(writes, "apply") == [] and what(writes, "delete") == []
+    assert pool(kube)["status"]["phase"] == "Ready"
+
+    for _ in range(3):
+        await controller.reconcile(KEY)
+        assert kube.take_writes() == []
+    # A new executor (an operator restart) starts from the cluster, and agrees.
+    await executor(kube).reconcile(KEY)
+    assert kube.take_writes() == []
+
+
+async def test_a_spec_change_patches_only_the_objects_it_changes(kube: FakeKube) -> None:
+    controller = executor(kube)
+    await settle(kube, controller)
+    kubelet_runs_everything(kube)
+    await settle(kube, controller)
+    before = {k: kube.get(*k[:1], "ns", k[1]) for k in ROUTER_OBJECTS + GROUP_OBJECTS}
+
+    kube.update("InferencePool", *KEY, lambda p: p["spec"].setdefault("router", {}).update(replicas=2))
+    await controller.reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert what(writes, "apply") == [("Deployment", "tiny-router")]
+    assert what(writes, "delete") == []
+    assert kube.get("Deployment", "ns", "tiny-router")["spec"]["replicas"] == 2  # type: ignore[index]
+    assert pool(kube)["status"]["observedGeneration"] == 2
+    unchanged = [k for k in before if k != ("Deployment", "tiny-router")]
+    assert all(kube.get(k[0], "ns", k[1]) == before[k] for k in unchanged)
+
+
+async def test_scaling_up_creates_only_the_new_groups_objects(kube: FakeKube) -> None:
+    controller = executor(kube)
+    await settle(kube, controller)
+
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    await controller.reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert sorted(what(writes, "apply")) == [("Pod", "tiny-decode-1-0"), ("Service", "tiny-decode-1")]
+    assert [e for e in what(writes, "create")] and all(kind == "Event" for kind, _ in what(writes, "create"))
+
+
+@pytest.mark.parametrize("status", [409, 500, 503])
+async def test_a_failed_write_retries_and_the_retry_writes_only_what_is_missing(kube: FakeKube,
+                                                                              status: int) -> None:
+    controller = executor(kube)
+    kube.fail("apply", kind="Pod", name="tiny-decode-0-0", status=status)
+
+    with pytest.raises(Retry):
+        await controller.reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert [(w.kind, w.name, w.code) for w in writes if not w.ok] == [("Pod", "tiny-decode-0-0", status)]
+    assert kube.get("Pod", "ns", "tiny-decode-0-0") is None
+    assert kube.get("Pod", "ns", "tiny-prefill-0-0") is not None
+    assert what(writes, "status") == []  # status is written only when every object went out
+    # The event about the group that failed is not posted (it would not be true); the other one is.
+    events = kube.of_kind("Event", "ns")
+    assert [e["reason"] for e in events] == ["GroupCreated"] and "tiny-prefill-0" in events[0]["message"]
+
+    await controller.reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert what(writes, "apply") == [("Pod", "tiny-decode-0-0")]
+    assert what(writes, "status") == [("InferencePool", "tiny")]
+    assert [e["reason"] for e in kube.of_kind("Event", "ns") if "tiny-decode-0" in e["message"]] == ["GroupCreated"]
+
+
+async def test_a_status_computed_from_a_stale_pool_is_refused_and_recomputed(kube: FakeKube) -> None:
+    controller = executor(kube)
+    await settle(kube, controller)
+
+    with kube.watch_paused("InferencePool"):  # the user edits the pool; the operator has not seen it yet
+        kube.update("InferencePool", *KEY, lambda p: p["metadata"].setdefault("labels", {}).update(team="a"))
+        kubelet_runs_everything(kube)  # the pods' watch is current: a new status, planned from the old pool
+        with pytest.raises(Retry):
+            await controller.reconcile(KEY)
+        assert [(w.verb, w.code) for w in kube.take_writes()] == [("status", 409)]
+        assert pool(kube)["status"]["phase"] == "Progressing"
+
+    await controller.reconcile(KEY)
+    writes = kube.take_writes()
+    assert [(w.verb, w.code) for w in writes if w.verb == "status"] == [("status", 200)]
+    assert pool(kube)["status"]["phase"] == "Ready"
+
+
+async def test_a_reconcile_before_the_watch_catches_up_does_not_write_the_same_objects_again(
+        kube: FakeKube) -> None:
+    controller = executor(kube)
+    with kube.watch_paused():
+        await controller.reconcile(KEY)
+        assert len(what(kube.take_writes(), "apply")) == 9
+        # The pool's own status write is not shown yet either: its guarded patch is refused, nothing else goes.
+        with pytest.raises(Retry):
+            await controller.reconcile(KEY)
+        assert [(w.verb, w.code) for w in kube.take_writes()] == [("status", 409)]
+    await settle(kube, controller)
+    assert len(kube.of_kind("Pod", "ns")) == 2
+
+
+async def test_deleting_what_is_already_gone_is_done(kube: FakeKube) -> None:
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    controller = executor(kube)
+    await settle(kube, controller)
+    kubelet_runs_everything(kube)
+    await settle(kube, controller)
+
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=1))
+    with kube.watch_paused():  # the pod and its Service went away a moment ago; the watch has not said so
+        kube.remove("Pod", "ns", "tiny-decode-1-0")
+        kube.remove("Service", "ns", "tiny-decode-1")
+        await controller.reconcile(KEY)  # no Retry: a 404 on delete is success
+
+    writes = kube.take_writes()
+    assert sorted((w.kind, w.name, w.code) for w in writes if w.verb == "delete") == \
+        [("Pod", "tiny-decode-1-0", 404), ("Service", "tiny-decode-1", 404)]
+    await settle(kube, controller)  # and nothing is deleted again once the watch shows them gone
+
+
+async def test_a_scale_down_deletes_with_the_uid_precondition_and_waits_for_terminating_pods(
+        kube: FakeKube) -> None:
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    controller = executor(kube)
+    await settle(kube, controller)
+    uid = kube.get("Pod", "ns", "tiny-decode-1-0")["metadata"]["uid"]  # type: ignore[index]
+
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=1))
+    await controller.reconcile(KEY)
+
+    deletes = [w for w in kube.take_writes() if w.verb == "delete"]
+    assert sorted((w.kind, w.name) for w in deletes) == [("Pod", "tiny-decode-1-0"), ("Service", "tiny-decode-1")]
+    pod_delete = next(w for w in deletes if w.kind == "Pod")
+    assert pod_delete.body is not None and pod_delete.body["preconditions"] == {"uid": uid}
+    assert kube.get("Pod", "ns", "tiny-decode-1-0")["metadata"]["deletionTimestamp"]  # type: ignore[index]
+    await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "delete") == []  # a terminating pod is not deleted again
+    assert kube.finish_terminating() == ["tiny-decode-1-0"]
+    await settle(kube, controller)
+
+
+async def test_a_lost_event_does_not_fail_the_reconcile(kube: FakeKube) -> None:
+    kube.fail("create", kind="Event", status=500, times=2)
+
+    await executor(kube).reconcile(KEY)
+
+    writes = kube.take_writes()
+    assert [(w.verb, w.code) for w in writes if w.verb == "create"] == [("create", 500), ("create", 500)]
+    assert what(writes, "status") == [("InferencePool", "tiny")]
+    assert len(what(writes, "apply")) == 9
+
+
+def pools_by_phase() -> dict[str, float]:
+    return {s.labels["phase"]: s.value for m in metrics.POOLS.collect() for s in m.samples if s.value}
+
+
+@pytest.mark.parametrize("how", ["gone", "terminating"])
+async def test_a_deleted_pool_is_forgotten_and_nothing_is_written(kube: FakeKube, how: str) -> None:
+    controller = executor(kube)
+    await settle(kube, controller)
+    assert pools_by_phase() == {"Progressing": 1}
+
+    if how == "gone":
+        kube.remove("InferencePool", *KEY)
+        assert kube.of_kind("Pod") == []  # the garbage collector took what it owned
+    else:
+        kube.update("InferencePool", *KEY, lambda p: p["metadata"].update(deletionTimestamp="2026-11-30T12:01:00Z"))
+    await controller.reconcile(KEY)
+
+    assert kube.take_writes() == []
+    assert pools_by_phase() == {}
+
+    # A pool of the same name made afterwards is a new pool: everything is created again.
+    kube.remove("InferencePool", *KEY) if how == "terminating" else None
+    kube.seed(pool_body(uid="uid-2"))
+    await controller.reconcile(KEY)
+    assert sorted(what(kube.take_writes(), "apply")) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
