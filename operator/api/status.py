@@ -36,6 +36,37 @@ class Verdict(enum.StrEnum):
     UNREACHABLE = "Unreachable"
 
 
+class RestartCause(enum.StrEnum):
+    """Why the operator restarts an engine group as a unit (docs/architecture.md, "Restarts")."""
+
+    POD_ENDED = "PodEnded"  # a pod of the group ended (phase Failed or Succeeded): see `lastExit`
+    DESYNC = "Desync"
+    HANG = "Hang"
+    DEAD = "Dead"
+
+
+class ContainerExit(ApiModel):
+    """How a pod of an engine group ended, as the cluster reports it (its container's terminated state)."""
+
+    pod: Annotated[str, Field(min_length=1, max_length=253)] = Field(description="The pod that ended.")
+    container: Annotated[str, Field(max_length=63)] | None = Field(
+        default=None, description="The container that ended (the first that failed); none when the pod ended "
+                                  "without one, e.g. refused or evicted.",
+    )
+    reason: Annotated[str, Field(max_length=128)] | None = Field(
+        default=None, description="The container's terminated reason (Error, OOMKilled, StartError, ...), or the "
+                                  "pod's reason when no container ended.",
+    )
+    exit_code: int | None = Field(default=None, description="The container's exit code.")
+    message: Annotated[str, Field(max_length=2048)] | None = Field(
+        default=None, description="The terminated message: the log's last lines where the container's "
+                                  "terminationMessagePolicy is FallbackToLogsOnError (its tail, when longer).",
+    )
+    finished_at: Timestamp | None = Field(
+        default=None, description="When the container ended.", json_schema_extra={"format": "date-time"},
+    )
+
+
 class RoleStatus(ApiModel):
     """Engine-group counts of one role."""
 
@@ -73,9 +104,22 @@ class GroupStatus(ApiModel):
                     "the budget counts these.",
         json_schema_extra={"items": {"type": "string", "format": "date-time"}},
     )
+    restart_cause: RestartCause | None = Field(
+        default=None, description="Why the group was last restarted, is waiting to be, or was left for a person: "
+                                  "PodEnded (see lastExit) or its verdict (Desync, Hang, Dead).",
+    )
+    next_restart_time: Timestamp | None = Field(
+        default=None, description="Set while the group waits out its restart backoff: when it is restarted.",
+        json_schema_extra={"format": "date-time"},
+    )
     budget_exhausted: bool = Field(
-        default=False, description="The group is sick and its restart budget is spent: the operator no longer "
-                                   "restarts it and leaves it, with its evidence, for a person.",
+        default=False, description="The group needs a restart (restartCause) and its restart budget is spent: "
+                                   "the operator no longer restarts it and leaves it, with its evidence or "
+                                   "lastExit, for a person. Deleting the group's pods or changing the spec "
+                                   "starts the budget afresh.",
+    )
+    last_exit: ContainerExit | None = Field(
+        default=None, description="How a pod of the group last ended; kept after the group is restarted.",
     )
     message: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Why the verdict is what it is, for a person."

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import enum
 from collections.abc import Mapping, Set
 from typing import Any
 
+from pdfleet.operator.api.status import ContainerExit
 from pdfleet.operator.cache import ObjectKey
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.desired import DesiredGroup
@@ -42,6 +44,49 @@ def pod_ready(pod: Body) -> bool:
 
 def pod_ended(pod: Body) -> bool:
     return (pod.get("status") or {}).get("phase") in ("Failed", "Succeeded")
+
+
+MESSAGE_MAX = 2048  # characters of a terminated message kept in status: the end of a log tail says most
+
+
+def _tail(text: str | None) -> str | None:
+    if not text or len(text) <= MESSAGE_MAX:
+        return text or None
+    tail = text[-MESSAGE_MAX:]
+    return tail[tail.find("\n") + 1:] if "\n" in tail[:-1] else tail
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
+    except ValueError:
+        return None
+
+
+def _terminated(container: Body) -> Body | None:
+    for key in ("state", "lastState"):
+        terminated = (container.get(key) or {}).get("terminated")
+        if terminated:
+            return terminated
+    return None
+
+
+def ended_exit(pods: list[Body]) -> ContainerExit | None:
+    """How the first ended pod (by name) of a group ended: the first of its containers that failed (or, if none
+    failed, that ended), from its terminated state; the pod's own reason when no container ended."""
+    for pod in sorted((p for p in pods if pod_ended(p)), key=lambda p: p["metadata"]["name"]):
+        status = pod.get("status") or {}
+        ended = [(c.get("name"), t) for c in status.get("containerStatuses") or []
+                 if (t := _terminated(c)) is not None]
+        failed = [(name, t) for name, t in ended if t.get("exitCode", 0) != 0] or ended
+        if failed:
+            container, t = failed[0]
+            return ContainerExit(pod=pod["metadata"]["name"], container=container, reason=t.get("reason"),
+                                 exit_code=t.get("exitCode"), message=_tail(t.get("message")),
+                                 finished_at=parse_time(t.get("finishedAt")))
+        return ContainerExit(pod=pod["metadata"]["name"], reason=status.get("reason") or status.get("phase"),
+                             message=_tail(status.get("message")))
+    return None
 
 
 def pods_by_group(pods: list[Body]) -> dict[str, list[Body]]:

@@ -28,20 +28,19 @@ class Degraded:
 
 
 def degraded(groups: Sequence[GroupStatus], failed: Sequence[str]) -> Degraded:
-    """Degraded=True names every failed or sick group; the reason is the worst kind present (a failed pod,
-    then dead ranks, desync, hang, an unreachable agent)."""
-    sick = [g for g in groups if g.verdict in SICK]
-    exhausted = [g for g in sick if g.budget_exhausted]
-    if not failed and not sick:
+    """Degraded=True names every failed or sick group with why; the reason is the worst kind present: a group
+    left for a person (its restart budget spent), a failed pod, then dead ranks, desync, hang, an unreachable
+    agent."""
+    troubled = [g for g in groups if g.name in failed or g.verdict in SICK]
+    if not troubled:
         return Degraded(False, "AsExpected", "no group has failed and every rank agent that answered is healthy")
-    parts = [f"restarting {', '.join(failed)}"] if failed else []
-    parts += [f"{g.name} {g.verdict}: {g.message}" for g in sick]
-    if failed:
-        reason = "GroupFailed"
-    elif exhausted:
+    parts = [f"{g.name} {'failed' if g.name in failed else g.verdict}: {g.message}" for g in troubled]
+    if any(g.budget_exhausted for g in troubled):
         reason = "RestartBudgetExhausted"
+    elif failed:
+        reason = "GroupFailed"
     else:
-        worst = next(v for v in _PRIORITY if any(g.verdict is v for g in sick))
+        worst = next(v for v in _PRIORITY if any(g.verdict is v for g in troubled))
         reason = SICK[worst]
     return Degraded(True, reason, "; ".join(parts))
 
@@ -67,5 +66,15 @@ def transition_events(previous: InferencePoolStatus, groups: Sequence[GroupStatu
 def exhausted_events(previous: InferencePoolStatus, groups: Sequence[GroupStatus]) -> list[Event]:
     """One Warning when a group's restart budget runs out (the status remembers, so it is posted once)."""
     before = {g.name: g.budget_exhausted for g in previous.groups}
-    return [Event("Warning", "GroupRestartBudgetExhausted", f"{g.role} group {g.name} is in {g.verdict}: {g.message}")
+    return [Event("Warning", "RestartBudgetExhausted",
+                  f"{g.role} group {g.name} needs a restart ({g.restart_cause}) and is left for a person: {g.message}")
             for g in groups if g.budget_exhausted and not before.get(g.name, False)]
+
+
+def backoff_events(previous: InferencePoolStatus, groups: Sequence[GroupStatus]) -> list[Event]:
+    """One Warning when a group starts waiting out a restart backoff (a new `nextRestartTime`)."""
+    before = {g.name: g.next_restart_time for g in previous.groups}
+    return [Event("Warning", "GroupRestartBackOff",
+                  f"{g.role} group {g.name} needs a restart ({g.restart_cause}); backing off until "
+                  f"{g.next_restart_time:%Y-%m-%dT%H:%M:%SZ}: {g.message}")
+            for g in groups if g.next_restart_time is not None and before.get(g.name) != g.next_restart_time]

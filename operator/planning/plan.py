@@ -30,6 +30,15 @@ class ObjectRef:
 
 
 @dataclasses.dataclass(frozen=True)
+class Restart:
+    """A group restarted as a unit by this plan: why (a `RestartCause`), and the pods deleted for it."""
+
+    group: str
+    cause: str
+    pods: tuple[tuple[str, str], ...]  # (kind, name) of each pod deleted
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     apply: tuple[Body, ...] = ()  # desired objects that differ from what the cluster has
     delete: tuple[ObjectRef, ...] = ()  # owned objects no longer desired
@@ -38,7 +47,9 @@ class Plan:
     rejected: bool = False  # the spec failed a check: nothing in the fleet was planned
     # Evidence to capture before a restart (`restarts.EvidenceRequest`), and the groups restarted, with why.
     capture: tuple[Any, ...] = ()
-    restarted: tuple[tuple[str, str], ...] = ()
+    restarted: tuple[Restart, ...] = ()
+    # Seconds until a group's restart backoff is over: plan again then (no watch event will come to say so).
+    requeue_after: float | None = None
 
     @property
     def empty(self) -> bool:

@@ -3,16 +3,16 @@
 Level-based and idempotent: it derives everything from its inputs every time, so create, update, resume and a
 periodic resync all run the same code, and planning again right after applying a plan yields an empty plan.
 
-Engine groups live and die as units. A group with an ended pod is deleted whole and recreated (a restart); a
-group rendered from an older spec is replaced whole, a role at a time within `rollout.maxUnavailable`; groups
-beyond `replicas` are deleted from the highest index down.
+Engine groups live and die as units. A group rendered from an older spec is replaced whole, a role at a time
+within `rollout.maxUnavailable`; groups beyond `replicas` are deleted from the highest index down. A group is
+restarted whole (deleted and recreated) for one of the causes `restarts` decides on, with backoff and within a
+budget: a pod of it ended, or its ranks are in Desync, Hang or Dead.
 
 Rank health is an input like the observed objects: `health` maps a group name to what the operator last
 judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when
 its pods are Ready and its verdict is Healthy or Unknown (Unknown: no agent of its pods has answered yet, or
 its ranks are not in their event loop; pod readiness is then the best signal there is). Desync, Hang, Dead
-and Unreachable groups are not ready and make the pool Degraded. A group in Desync, Hang or Dead is restarted as
-a unit once its evidence is captured, with backoff and within a budget (`restarts`).
+and Unreachable groups are not ready and make the pool Degraded.
 """
 
 from __future__ import annotations
@@ -31,8 +31,16 @@ from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase,
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import health_status, restarts
 from pdfleet.operator.planning import status as status_mod
-from pdfleet.operator.planning.groups import Expectations, GroupState, classify, pod_ready, pods_by_group
-from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
+from pdfleet.operator.planning.groups import (
+    Expectations,
+    GroupState,
+    classify,
+    ended_exit,
+    pod_ended,
+    pod_ready,
+    pods_by_group,
+)
+from pdfleet.operator.planning.plan import Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import SICK, GroupHealth, settled_message
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
@@ -40,9 +48,9 @@ from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
 from pdfleet.operator.render.stamp import applied_hash
 
 Body = dict[str, Any]
-# Seconds a sick group's pods get to stop when it is restarted. Its preStop drain would wait the whole grace
-# period (180 s) for requests that a desynced or hung engine can never finish; its evidence is already taken
-# and the routers have already dropped it.
+# Seconds a group's pods get to stop when it is restarted. Its preStop drain would wait the whole grace period
+# (180 s) for requests that a desynced, hung or half-ended engine can never finish; its evidence is already
+# taken and the routers have already dropped it.
 SICK_GRACE_SECONDS = 5
 UNAVAILABLE = {GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,
                GroupState.FAILED}
@@ -54,7 +62,7 @@ class _Builder:
     delete: list[ObjectRef] = dataclasses.field(default_factory=list)
     events: list[Event] = dataclasses.field(default_factory=list)
     capture: list[restarts.EvidenceRequest] = dataclasses.field(default_factory=list)
-    restarted: list[tuple[str, str]] = dataclasses.field(default_factory=list)  # (group, cause)
+    restarted: list[Restart] = dataclasses.field(default_factory=list)
 
     def delete_objects(self, objects: list[Body], *, grace_period_seconds: int | None = None) -> None:
         for obj in objects:
@@ -89,9 +97,11 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     states = _plan_groups(spec, want, observed, expect, out)
     _plan_removals(want, observed, expect, out)
     new_status = _status(spec, want, states, observed, previous, generation, now, out, health, ctx, expect)
+    waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
-                events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted))
+                events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
+                requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None)
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
@@ -157,14 +167,8 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
             state = states[group.name]
             current = pods.get(group.name, [])
             if state is GroupState.FAILED:
-                ended = next(p["metadata"]["name"] for p in current
-                             if (p.get("status") or {}).get("phase") in ("Failed", "Succeeded"))
-                out.delete_objects(current)
-                out.restarted.append((group.name, "PodEnded"))
-                out.events.append(Event("Warning", "GroupRestarted",
-                                        f"restarting {role} group {group.name} as a unit: pod {ended} ended",
-                                        about=_keys(current)))
-            elif state is GroupState.OUTDATED and budget > 0:
+                continue  # restarted, or left, by `_act_on_health`: every restart has one home
+            if state is GroupState.OUTDATED and budget > 0:
                 budget -= 1
                 out.delete_objects(current)
                 out.events.append(Event("Normal", "GroupReplaced",
@@ -239,7 +243,9 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
         restarts=before.restarts if before else 0,
         last_restart_time=before.last_restart_time if before else None,
         recent_restarts=before.recent_restarts if before else (),
+        restart_cause=before.restart_cause if before else None,
         budget_exhausted=before.budget_exhausted if before else False,
+        last_exit=before.last_exit if before else None,
         message=message,
     )
 
@@ -247,25 +253,40 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
 def _act_on_health(spec: InferencePoolSpec, group: DesiredGroup, state: GroupState, pods: list[Body],
                    observed: Observed, expect: Expectations, now: datetime.datetime, out: _Builder,
                    ctx: RenderContext, status: GroupStatus) -> GroupStatus:
-    """Evidence, then a restart as a unit, for a group in Desync, Hang or Dead (`restarts.decide`); the status
-    of the group after it. A group restarted for an ended pod is recorded here too."""
-    if state is GroupState.FAILED:
-        return restarts.restarted(spec.health, status, now)
-    decision = restarts.decide(spec.health, ctx, status, judged=state in _JUDGED, pods=pods,
-                               configmaps=observed.of_kind("ConfigMap"), pending=expect.applied, now=now)
+    """A restart as a unit, whatever its cause (`restarts.decide`): a pod of the group ended, or its ranks are
+    in Desync, Hang or Dead (evidence first). The status of the group after it."""
+    want = {p["metadata"]["name"]: applied_hash(p) for p in group.pods}
+    ended = ended_exit(pods) if state is GroupState.FAILED else None
+    decision = restarts.decide(
+        spec.health, ctx, status, ended=ended, judged=state in _JUDGED,
+        gone=state in (GroupState.MISSING, GroupState.PARTIAL, GroupState.TERMINATING),
+        outdated=any(pod_ended(p) and applied_hash(p) != want.get(p["metadata"]["name"]) for p in pods),
+        pods=pods, configmaps=observed.of_kind("ConfigMap"), pending=expect.applied, now=now)
     if decision.request is not None:
         out.capture.append(decision.request)
-    if decision.action is restarts.Action.RESTART:
-        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-        where = f"evidence in ConfigMap {decision.evidence}" if decision.evidence else "evidence capture disabled"
-        message = (f"restarting {group.id.role} group {group.name} as a unit: {status.verdict} "
-                   f"({status.message}); {where}")
-        # A sick engine never finishes what it has in flight: no drain, just the time to stop.
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    ended_why = restarts.exit_summary(ended) if ended is not None else ""
+    if decision.action is restarts.Action.REPLACE:
         out.delete_objects(live, grace_period_seconds=SICK_GRACE_SECONDS)
-        out.restarted.append((group.name, str(status.verdict)))
-        out.events.append(Event("Warning", "GroupRestarted", message, about=_keys(live)))
-        return restarts.restarted(spec.health, decision.status, now)
-    return decision.status
+        out.events.append(Event("Normal", "GroupReplaced",
+                                f"replacing {group.id.role} group {group.name} with revision {group.revision}: "
+                                f"{ended_why}; its restart budget starts afresh", about=_keys(live)))
+        return decision.status
+    if decision.action is not restarts.Action.RESTART or decision.cause is None:
+        return decision.status
+    recent = len(restarts.in_window(spec.health, status, now)) + 1
+    if ended is not None:
+        why = ended_why
+    else:
+        where = f"evidence in ConfigMap {decision.evidence}" if decision.evidence else "evidence capture disabled"
+        why = f"{status.verdict} ({status.message}); {where}"
+    message = (f"restarting {group.id.role} group {group.name} as a unit: {why}; restart {recent} of "
+               f"{spec.health.restart_budget.count} in {spec.health.restart_budget.window}")
+    # A sick or half-ended engine never finishes what it has in flight: no drain, just the time to stop.
+    out.delete_objects(live, grace_period_seconds=SICK_GRACE_SECONDS)
+    out.restarted.append(Restart(group.name, str(decision.cause), _keys(live)))
+    out.events.append(Event("Warning", "GroupRestarted", message, about=_keys(live)))
+    return restarts.restarted(spec.health, decision.status, now, decision.cause)
 
 
 def _serving(state: GroupState, group: GroupStatus) -> bool:
@@ -317,6 +338,7 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
     was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
     out.events.extend(health_status.transition_events(previous, groups))
     out.events.extend(health_status.exhausted_events(previous, groups))
+    out.events.extend(health_status.backoff_events(previous, groups))
     if all_ready and not was_ready:
         out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
     for role in Role:

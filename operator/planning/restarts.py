@@ -1,16 +1,23 @@
-"""What the operator does about a sick engine group: capture evidence, then restart it as a unit, with backoff,
-within a budget; past the budget, leave it for a person (docs/architecture.md, "Rank health"). Pure: time comes in as
-`now`, evidence bundles as the ConfigMaps the pool owns.
+"""Every restart of an engine group as a unit has its home here, whatever its cause: the same backoff, the same
+budget, the same terminal state (docs/architecture.md, "Restarts"). Pure: time comes in as `now`, evidence
+bundles as the ConfigMaps the pool owns, an ended pod's exit as the cluster reported it.
 
-The decision for a group in Desync, Hang or Dead, in order:
-1. no evidence of this episode yet (and capture enabled): ask the executor to capture it (`EvidenceRequest`),
-   also when the budget is spent: the person it is left for needs it;
-2. the budget (`restartBudget.count` restarts per `window`) spent: no restart, the group is marked
-   `budgetExhausted` (once: one Warning);
+A group needs a restart (`RestartCause`) when a pod of it ended (PodEnded: the exit, from the pod's status, is
+its evidence, kept in the group's `lastExit`; its agents are gone with it), or when its verdict is Desync, Hang
+or Dead (its agents' records and stacks are the evidence, captured into a ConfigMap). The decision, in order:
+1. a verdict with no evidence of this episode yet (and capture enabled): ask the executor to capture it
+   (`EvidenceRequest`), also when the budget is spent: the person it is left for needs it;
+2. the budget (`restartBudget.count` restarts per `window`) spent: no restart; the group is left for a person,
+   `budgetExhausted` (once: one Warning, RestartBudgetExhausted);
 3. the backoff since the last restart not over (`backoff.initial` doubling per restart in the window, capped
-   at `backoff.max`): wait; a later reconcile (resync or the next verdict poke) looks again;
+   at `backoff.max`): wait until `nextRestartTime` (the executor looks again then);
 4. otherwise: restart (every pod deleted; the normal reconcile recreates them).
-`restartBudget.count: 0` detects and reports only: nothing is captured or restarted, nothing is exhausted.
+`restartBudget.count: 0` detects and reports only: nothing is captured or restarted, nothing is exhausted; a
+group whose pod ended stays as it is.
+
+A person resets a spent budget by deleting the group's pods or by changing the spec (a group whose ended pod
+was rendered from another spec is replaced at once, `Action.REPLACE`): the operator never deletes the pods of
+a group it left, so a group whose pods went, or were replaced, has been acted on, and its budget starts afresh.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from typing import Any
 
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.scalars import parse_duration
-from pdfleet.operator.api.status import GroupStatus, Verdict
+from pdfleet.operator.api.status import ContainerExit, GroupStatus, RestartCause, Verdict
+from pdfleet.operator.planning.groups import parse_time
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.context import RenderContext
 
@@ -34,7 +42,6 @@ RESTARTABLE = (Verdict.DESYNC, Verdict.HANG, Verdict.DEAD)
 EVIDENCE = f"{labels.PREFIX}/evidence"  # label on evidence ConfigMaps: "true"
 EVIDENCE_VERDICT = f"{labels.PREFIX}/evidence-verdict"  # annotations: what was judged, and when
 EVIDENCE_TIME = f"{labels.PREFIX}/evidence-time"
-EXHAUSTED = "restart budget exhausted"
 
 
 class Action(enum.StrEnum):
@@ -44,6 +51,7 @@ class Action(enum.StrEnum):
     WAIT = "Wait"  # backoff
     RESTART = "Restart"
     EXHAUSTED = "Exhausted"
+    REPLACE = "Replace"  # an ended group rendered from another spec: replaced, its budget afresh
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,6 +71,7 @@ class EvidenceRequest:
 class Decision:
     action: Action
     status: GroupStatus
+    cause: RestartCause | None = None
     evidence: str | None = None  # the ConfigMap holding this episode's evidence (or the newest one)
     request: EvidenceRequest | None = None
 
@@ -97,13 +106,6 @@ def is_evidence(obj: Body) -> bool:
     return obj.get("kind") == "ConfigMap" and ((obj["metadata"].get("labels") or {}).get(EVIDENCE) == "true")
 
 
-def _time(value: str | None) -> datetime.datetime | None:
-    try:
-        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00")) if value else None
-    except ValueError:
-        return None
-
-
 def backoff(health: HealthSpec, restarts_in_window: int) -> datetime.timedelta:
     """Delay after the last restart before the next: `initial`, doubling per restart in the window, up to `max`."""
     if restarts_in_window <= 0:
@@ -117,58 +119,107 @@ def in_window(health: HealthSpec, status: GroupStatus, now: datetime.datetime) -
     return tuple(t for t in status.recent_restarts if t > since)
 
 
-def restarted(health: HealthSpec, status: GroupStatus, now: datetime.datetime, message: str | None = None
+def restarted(health: HealthSpec, status: GroupStatus, now: datetime.datetime, cause: RestartCause
               ) -> GroupStatus:
-    """The group's status after a restart at `now` (any restart: an ended pod's too)."""
+    """The group's status after a restart at `now`."""
     recent = (*in_window(health, status, now), now)[-100:]
     return status.model_copy(update={"restarts": status.restarts + 1, "last_restart_time": now,
                                      "recent_restarts": recent, "budget_exhausted": False,
-                                     **({"message": message} if message else {})})
+                                     "restart_cause": cause, "next_restart_time": None})
 
 
-def decide(health: HealthSpec, ctx: RenderContext, status: GroupStatus, *, judged: bool, pods: Sequence[Body],
-           configmaps: Sequence[Body], pending: Mapping[tuple[str, str], str], now: datetime.datetime) -> Decision:
-    """What to do about one group. `judged`: its pods all run and its verdict comes from its agents;
-    `pending`: objects written but not yet seen (the executor's expectations)."""
-    if status.verdict not in RESTARTABLE or not judged or health.restart_budget.count == 0:
-        if status.budget_exhausted and status.verdict not in RESTARTABLE:
-            status = status.model_copy(update={"budget_exhausted": False})
-        return Decision(Action.NONE, status)
+def afresh(status: GroupStatus) -> GroupStatus:
+    """The group's status once a person acted on it: nothing left, the budget whole again."""
+    return status.model_copy(update={"budget_exhausted": False, "recent_restarts": (), "next_restart_time": None})
+
+
+def exit_summary(ended: ContainerExit) -> str:
+    """One line: which pod ended, how, and the last line it logged."""
+    how = ", ".join(part for part in (ended.reason, None if ended.exit_code is None else
+                                      f"exit code {ended.exit_code}") if part) or "no reason given"
+    last = next((line.strip() for line in reversed((ended.message or "").splitlines()) if line.strip()), "")
+    return f"pod {ended.pod} ended ({how})" + (f": {last[:300]}" if last else "")
+
+
+def cause_of(status: GroupStatus, ended: ContainerExit | None, *, judged: bool) -> RestartCause | None:
+    if ended is not None:
+        return RestartCause.POD_ENDED
+    return RestartCause(str(status.verdict)) if judged and status.verdict in RESTARTABLE else None
+
+
+def decide(health: HealthSpec, ctx: RenderContext, status: GroupStatus, *, ended: ContainerExit | None,
+           judged: bool, gone: bool, outdated: bool, pods: Sequence[Body], configmaps: Sequence[Body],
+           pending: Mapping[tuple[str, str], str], now: datetime.datetime) -> Decision:
+    """What to do about one group. `ended`: how its ended pod ended, if one did (`groups.ended_exit`); `judged`:
+    its pods all run and its verdict comes from its agents; `gone`: some of its pods are missing or going;
+    `outdated`: its ended pod was rendered from another spec; `pending`: objects written but not yet seen (the
+    executor's expectations)."""
+    status = status.model_copy(update={"next_restart_time": None})  # set again below while a wait holds
+    if ended is not None:
+        status = status.model_copy(update={"last_exit": ended})
+    cause = cause_of(status, ended, judged=judged)
+    if cause is RestartCause.POD_ENDED and outdated:
+        return Decision(Action.REPLACE, afresh(status), cause)
+    if cause is None or health.restart_budget.count == 0:
+        if status.budget_exhausted:  # what it was left for is over
+            status = afresh(status) if gone else status.model_copy(update={"budget_exhausted": False})
+        if ended is not None:
+            status = status.model_copy(update={"message": f"{exit_summary(ended)}; not restarted: "
+                                                          "restartBudget.count is 0"})
+        return Decision(Action.NONE, status, cause)
     bundles = evidence_of(configmaps, status.name)
     newest = bundles[-1][1]["metadata"]["name"] if bundles else None
-    episode = None
+    if ended is not None:
+        episode, where = None, exit_summary(ended)
+        status = status.model_copy(update={"message": where})
+    else:
+        episode, where = _episode(bundles, status), f"evidence in ConfigMap {newest}" if newest else "no evidence kept"
+        if episode is None and evidence_enabled(health):
+            return _capture(health, ctx, status, cause, bundles, pods, pending, now)
+    recent = in_window(health, status, now)
+    # Spent is spent until a person acts: the window sliding on does not start a crash loop again.
+    if status.budget_exhausted or len(recent) >= health.restart_budget.count:
+        message = (f"restart budget exhausted: {health.restart_budget.count} restarts in "
+                   f"{health.restart_budget.window}; left for a person; {where}")
+        return Decision(Action.EXHAUSTED, status.model_copy(update={"budget_exhausted": True, "message": message,
+                                                                    "restart_cause": cause}),
+                        cause, evidence=newest)
+    if status.last_restart_time is not None:
+        until = status.last_restart_time + backoff(health, len(recent))
+        if now < until:
+            waiting = {"next_restart_time": until, "restart_cause": cause}
+            if ended is not None:
+                waiting["message"] = f"{where}; restarting the group at {until:%Y-%m-%dT%H:%M:%SZ} (backoff)"
+            return Decision(Action.WAIT, status.model_copy(update=waiting), cause, evidence=episode)
+    return Decision(Action.RESTART, status, cause, evidence=episode)
+
+
+def _episode(bundles: Sequence[tuple[int, Body]], status: GroupStatus) -> str | None:
+    """The evidence ConfigMap of the group's current episode: of its verdict, taken since its last restart."""
     for _, cm in reversed(bundles):
         ann = cm["metadata"].get("annotations") or {}
-        at = _time(ann.get(EVIDENCE_TIME))
+        at = parse_time(ann.get(EVIDENCE_TIME))
         if ann.get(EVIDENCE_VERDICT) == status.verdict and at is not None and \
                 (status.last_restart_time is None or at >= status.last_restart_time):
-            episode = cm["metadata"]["name"]
-            break
-    if episode is None and evidence_enabled(health):
-        n = (bundles[-1][0] if bundles else 0) + 1
-        name = evidence_name(status.name, n)
-        if ("ConfigMap", name) in pending or any(_number(status.name, k[1]) is not None
-                                                 for k in pending if k[0] == "ConfigMap"):
-            return Decision(Action.PENDING, status)
-        group_labels = {**labels.common(ctx.pool, "evidence"), labels.GROUP: status.name, EVIDENCE: "true"}
-        meta = ctx.metadata(name, group_labels, {EVIDENCE_VERDICT: str(status.verdict),
-                                                 EVIDENCE_TIME: now.strftime("%Y-%m-%dT%H:%M:%SZ")})
-        request = EvidenceRequest(status.name, status.verdict, status.message or "",
-                                  tuple(sorted(p["metadata"]["name"] for p in pods)), meta,
-                                  records=health.evidence.rank_records, stacks=health.evidence.stacks)
-        return Decision(Action.CAPTURE, status, request=request)
-    recent = in_window(health, status, now)
-    if len(recent) >= health.restart_budget.count:
-        if status.budget_exhausted and (status.message or "").startswith(EXHAUSTED):
-            return Decision(Action.EXHAUSTED, status, evidence=newest)
-        where = f"evidence in ConfigMap {newest}" if newest else "no evidence kept"
-        message = (f"{EXHAUSTED}: {len(recent)} restarts in {health.restart_budget.window}; left for a person; "
-                   f"{where}")
-        return Decision(Action.EXHAUSTED, status.model_copy(update={"budget_exhausted": True, "message": message}),
-                        evidence=newest)
-    if status.last_restart_time is not None and now < status.last_restart_time + backoff(health, len(recent)):
-        return Decision(Action.WAIT, status, evidence=episode)
-    return Decision(Action.RESTART, status, evidence=episode)
+            return cm["metadata"]["name"]
+    return None
+
+
+def _capture(health: HealthSpec, ctx: RenderContext, status: GroupStatus, cause: RestartCause,
+             bundles: Sequence[tuple[int, Body]], pods: Sequence[Body], pending: Mapping[tuple[str, str], str],
+             now: datetime.datetime) -> Decision:
+    n = (bundles[-1][0] if bundles else 0) + 1
+    name = evidence_name(status.name, n)
+    if ("ConfigMap", name) in pending or any(_number(status.name, k[1]) is not None
+                                             for k in pending if k[0] == "ConfigMap"):
+        return Decision(Action.PENDING, status, cause)
+    group_labels = {**labels.common(ctx.pool, "evidence"), labels.GROUP: status.name, EVIDENCE: "true"}
+    meta = ctx.metadata(name, group_labels, {EVIDENCE_VERDICT: str(status.verdict),
+                                             EVIDENCE_TIME: now.strftime("%Y-%m-%dT%H:%M:%SZ")})
+    request = EvidenceRequest(status.name, status.verdict, status.message or "",
+                              tuple(sorted(p["metadata"]["name"] for p in pods)), meta,
+                              records=health.evidence.rank_records, stacks=health.evidence.stacks)
+    return Decision(Action.CAPTURE, status, cause, request=request)
 
 
 def stale_evidence(health: HealthSpec, configmaps: Sequence[Body], groups: Sequence[str]) -> list[Body]:

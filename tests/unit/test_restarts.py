@@ -13,7 +13,7 @@ from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile, restarts
 from pdfleet.operator.planning.groups import Expectations
-from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.plan import Plan, Restart
 from pdfleet.operator.planning.rank_health import GroupHealth
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster
@@ -89,14 +89,14 @@ def test_with_evidence_captured_the_group_is_restarted_as_a_unit_and_says_why() 
     assert pods_deleted(plan) == ["tiny-decode-0-0"]
     # No drain for a sick engine: its in-flight requests never finish, the grace period would only wait.
     assert {ref.grace_period_seconds for ref in plan.delete if ref.kind == "Pod"} == {reconcile.SICK_GRACE_SECONDS}
-    assert plan.restarted == ((GROUP, "Desync"),)
+    assert plan.restarted == (Restart(GROUP, "Desync", (("Pod", "tiny-decode-0-0"),)),)
     [event] = [e for e in plan.events if e.reason == "GroupRestarted"]
     assert event.type == "Warning"
     assert event.message.startswith(f"restarting decode group {GROUP} as a unit: Desync (ranks diverged")
-    assert event.message.endswith(f"evidence in ConfigMap {GROUP}-evidence-1")
+    assert event.message.endswith(f"evidence in ConfigMap {GROUP}-evidence-1; restart 1 of 3 in 1h")
     status = group(cluster)
-    assert (status["restarts"], status["lastRestartTime"], status["recentRestarts"]) == \
-        (1, "2026-11-30T12:00:01Z", ["2026-11-30T12:00:01Z"])
+    assert (status["restarts"], status["lastRestartTime"], status["recentRestarts"], status["restartCause"]) == \
+        (1, "2026-11-30T12:00:01Z", ["2026-11-30T12:00:01Z"], "Desync")
     # The evidence is not the pool's garbage: the normal reconcile recreates the pods and keeps the ConfigMap.
     cluster.converge()
     assert evidence(cluster) == [f"{GROUP}-evidence-1"]
@@ -148,7 +148,7 @@ def test_past_the_budget_the_group_is_left_for_a_person_with_one_warning() -> No
 
     assert all(pods_deleted(p) == [] for p in plans)
     assert [len(p.capture) for p in plans] == [1, 0, 0]  # this episode's evidence, for the person
-    warnings = [e for p in plans for e in p.events if e.reason == "GroupRestartBudgetExhausted"]
+    warnings = [e for p in plans for e in p.events if e.reason == "RestartBudgetExhausted"]
     assert len(warnings) == 1 and warnings[0].type == "Warning"
     status = group(cluster)
     assert status["verdict"] == "Desync" and status["budgetExhausted"] is True
@@ -162,17 +162,24 @@ def test_past_the_budget_the_group_is_left_for_a_person_with_one_warning() -> No
 
 
 @pytest.mark.effect("spec.health.restartBudget.window")
-def test_the_budget_window_slides() -> None:
+def test_the_budget_window_slides_and_a_spent_budget_stays_spent_until_a_person_acts() -> None:
     cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 1, "window": "1m"})
     restart_once(cluster, 0)
-    step(cluster, DESYNC, at(10))
-    assert pods_deleted(step(cluster, DESYNC, at(11))) == []
+    # Two minutes later the first restart is out of the window: the group may be restarted again.
+    assert pods_deleted(restart_once(cluster, 120)) == ["tiny-decode-0-0"]
+    step(cluster, DESYNC, at(130))
+    assert pods_deleted(step(cluster, DESYNC, at(131))) == []
     assert group(cluster)["budgetExhausted"] is True
 
-    # An hour later the old restart is out of the window: the group is restarted again.
-    plan = step(cluster, DESYNC, at(3600))
-    assert pods_deleted(plan) == ["tiny-decode-0-0"]
-    assert group(cluster)["budgetExhausted"] is False
+    # Spent is spent: an hour later, the window long past, the group is still left for a person ...
+    assert pods_deleted(step(cluster, DESYNC, at(3600))) == []
+    assert group(cluster)["budgetExhausted"] is True
+    # ... who deletes its pod: the group comes back with its budget whole.
+    del cluster.owned[("Pod", "tiny-decode-0-0")]
+    step(cluster, HEALTHY, at(3700))
+    assert (group(cluster)["budgetExhausted"], group(cluster).get("recentRestarts", [])) == (False, [])
+    cluster.converge()
+    assert [name for t in (3800, 3801) for name in pods_deleted(step(cluster, DESYNC, at(t)))] == ["tiny-decode-0-0"]
 
 
 @pytest.mark.parametrize("verdict", [Verdict.HEALTHY, Verdict.UNKNOWN, Verdict.UNREACHABLE])
@@ -194,7 +201,7 @@ def test_hang_and_dead_are_acted_on_like_desync(verdict: Verdict) -> None:
     step(cluster, sick, at(0))
     plan = step(cluster, sick, at(1))
 
-    assert pods_deleted(plan) == ["tiny-decode-0-0"] and plan.restarted == ((GROUP, str(verdict)),)
+    assert pods_deleted(plan) == ["tiny-decode-0-0"] and [r.cause for r in plan.restarted] == [str(verdict)]
 
 
 @pytest.mark.effect("spec.health.restartBudget.count")
@@ -237,3 +244,141 @@ def test_evidence_data_stays_under_the_configmap_limit_and_notes_silent_agents()
     assert data["p0.stacks.json"].endswith(evidence_mod.TRUNCATED)
     assert "agents that did not answer: p1" in data["summary.txt"]
     assert data["p1.ranks.json"] == evidence_mod.UNREACHABLE
+
+
+# An engine that ends at start (a bad image, a patch the launcher refuses): its pod ends, again and again.
+CRASH = {"name": "engine", "state": {"terminated": {
+    "exitCode": 3, "reason": "Error", "finishedAt": "2026-11-30T12:00:00Z",
+    "message": "loading the model\nlauncher: patch kv-poll-lockstep refused: SGLang 0.4.0 is not supported\n"}}}
+
+
+def end_pod(cluster: FakeCluster, pod: str = "tiny-decode-0-0", *statuses: Body) -> None:
+    cluster.owned[("Pod", pod)]["status"] = {"phase": "Failed", "containerStatuses": list(statuses or [CRASH])}
+
+
+def crash(cluster: FakeCluster, now: float) -> Plan:
+    """The group's pod ends; one reconcile at `now` (with whatever restart follows carried out and the pod
+    recreated by the next reconciles)."""
+    end_pod(cluster)
+    plan = step(cluster, HEALTHY, at(now))
+    for _ in range(3):
+        step(cluster, HEALTHY, at(now))
+    return plan
+
+
+@pytest.mark.effect("spec.health.backoff.initial", "spec.health.backoff.max", "spec.health.restartBudget.count")
+def test_a_pod_that_ends_at_start_is_restarted_with_backoff_then_left_for_a_person() -> None:
+    cluster = cluster_with(backoff={"initial": "2s", "max": "4s"}, restartBudget={"count": 3, "window": "1h"})
+
+    first = crash(cluster, 0)  # the first restart is not delayed
+    assert pods_deleted(first) == ["tiny-decode-0-0"]
+    assert first.restarted == (Restart(GROUP, "PodEnded", (("Pod", "tiny-decode-0-0"),)),)
+    [event] = [e for e in first.events if e.reason == "GroupRestarted"]
+    assert event.type == "Warning" and event.message == (
+        f"restarting decode group {GROUP} as a unit: pod tiny-decode-0-0 ended (Error, exit code 3): launcher: "
+        "patch kv-poll-lockstep refused: SGLang 0.4.0 is not supported; restart 1 of 3 in 1h")
+    status = group(cluster)
+    assert (status["restarts"], status["restartCause"]) == (1, "PodEnded")
+    assert status["lastExit"] == {"pod": "tiny-decode-0-0", "container": "engine", "reason": "Error", "exitCode": 3,
+                                  "message": CRASH["state"]["terminated"]["message"],
+                                  "finishedAt": "2026-11-30T12:00:00Z"}
+    assert "Pod" in {k for k, _ in cluster.owned}, "recreated"
+
+    # It ends again a second later: the group waits out the backoff (2 s after the last restart) ...
+    waiting = crash(cluster, 1)
+    assert pods_deleted(waiting) == [] and waiting.requeue_after == 1.0
+    status = group(cluster)
+    assert (status["nextRestartTime"], status["budgetExhausted"]) == ("2026-11-30T12:00:02Z", False)
+    assert status["message"].endswith("restarting the group at 2026-11-30T12:00:02Z (backoff)")
+    [backoff] = [e for e in waiting.events if e.reason == "GroupRestartBackOff"]
+    assert "backing off until 2026-11-30T12:00:02Z" in backoff.message
+    assert not [e for p in (step(cluster, HEALTHY, at(1.5)),) for e in p.events if e.reason == "GroupRestartBackOff"]
+    # ... and is restarted when it is over; then the backoff doubles, up to max.
+    assert pods_deleted(step(cluster, HEALTHY, at(2))) == ["tiny-decode-0-0"]
+    cluster.converge()
+    crash(cluster, 3)
+    assert group(cluster)["nextRestartTime"] == "2026-11-30T12:00:06Z"  # 2 s doubled
+    assert pods_deleted(step(cluster, HEALTHY, at(6))) == ["tiny-decode-0-0"]
+    cluster.converge()
+
+    # The budget (3 per hour) is spent: the group is left as it is, with its exit in status, once.
+    spent = [crash(cluster, 100 + i) for i in range(3)]
+    assert all(pods_deleted(p) == [] and p.restarted == () and p.requeue_after is None for p in spent)
+    warnings = [e for p in spent for e in p.events if e.reason == "RestartBudgetExhausted"]
+    assert len(warnings) == 1 and warnings[0].type == "Warning"
+    status = group(cluster)
+    assert (status["budgetExhausted"], status["restartCause"], status["restarts"]) == (True, "PodEnded", 3)
+    assert status["message"] == ("restart budget exhausted: 3 restarts in 1h; left for a person; pod tiny-decode-0-0 "
+                                 "ended (Error, exit code 3): launcher: patch kv-poll-lockstep refused: SGLang 0.4.0 "
+                                 "is not supported")
+    assert status["lastExit"]["reason"] == "Error" and warnings[0].message.endswith(status["message"])
+    degraded = {c["type"]: c for c in cluster.pool["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "RestartBudgetExhausted")
+    assert f"{GROUP} failed: restart budget exhausted" in degraded["message"]
+    # Still so a day later: the window sliding on does not start the crash loop again.
+    assert step(cluster, HEALTHY, at(86400)).empty
+
+
+def test_deleting_the_pods_of_a_group_left_for_a_person_starts_its_budget_afresh() -> None:
+    cluster = cluster_with(backoff={"initial": "1s", "max": "1s"}, restartBudget={"count": 1, "window": "1h"})
+    crash(cluster, 0)
+    crash(cluster, 10)
+    assert group(cluster)["budgetExhausted"] is True
+
+    del cluster.owned[("Pod", "tiny-decode-0-0")]  # kubectl delete pod
+    step(cluster, HEALTHY, at(20))
+    cluster.converge()
+
+    status = group(cluster)
+    assert (status["budgetExhausted"], status.get("recentRestarts", [])) == (False, [])
+    assert status["lastExit"]["exitCode"] == 3, "the last exit stays for the record"
+    assert pods_deleted(crash(cluster, 30)) == ["tiny-decode-0-0"], "restarted again, within its new budget"
+
+
+def test_a_spec_change_replaces_a_failed_group_at_once_and_starts_its_budget_afresh() -> None:
+    cluster = cluster_with(backoff={"initial": "1m", "max": "1m"}, restartBudget={"count": 1, "window": "1h"})
+    crash(cluster, 0)
+    crash(cluster, 10)
+    assert group(cluster)["budgetExhausted"] is True
+
+    cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"  # the fix
+    plan = step(cluster, HEALTHY, at(20))
+
+    assert "tiny-decode-0-0" in pods_deleted(plan) and plan.restarted == ()
+    [event] = [e for e in plan.events if e.reason == "GroupReplaced" and GROUP in e.message]
+    assert "pod tiny-decode-0-0 ended (Error, exit code 3)" in event.message
+    assert event.message.endswith("its restart budget starts afresh")
+    assert (group(cluster)["budgetExhausted"], group(cluster).get("recentRestarts", [])) == (False, [])
+
+
+def test_with_a_budget_of_zero_a_failed_group_is_reported_and_left() -> None:
+    cluster = cluster_with(restartBudget={"count": 0})
+
+    plans = [crash(cluster, i) for i in range(2)]
+
+    assert all(pods_deleted(p) == [] for p in plans)
+    status = group(cluster)
+    assert status["budgetExhausted"] is False and status["lastExit"]["exitCode"] == 3
+    assert status["message"].endswith("not restarted: restartBudget.count is 0")
+    degraded = {c["type"]: c for c in cluster.pool["status"]["conditions"]}["Degraded"]
+    assert (degraded["status"], degraded["reason"]) == ("True", "GroupFailed")
+
+
+def test_the_exit_is_the_first_failed_container_then_the_last_state_then_the_pod() -> None:
+    from pdfleet.operator.planning.groups import MESSAGE_MAX, ended_exit
+
+    def pod(name: str, phase: str, **status: Any) -> Body:
+        return {"metadata": {"name": name}, "status": {"phase": phase, **status}}
+
+    ok = {"name": "agent", "state": {"terminated": {"exitCode": 0, "reason": "Completed"}}}
+    oom = {"name": "engine", "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled",
+                                                          "message": "x" * 50 + "\n" + "y" * (MESSAGE_MAX + 10)}}}
+    running = pod("a-0", "Running", containerStatuses=[CRASH])
+
+    found = ended_exit([running, pod("a-1", "Failed", containerStatuses=[ok, oom])])
+    assert (found.pod, found.container, found.reason, found.exit_code) == ("a-1", "engine", "OOMKilled", 137)
+    assert found.message is not None and len(found.message) <= MESSAGE_MAX and found.message.startswith("y")
+    refused = ended_exit([pod("b-0", "Failed", reason="UnexpectedAdmissionError", message="no GPUs left")])
+    assert (refused.container, refused.reason, refused.message) == (None, "UnexpectedAdmissionError", "no GPUs left")
+    assert restarts.exit_summary(refused) == "pod b-0 ended (UnexpectedAdmissionError): no GPUs left"
+    assert ended_exit([running]) is None
