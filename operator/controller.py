@@ -44,12 +44,14 @@ def _no_health(_: PoolKey) -> Mapping[str, GroupHealth]:
 
 class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
-                 health: HealthView = _no_health, agents: AgentClient | None = None) -> None:
+                 health: HealthView = _no_health, agents: AgentClient | None = None,
+                 requeue: Callable[[PoolKey, float], None] | None = None) -> None:
         self._client = client
         self._cache = cache
         self._runtime_image = runtime_image
         self._health = health
         self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
+        self._requeue = requeue  # reconcile a pool again after a delay (the work queue's add_after)
         # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
@@ -157,9 +159,9 @@ class Controller:
         for tier in _tiers(plan.apply):
             error = error or await _all(*(apply(obj) for obj in tier))
         error = error or await _all(*(delete(ref) for ref in plan.delete))
-        for group, cause in plan.restarted:
-            if not any(kind == "Pod" and name.startswith(f"{group}-") for kind, name in failed):
-                metrics.GROUP_RESTARTS.labels(reason=cause).inc()
+        for restart in plan.restarted:
+            if not failed & set(restart.pods):
+                metrics.GROUP_RESTARTS.labels(reason=restart.cause).inc()
         if error is not None:
             await _all(*(self._post_event(pool, e) for e in plan.events if not failed & set(e.about)))
             raise error
@@ -167,6 +169,8 @@ class Controller:
             await self._write_status(pool, plan.status)
         self._record_summary(key, plan.status if plan.status is not None else pool.get("status"))
         await _all(*(self._post_event(pool, event) for event in plan.events))
+        if plan.requeue_after is not None and self._requeue is not None:
+            self._requeue(key, plan.requeue_after)  # a restart backoff ends then; no event will say so
         if not plan.empty:
             log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
                      len(plan.delete), "written" if plan.status is not None else "unchanged",
