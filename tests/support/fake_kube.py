@@ -165,6 +165,12 @@ class FakeKube(KubeClient):
         obj["metadata"]["resourceVersion"] = self._rv()
         return copy.deepcopy(obj)
 
+    def run_pod(self, namespace: str, name: str, *, ip: str, ready: bool = True) -> Body:
+        """Kubelet's part: the pod Running at `ip`, Ready or not."""
+        status = {"phase": "Running", "podIP": ip,
+                  "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}
+        return self.update("Pod", namespace, name, lambda o: o.update(status=status))
+
     def remove(self, kind: str, namespace: str | None, name: str) -> None:
         """The object is gone (and what it owns, as the garbage collector would do)."""
         self._remove((kind, namespace, name))

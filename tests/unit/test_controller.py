@@ -48,8 +48,7 @@ def kubelet_runs_everything(kube: FakeKube) -> None:
     """What kubelet and the Deployment controller would do next: every pod Running and Ready with an IP, the
     router available."""
     for n, p in enumerate(kube.of_kind("Pod", "ns")):
-        kube.update("Pod", "ns", p["metadata"]["name"], lambda o, n=n: o.update(status={
-            "phase": "Running", "podIP": f"127.1.0.{n + 2}", "conditions": [{"type": "Ready", "status": "True"}]}))
+        kube.run_pod("ns", p["metadata"]["name"], ip=f"127.1.0.{n + 2}")
     for d in kube.of_kind("Deployment", "ns"):
         kube.update("Deployment", "ns", d["metadata"]["name"], lambda o: o.update(
             status={"replicas": o["spec"]["replicas"], "availableReplicas": o["spec"]["replicas"]}))

@@ -1,0 +1,147 @@
+"""What the operator talks to over HTTP besides the apiserver, as small real servers on loopback addresses.
+
+- `FakeAgent`: a pod's rank-health agent, serving `GET /ranks` in the agent's own wire format
+  (`report.to_json`) with whatever ranks the test sets. The real agent (`runtime.health.agent`) reads a
+  shared-memory ledger whose phase ages come from the clock; this one lets a test say "these two ranks have
+  sat in different collectives for 40 s" without waiting 40 s.
+- `FakeRouter`: sglang-router's worker API (`GET /workers`, `DELETE /workers/{id}`, `POST /workers`), keeping
+  the worker list and every request it got.
+
+Each listens on its own 127.x.y.z address (every 127/8 address is loopback on Linux), so pods keep distinct
+IPs as in a cluster while the servers share a port, and the operator's clients address them the way they
+address pods: from `status.podIP`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Sequence
+from typing import Any
+
+from aiohttp import web
+
+from pdfleet.runtime.health import phases, records, report
+
+Body = dict[str, Any]
+S = 1_000_000_000
+
+
+class _Server:
+    """One aiohttp app on `host:port` (port 0: any free one), and the requests it got."""
+
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self.port = 0
+        self.requests: list[tuple[str, str, Any]] = []  # (method, path with query, JSON body or None)
+        self._runner: web.AppRunner | None = None
+        self._arrived = asyncio.Condition()
+
+    def routes(self, app: web.Application) -> None:
+        raise NotImplementedError
+
+    async def start(self, port: int = 0) -> int:
+        app = web.Application(middlewares=[self._record])
+        self.routes(app)
+        self._runner = web.AppRunner(app, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, port)
+        await site.start()
+        self.port = self._runner.addresses[0][1]
+        return self.port
+
+    async def close(self) -> None:
+        """Stops listening: from now on a connection is refused, as to a pod whose process is gone."""
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+
+    async def wait_requests(self, n: int, timeout: float = 5.0) -> None:
+        """Until the server has had `n` requests in all."""
+        async with self._arrived:
+            await asyncio.wait_for(self._arrived.wait_for(lambda: len(self.requests) >= n), timeout)
+
+    @web.middleware
+    async def _record(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        body = await request.json() if request.can_read_body else None
+        async with self._arrived:
+            self.requests.append((request.method, request.path_qs, body))
+            self._arrived.notify_all()
+        return await handler(request)
+
+
+def rank(n: int, phase: phases.Phase = phases.Phase.FORWARD, *, age_s: float = 0.01, collectives: int = 10,
+         alive: bool = True, loop: phases.LoopName = phases.LoopName.EVENT_LOOP_NORMAL) -> report.RankEntry:
+    """One rank as an agent reports it: in `phase` for `age_s`, having entered `collectives` collectives."""
+    record = records.RankRecord(slot=n, rank=n, pid=100 + n, pid_start=1, loop=loop, phase=phase, phase_since_ns=0,
+                                iteration=5, collectives=collectives, stack_signal=0, attached_ns=0, consistent=True)
+    return report.RankEntry(record=record, alive=alive, phase_age_ns=round(age_s * S))
+
+
+def healthy(tp: int) -> list[report.RankEntry]:
+    return [rank(n) for n in range(tp)]
+
+
+def desynced(age_s: float) -> list[report.RankEntry]:
+    """Two ranks stuck in different collectives for `age_s`: the overlap-abort failure."""
+    return [rank(0, phases.Phase.RECV_BROADCAST, age_s=age_s, collectives=11),
+            rank(1, phases.Phase.KV_POLL_ALL_REDUCE, age_s=age_s, collectives=10)]
+
+
+class FakeAgent(_Server):
+    def __init__(self, host: str, ranks: Sequence[report.RankEntry] = ()) -> None:
+        super().__init__(host)
+        self.ranks = list(ranks)
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/ranks", self._ranks)
+
+    async def _ranks(self, _: web.Request) -> web.Response:
+        body = report.to_json(report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=1, ranks=tuple(self.ranks)))
+        return web.json_response(body)
+
+
+class FakeRouter(_Server):
+    def __init__(self, host: str) -> None:
+        super().__init__(host)
+        self.workers: list[Body] = []  # as GET /workers lists them
+        self.broken = False  # answer 500 to everything
+        self._ids = itertools.count(1)
+
+    def register(self, url: str, worker_type: str, **extra: Any) -> str:
+        """A worker as the router's own discovery registers it; returns its id."""
+        worker_id = f"w{next(self._ids)}"
+        self.workers.append({"id": worker_id, "url": url, "worker_type": worker_type, **extra})
+        return worker_id
+
+    def urls(self) -> dict[str, str]:
+        return {w["url"]: w["worker_type"] for w in self.workers}
+
+    def changes(self) -> list[tuple[str, str, Any]]:
+        """The requests that were not listings."""
+        return [r for r in self.requests if r[0] != "GET"]
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/workers", self._list)
+        app.router.add_delete("/workers/{id}", self._remove)
+        app.router.add_post("/workers", self._add)
+
+    async def _list(self, _: web.Request) -> web.Response:
+        if self.broken:
+            return web.json_response({"error": "broken"}, status=500)
+        return web.json_response({"workers": self.workers, "total": len(self.workers)})
+
+    async def _remove(self, request: web.Request) -> web.Response:
+        before = len(self.workers)
+        self.workers = [w for w in self.workers if w["id"] != request.match_info["id"]]
+        if self.broken or len(self.workers) == before:
+            return web.json_response({"error": "no such worker"}, status=500 if self.broken else 404)
+        return web.json_response({"status": "removed"})
+
+    async def _add(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        if self.broken or any(w["url"] == body.get("url") for w in self.workers):
+            return web.json_response({"error": "already registered"}, status=500 if self.broken else 409)
+        self.register(body["url"], body.get("worker_type", "regular"),
+                      **({"bootstrap_port": body["bootstrap_port"]} if "bootstrap_port" in body else {}))
+        return web.json_response({"status": "added"})

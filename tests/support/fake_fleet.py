@@ -1,0 +1,108 @@
+"""A running pool without a cluster: the in-memory apiserver, fake agents and a fake router on loopback, and the
+operator's own parts wired as `handlers.startup` wires them (monitor -> reconcile pokes, monitor -> routers'
+membership, membership -> events through the executor). For tests of the operator's I/O layer."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from collections.abc import AsyncIterator
+from typing import Any
+
+from pdfleet.operator.cache import PoolKey
+from pdfleet.operator.controller import Controller
+from pdfleet.operator.engines import agents
+from pdfleet.operator.engines.membership import RouterMembership
+from pdfleet.operator.engines.monitor import HealthMonitor
+from pdfleet.operator.engines.routers import RouterClient
+from tests.support.fake_engines import FakeAgent, FakeRouter, healthy
+from tests.support.fake_kube import FakeKube
+from tests.support.pools import pool_body
+
+KEY: PoolKey = ("ns", "tiny")
+PREFILL, DECODE = "tiny-prefill-0", "tiny-decode-0"  # the groups
+PODS = {PREFILL: "tiny-prefill-0-0", DECODE: "tiny-decode-0-0"}
+IPS = {PREFILL: "127.1.0.2", DECODE: "127.1.0.3"}
+ROUTER_IP = "127.1.2.1"
+ENGINE_PORT = 30000  # the engines' default port: only the router is told of it, nothing connects to it
+URLS = {group: f"http://{ip}:{ENGINE_PORT}" for group, ip in IPS.items()}
+
+
+@dataclasses.dataclass
+class Fleet:
+    kube: FakeKube
+    controller: Controller
+    monitor: HealthMonitor
+    membership: RouterMembership
+    agents: dict[str, FakeAgent]  # by group
+    router: FakeRouter
+    pokes: list[PoolKey]
+    clock: list[float]  # the membership's clock: [seconds]
+
+    def ready(self, group: str, ready: bool = True) -> None:
+        """Kubelet says the group's pod is (not) Ready."""
+        self.kube.run_pod(KEY[0], PODS[group], ip=IPS[group], ready=ready)
+
+    def events(self, reason: str) -> list[dict[str, Any]]:
+        return [e for e in self.kube.of_kind("Event", KEY[0]) if e["reason"] == reason]
+
+
+@contextlib.asynccontextmanager
+async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
+    """One prefill engine (tp 1) and one decode engine (tp 2), both Ready and healthy, a router pod that has
+    registered both (as its discovery would), and a settled pool. `spec`: `pool_body`'s spec updates."""
+    router = FakeRouter(ROUTER_IP)
+    fakes = {PREFILL: FakeAgent(IPS[PREFILL], healthy(1)), DECODE: FakeAgent(IPS[DECODE], healthy(2))}
+    monitor: HealthMonitor | None = None
+    membership: RouterMembership | None = None
+    try:
+        router_port = await router.start()
+        agent_port = await fakes[PREFILL].start()
+        await fakes[DECODE].start(agent_port)  # every pod's agent on the same port, as in a cluster
+
+        def address(pod: dict[str, Any]) -> tuple[str, int] | None:
+            found = agents.pod_ip(pod)  # the pod's own IP, as the operator's default addressing
+            return (found[0], agent_port) if found else None
+
+        kube = FakeKube()
+        kube.seed(pool_body(decode__tp=2, decode__gpusPerNode=2, router__port=router_port, **spec))
+        pokes: list[PoolKey] = []
+        clock = [0.0]
+        monitor = HealthMonitor(cache=kube.cache(), agents=agents.AgentClient(addressing=address, timeout=1.0),
+                                poke=pokes.append)
+        controller = Controller(client=kube, cache=kube.cache(), health=monitor.health)
+        membership = RouterMembership(routers=RouterClient(timeout=1.0), post_event=controller.post_event,
+                                      clock=lambda: clock[0])
+        monitor.after_poll = membership.sync
+        await controller.reconcile(KEY)
+        fleet = Fleet(kube, controller, monitor, membership, fakes, router, pokes, clock)
+        for group in PODS:
+            fleet.ready(group)
+        _start_router(kube, router.host)
+        await controller.reconcile(KEY)
+        kube.take_writes()
+        router.register(URLS[PREFILL], "prefill", bootstrap_port=8998)
+        router.register(URLS[DECODE], "decode")
+        yield fleet
+    finally:
+        if membership is not None:
+            await membership.close()
+        if monitor is not None:
+            await monitor.close()  # its polling tasks, and the agents' client
+        for server in (router, *fakes.values()):
+            await server.close()
+
+
+def _start_router(kube: FakeKube, ip: str) -> None:
+    """What the Deployment and ReplicaSet controllers and kubelet would do: one router pod, Running at `ip`."""
+    deployment = kube.get("Deployment", KEY[0], "tiny-router")
+    assert deployment is not None
+    kube.update("Deployment", KEY[0], "tiny-router", lambda d: d.update(
+        status={"replicas": 1, "availableReplicas": 1}))
+    kube.seed({"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "tiny-router-6f9c-x2x4z", "namespace": KEY[0],
+                            "labels": deployment["spec"]["template"]["metadata"]["labels"],
+                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                                 "name": "tiny-router-6f9c", "uid": "uid-rs", "controller": True}]},
+               "spec": deployment["spec"]["template"]["spec"],
+               "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
