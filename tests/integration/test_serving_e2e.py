@@ -208,12 +208,12 @@ def test_an_engine_that_is_not_up_yet_is_not_ready_and_gets_no_traffic(
                 assert not fleet.is_ready(cluster.get("pod", pod["metadata"]["name"], "-n", namespace)), \
                     f"{pod['metadata']['name']} is Ready before its engine serves"
         routers = [p for p in fleet.router_pods(cluster, namespace, POOL) if (p.get("status") or {}).get("podIP")]
-        if routers and len(pods) == 2 and not any(fleet.is_ready(p) for p in pods):
-            # No engine Ready: the router has nobody to send to. The pods above were listed before this call, so an
-            # engine may have turned Ready in between; only a router that is ready while still none is fails.
-            if fleet.http_get(f"http://{routers[0]['status']['podIP']}:30000/readiness")[0] == 200:
-                assert any(fleet.is_ready(p) for p in fleet.engine_pods(cluster, namespace, POOL)), \
-                    "the router is ready while no engine is"
+        # No engine Ready: the router has nobody to send to. The pods above were listed before this call, so an
+        # engine may have turned Ready in between; only a router that is ready while still none is fails.
+        if routers and len(pods) == 2 and not any(fleet.is_ready(p) for p in pods) and \
+                fleet.http_get(f"http://{routers[0]['status']['podIP']}:30000/readiness")[0] == 200:
+            assert any(fleet.is_ready(p) for p in fleet.engine_pods(cluster, namespace, POOL)), \
+                "the router is ready while no engine is"
         assert loading < 500, "the pool never became Ready"
     assert loading >= 2, "the engines were never seen loading"
     url = fleet.router_url(cluster, namespace, POOL, workers=2)
