@@ -105,7 +105,7 @@ class FakeRouter(_Server):
     def __init__(self, host: str) -> None:
         super().__init__(host)
         self.workers: list[Body] = []  # as GET /workers lists them
-        self.broken = False  # answer 500 to everything
+        self.failing: set[str] = set()  # the methods it answers with 500
         self._ids = itertools.count(1)
 
     def register(self, url: str, worker_type: str, **extra: Any) -> str:
@@ -127,21 +127,25 @@ class FakeRouter(_Server):
         app.router.add_post("/workers", self._add)
 
     async def _list(self, _: web.Request) -> web.Response:
-        if self.broken:
+        if "GET" in self.failing:
             return web.json_response({"error": "broken"}, status=500)
         return web.json_response({"workers": self.workers, "total": len(self.workers)})
 
     async def _remove(self, request: web.Request) -> web.Response:
+        if "DELETE" in self.failing:
+            return web.json_response({"error": "broken"}, status=500)
         before = len(self.workers)
         self.workers = [w for w in self.workers if w["id"] != request.match_info["id"]]
-        if self.broken or len(self.workers) == before:
-            return web.json_response({"error": "no such worker"}, status=500 if self.broken else 404)
+        if len(self.workers) == before:
+            return web.json_response({"error": "no such worker"}, status=404)
         return web.json_response({"status": "removed"})
 
     async def _add(self, request: web.Request) -> web.Response:
         body = await request.json()
-        if self.broken or any(w["url"] == body.get("url") for w in self.workers):
-            return web.json_response({"error": "already registered"}, status=500 if self.broken else 409)
+        if "POST" in self.failing:
+            return web.json_response({"error": "broken"}, status=500)
+        if any(w["url"] == body.get("url") for w in self.workers):
+            return web.json_response({"error": "already registered"}, status=409)
         self.register(body["url"], body.get("worker_type", "regular"),
                       **({"bootstrap_port": body["bootstrap_port"]} if "bootstrap_port" in body else {}))
         return web.json_response({"status": "added"})
