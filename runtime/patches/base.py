@@ -45,6 +45,8 @@ def check(patch_ids: Iterable[str], sglang_version: str) -> list[catalogue.Patch
         entry = catalogue.BY_ID.get(pid)
         if entry is None:
             problems.append(f"unknown patch {pid!r} (known: {', '.join(catalogue.IDS)})")
+        elif pid in catalogue.UNAVAILABLE:
+            problems.append(f"patch {pid} is not implemented by pdfleet yet: {catalogue.UNAVAILABLE[pid]}")
         elif entry.fixed_in and catalogue.version_key(sglang_version) >= catalogue.version_key(entry.fixed_in):
             problems.append(f"patch {pid} is fixed upstream in SGLang {entry.fixed_in}; "
                             f"this engine runs {sglang_version} and does not need it")

@@ -62,6 +62,8 @@ class Patch:
     contain a fix, after which the patch is refused as redundant. `kv_layout` marks patches that change the
     layout of KV buffers: prefill and decode must then run the same patch set (they always do, since patches
     are set per pool), and a rollout that adds or removes one must not mix old and new groups behind a router.
+    `unavailable` says why pdfleet refuses a known fix it has no implementation of yet: refused at admission and
+    by the launcher, rather than engines started without the fix the spec asked for.
     """
 
     id: str
@@ -71,6 +73,7 @@ class Patch:
     fixed_in: str | None = None
     upstream: tuple[str, ...] = ()
     kv_layout: bool = False
+    unavailable: str | None = None
 
 
 CATALOGUE: tuple[Patch, ...] = (
@@ -128,6 +131,7 @@ CATALOGUE: tuple[Patch, ...] = (
         targets=("sglang.srt.managers.detokenizer_manager.DetokenizerManager.handle_batch_token_id_out",),
         fixed_in="0.5.23",
         upstream=("sgl-project/sglang#16698", "sgl-project/sglang#11944"),
+        unavailable="on SGLang before 0.5.23, set engine.tokenizerBatchDecode: Disabled instead",
     ),
     Patch(
         id="bf16-index-keys",
@@ -142,8 +146,10 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
         upstream=("sgl-project/sglang#24692", "sgl-project/sglang#33271"),
         kv_layout=True,
+        unavailable="its indexer kernels have not been verified on a GPU",
     ),
 )
 
 BY_ID: dict[str, Patch] = {patch.id: patch for patch in CATALOGUE}
 IDS: tuple[str, ...] = tuple(patch.id for patch in CATALOGUE)
+UNAVAILABLE: dict[str, str] = {patch.id: patch.unavailable for patch in CATALOGUE if patch.unavailable}

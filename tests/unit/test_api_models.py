@@ -20,6 +20,7 @@ from pdfleet.operator.api import (
     validate,
 )
 from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.runtime.patches import catalogue, registry
 from tests.unit.test_api_rejections import merged, minimal_spec
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
@@ -89,7 +90,20 @@ def test_durations_outside_the_pattern_do_not_parse(text: str) -> None:
         parse_duration(text)
 
 
-def test_a_patch_fixed_upstream_is_refused_as_redundant() -> None:
+def test_a_patch_pdfleet_does_not_implement_yet_is_refused_with_the_reason() -> None:
+    spec = merged(minimal_spec(), {"engine": {"patches": ["abort-consensus", "bf16-index-keys"]}})
+    [problem] = validate({"spec": spec})
+    assert problem.path == "spec.engine.patches[1]"
+    assert problem.message == ("patch bf16-index-keys is not implemented by pdfleet yet: "
+                               f"{catalogue.UNAVAILABLE['bf16-index-keys']}")
+
+
+def test_every_available_patch_has_an_implementation_and_only_those() -> None:
+    assert set(registry.MODULES) == set(catalogue.IDS) - set(catalogue.UNAVAILABLE)
+
+
+def test_a_patch_fixed_upstream_is_refused_as_redundant(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalogue, "UNAVAILABLE", {})
     spec = merged(minimal_spec(), {"engine": {"patches": ["abort-consensus", "dsml-batch-decode-guard"]}})
     [problem] = validate({"spec": spec})
     assert problem.path == "spec.engine.patches[1]"
@@ -105,7 +119,8 @@ def test_a_patch_for_another_sglang_version_is_refused() -> None:
 
 
 @pytest.mark.effect("spec.engine.sglangVersion")
-def test_an_older_sglang_may_use_the_patch_upstream_fixed_later() -> None:
+def test_an_older_sglang_may_use_the_patch_upstream_fixed_later(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalogue, "UNAVAILABLE", {})
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.22", "patches": ["dsml-batch-decode-guard"]}})
     assert validate({"spec": spec}) == []
 

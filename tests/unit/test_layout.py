@@ -8,6 +8,7 @@ import pytest
 
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render.layout import kv_layout
+from pdfleet.runtime.patches import catalogue
 from tests.support.pools import pool_body
 
 
@@ -16,7 +17,6 @@ def spec_of(**updates: Any) -> InferencePoolSpec:
 
 
 @pytest.mark.parametrize(("change", "changes_layout"), [
-    ({"engine__patches": ["bf16-index-keys"]}, True),
     ({"engine__extraArgs": ["--page-size", "64"]}, True),
     ({"engine__extraArgs": ["--kv-cache-dtype=fp8_e4m3"]}, True),
     ({"engine__extraArgs": ["--attention-backend", "flashinfer"]}, True),
@@ -27,3 +27,10 @@ def spec_of(**updates: Any) -> InferencePoolSpec:
 ])
 def test_only_what_shapes_kv_pages_changes_the_layout(change: dict, changes_layout: bool) -> None:
     assert (kv_layout(spec_of()) != kv_layout(spec_of(**change))) is changes_layout
+
+
+def test_a_patch_that_changes_the_kv_layout_changes_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    # bf16-index-keys is refused at admission until its kernels are verified; the layout must still follow it.
+    monkeypatch.setattr(catalogue, "UNAVAILABLE", {})
+    assert catalogue.BY_ID["bf16-index-keys"].kv_layout
+    assert kv_layout(spec_of()) != kv_layout(spec_of(engine__patches=["bf16-index-keys"]))

@@ -225,7 +225,7 @@ def test_a_new_kv_layout_replaces_every_group_at_once_and_never_mixes_layouts() 
     cluster = FakeCluster(pool_body(prefill=2, decode=2))
     cluster.converge()
     old = {name for kind, name in cluster.owned if kind == "Pod"}
-    cluster.pool["spec"]["engine"]["patches"] = ["bf16-index-keys"]  # changes how index keys are stored
+    cluster.pool["spec"]["engine"]["extraArgs"] = ["--page-size", "64"]  # changes how KV pages are laid out
     first = cluster.step()
     assert {ref.name for ref in first.delete} == old, "every group of both roles goes at once"
     assert [o for o in first.apply if o["kind"] == "Pod"] == [], "no new-layout pod while old ones exist"
