@@ -7,9 +7,9 @@
 - `FakeRouter`: sglang-router's worker API (`GET /workers`, `DELETE /workers/{id}`, `POST /workers`), keeping
   the worker list and every request it got.
 
-Each listens on its own 127.x.y.z address (every 127/8 address is loopback on Linux), so pods keep distinct
-IPs as in a cluster while the servers share a port, and the operator's clients address them the way they
-address pods: from `status.podIP`.
+Each listens on its own 127.x.y.z address (every 127/8 address is loopback on Linux) and a free port, so pods
+keep distinct IPs as in a cluster and the operator's clients address them the way they address pods: from
+`status.podIP`.
 """
 
 from __future__ import annotations
@@ -40,12 +40,12 @@ class _Server:
     def routes(self, app: web.Application) -> None:
         raise NotImplementedError
 
-    async def start(self, port: int = 0) -> int:
+    async def start(self) -> int:
         app = web.Application(middlewares=[self._record])
         self.routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, port)
+        site = web.TCPSite(self._runner, self.host, 0)
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self.port

@@ -22,8 +22,9 @@ from tests.support.pools import pool_body
 KEY: PoolKey = ("ns", "tiny")
 PREFILL, DECODE = "tiny-prefill-0", "tiny-decode-0"  # the groups
 PODS = {PREFILL: "tiny-prefill-0-0", DECODE: "tiny-decode-0-0"}
-IPS = {PREFILL: "127.1.0.2", DECODE: "127.1.0.3"}
-ROUTER_IP = "127.1.2.1"
+# Outside the local cluster's pod and node ranges (127.1.x.0/24, 127.254.0.0/16), whose processes may run meanwhile.
+IPS = {PREFILL: "127.77.0.2", DECODE: "127.77.0.3"}
+ROUTER_IP = "127.77.2.1"
 ENGINE_PORT = 30000  # the engines' default port: only the router is told of it, nothing connects to it
 URLS = {group: f"http://{ip}:{ENGINE_PORT}" for group, ip in IPS.items()}
 
@@ -57,12 +58,11 @@ async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
     membership: RouterMembership | None = None
     try:
         router_port = await router.start()
-        agent_port = await fakes[PREFILL].start()
-        await fakes[DECODE].start(agent_port)  # every pod's agent on the same port, as in a cluster
+        ports = {agent.host: await agent.start() for agent in fakes.values()}
 
         def address(pod: dict[str, Any]) -> tuple[str, int] | None:
-            found = agents.pod_ip(pod)  # the pod's own IP, as the operator's default addressing
-            return (found[0], agent_port) if found else None
+            found = agents.pod_ip(pod)  # the pod's own IP, as the operator's default addressing; a free port
+            return (found[0], ports[found[0]]) if found else None
 
         kube = FakeKube()
         kube.seed(pool_body(decode__tp=2, decode__gpusPerNode=2, router__port=router_port, **spec))

@@ -87,7 +87,7 @@ async def test_an_engine_the_router_lacks_is_added_with_its_bootstrap_port(fleet
 
 
 async def test_a_stale_registration_and_a_wrong_role_are_removed(fleet: Fleet) -> None:
-    fleet.router.register("http://127.1.0.99:30000", "decode")  # a deleted pod's: discovery never forgets it
+    fleet.router.register("http://127.77.0.99:30000", "decode")  # a deleted pod's: discovery never forgets it
     decode = next(w for w in fleet.router.workers if w["url"] == URLS[DECODE])
     decode["worker_type"] = "prefill"
 
