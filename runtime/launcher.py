@@ -76,7 +76,8 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", nargs="?", choices=["run", "patches"], default="run")
     parser.add_argument("--patch", action="append", default=[], metavar="ID", help="apply this catalogue patch")
-    parser.add_argument("--agent-port", type=int, default=8470, help="port of the rank-health agent (0: none)")
+    parser.add_argument("--agent-port", type=int, default=agent.DEFAULT_PORT,
+                        help="port of the rank-health agent (0: none)")
     parser.add_argument("--check", action="store_true", help="check arguments and patches, start nothing")
     return parser.parse_args(own), sglang_args
 

@@ -28,7 +28,6 @@ class DesiredGroup:
 class Desired:
     groups: tuple[DesiredGroup, ...]
     router: tuple[Body, ...]
-    revisions: dict[Role, str]
     kv_layout: str
 
     def objects(self) -> list[Body]:
@@ -49,4 +48,4 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
                                        service=stamped(service), pods=tuple(stamped(p) for p in pods)))
     return Desired(groups=tuple(groups), router=tuple(stamped(o) for o in router.router_objects(ctx, spec)),
-                   revisions=revisions, kv_layout=layout.kv_layout(spec))
+                   kv_layout=layout.kv_layout(spec))

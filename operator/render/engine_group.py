@@ -17,10 +17,11 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
 from pdfleet.operator.render import engine_args, labels, layout
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.runtime.health import agent
 
 Body = dict[str, Any]
 
-AGENT_PORT = 8470  # the rank-health agent inside every engine pod
+AGENT_PORT = agent.DEFAULT_PORT  # the rank-health agent inside every engine pod
 DIST_PORT = 5000  # torch.distributed rendezvous of a multi-node group (--dist-init-addr)
 RUNTIME_MOUNT = "/opt/pdfleet"
 MODEL_MOUNT = "/models"

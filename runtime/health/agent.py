@@ -26,7 +26,7 @@ from pdfleet.runtime.health import ledger, procs, records, report, stacks
 log = logging.getLogger(__name__)
 
 PORT_ENV = "PDFLEET_AGENT_PORT"
-DEFAULT_PORT = 8990
+DEFAULT_PORT = 8470  # the one place the agent port is set; the operator renders pods with it
 MAX_STACK_TIMEOUT_S = 30.0
 
 
