@@ -10,7 +10,7 @@ from pdfleet.operator.api.conditions import Condition, ConditionStatus, Conditio
 from pdfleet.operator.api.engine import EngineSpec, EnvVar, Switch
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.meta import API_VERSION, GROUP, KIND, PLURAL, SHORT_NAMES, VERSION
-from pdfleet.operator.api.model import ChatEncoding, ModelSource, ModelSpec
+from pdfleet.operator.api.model import ModelSource, ModelSpec
 from pdfleet.operator.api.pool import InferencePool
 from pdfleet.operator.api.roles import DecodeSpec, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.rollout import RolloutOrder, RolloutSpec
@@ -26,7 +26,6 @@ __all__ = [
     "PLURAL",
     "SHORT_NAMES",
     "VERSION",
-    "ChatEncoding",
     "Condition",
     "ConditionStatus",
     "ConditionType",

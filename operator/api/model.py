@@ -1,13 +1,21 @@
 """`spec.model`: what is served, where its weights come from, and how chat turns into tokens and back.
 
-The chat encoding and the tool-call parser must describe the same markup. A DeepSeek-V4 prompt encoding with a
-V3.2 parser (or the reverse) makes DSML tool-call markup leak into `content` instead of `tool_calls`, one of
-the production failures pdfleet exists for; so a mismatch is refused at admission, not discovered under load.
+How chat messages become a prompt (the chat encoding) is not a field of its own: SGLang 0.5.23 has no flag for
+it and derives it (`resolve_chat_encoding_spec`) from `--tool-call-parser` first (deepseekv41, deepseekv4,
+deepseekv32 and kimi_k3 each select SGLang's built-in encoding of that name: dsv41, dsv4, dsv32, kimi_k3),
+then from the model's architecture (DeepSeek-V4/V4.1 and Kimi-K3 models; a DeepSeek-V3 model without a chat
+template gets dsv32), and otherwise renders the chat template (the tokenizer's, or `chatTemplate`). So
+`toolCallParser` is the one knob: the encoding and the parser cannot disagree, and the DSML tool-call markup
+that leaks into `content` when they do cannot be configured.
+
+A `chatTemplate` next to a parser with a built-in encoding is refused at admission: SGLang then renders
+prompts with the built-in encoding and never applies a Jinja template, and a named conversation template
+would frame prompts differently from the markup the parser reads. The architecture-derived encodings cannot
+be checked here (the operator does not read the model's config), so they are documented, not enforced.
 """
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated
 
 from pydantic import Field
@@ -15,21 +23,15 @@ from pydantic import Field
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.scalars import AbsolutePath, DnsSubdomain
 
-
-class ChatEncoding(enum.StrEnum):
-    """How chat messages become a prompt. `dsv32`/`dsv4` are SGLang's built-in DeepSeek encodings, used when
-    no chat template is given; `template` uses the tokenizer's (or `chatTemplate`'s) Jinja template."""
-
-    DSV32 = "dsv32"
-    DSV4 = "dsv4"
-    TEMPLATE = "template"
-
-
-# The parser each DeepSeek encoding's markup needs, and the reverse.
-PARSER_FOR_ENCODING = {ChatEncoding.DSV4: "deepseekv4", ChatEncoding.DSV32: "deepseekv32"}
+# The tool-call parsers for which SGLang renders prompts with its own encoding, and that encoding's name.
+BUILT_IN_ENCODING_OF_PARSER = {
+    "deepseekv41": "dsv41",
+    "deepseekv4": "dsv4",
+    "deepseekv32": "dsv32",
+    "kimi_k3": "kimi_k3",
+}
 
 ParserName = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$", min_length=1, max_length=64)]
-
 
 class PersistentVolumeClaimSource(ApiModel):
     """Weights on a PersistentVolumeClaim in the pool's namespace, mounted read-only."""
@@ -70,63 +72,39 @@ class ModelSource(ApiModel):
     host_path: HostPathSource | None = Field(default=None, description="Weights in a folder on the node.")
 
 
-def _rules_for_pairs() -> tuple[Rule, ...]:
-    """Both directions of every encoding/parser pair. The encoding-side rules come first: Python reports the
-    first broken rule of an object, and "dsv32 needs deepseekv32" is the more useful thing to hear."""
-    needs_parser = tuple(
-        Rule(
-            cel=f"self.encoding != '{encoding}' || (has(self.toolCallParser) && self.toolCallParser == '{parser}')",
-            holds=lambda m, e=encoding, p=parser: m.encoding != e or m.tool_call_parser == p,
-            message=f"encoding {encoding} requires toolCallParser {parser}: other parsers leak its tool-call "
-                    "markup into content",
-            field=".toolCallParser",
-        )
-        for encoding, parser in PARSER_FOR_ENCODING.items()
+def _template_refused_with(parser: str, encoding: str) -> Rule:
+    return Rule(
+        cel=f"!has(self.chatTemplate) || !has(self.toolCallParser) || self.toolCallParser != '{parser}'",
+        holds=lambda m: m.chat_template is None or m.tool_call_parser != parser,
+        message=f"chatTemplate cannot be combined with toolCallParser {parser}: that parser selects SGLang's "
+                f"built-in {encoding} chat encoding, which takes the template's place; set one of the two",
+        field=".chatTemplate",
     )
-    needs_encoding = tuple(
-        Rule(
-            cel=f"!has(self.toolCallParser) || self.toolCallParser != '{parser}' || self.encoding == '{encoding}'",
-            holds=lambda m, e=encoding, p=parser: m.tool_call_parser != p or m.encoding == e,
-            message=f"toolCallParser {parser} requires encoding {encoding}: the prompt must use the markup "
-                    "the parser expects",
-            field=".encoding",
-        )
-        for encoding, parser in PARSER_FOR_ENCODING.items()
-    )
-    return needs_parser + needs_encoding
-
-
-_TEMPLATE_ONLY_WITH_TEMPLATE_ENCODING = Rule(
-    cel="!has(self.chatTemplate) || self.encoding == 'template'",
-    holds=lambda m: m.chat_template is None or m.encoding == ChatEncoding.TEMPLATE,
-    message="chatTemplate is only used with encoding template; dsv32 and dsv4 use SGLang's built-in encoding",
-    field=".chatTemplate",
-)
 
 
 class ModelSpec(ApiModel):
     """The served model and its chat format."""
 
-    RULES = (*_rules_for_pairs(), _TEMPLATE_ONLY_WITH_TEMPLATE_ENCODING)
+    RULES = tuple(_template_refused_with(parser, encoding)
+                  for parser, encoding in BUILT_IN_ENCODING_OF_PARSER.items())
 
     served_name: Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9][A-Za-z0-9._/:-]*$")] = (
         Field(description="Model name clients send in requests (SGLang's --served-model-name).")
     )
     source: ModelSource = Field(description="Where the weights come from.")
-    encoding: ChatEncoding = Field(
-        default=ChatEncoding.TEMPLATE,
-        description="Chat encoding: dsv32 or dsv4 (SGLang's DeepSeek encodings) or template (a Jinja template).",
-    )
     tool_call_parser: ParserName | None = Field(
         default=None,
-        description="SGLang tool-call parser (--tool-call-parser). dsv4 requires deepseekv4, dsv32 deepseekv32.",
+        description="SGLang tool-call parser (--tool-call-parser). It also selects the chat encoding: deepseekv41, "
+                    "deepseekv4, deepseekv32 and kimi_k3 use SGLang's built-in encoding (dsv41, dsv4, dsv32, "
+                    "kimi_k3); with any other, the model's architecture or chat template decides.",
     )
     reasoning_parser: ParserName | None = Field(
         default=None, description="SGLang reasoning parser (--reasoning-parser), e.g. deepseek-v3."
     )
     chat_template: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
         default=None,
-        description="Chat template file or name (--chat-template); only with encoding template.",
+        description="Chat template file or name (--chat-template); not with a toolCallParser that has a built-in "
+                    "encoding (deepseekv41, deepseekv4, deepseekv32, kimi_k3).",
     )
     trust_remote_code: bool = Field(
         default=False, description="Allow the model's own Python code from its repository (--trust-remote-code)."

@@ -51,7 +51,7 @@ def test_python_names_and_wire_names_both_validate() -> None:
 
 def test_the_wire_form_uses_camel_case_and_omits_unset_optionals() -> None:
     wire = InferencePoolSpec.model_validate(minimal_spec()).model_dump(mode="json")
-    assert wire["model"] == {"servedName": "tiny", "source": {"path": "/models/tiny"}, "encoding": "template",
+    assert wire["model"] == {"servedName": "tiny", "source": {"path": "/models/tiny"},
                              "trustRemoteCode": False}
     assert "extraArgs" not in wire["engine"]
     assert "toolCallParser" not in wire["model"]

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from pdfleet.operator.api import InferencePoolSpec, Role
 from pdfleet.operator.api.flags import MANAGED_FLAGS
+from pdfleet.operator.api.model import BUILT_IN_ENCODING_OF_PARSER
 from pdfleet.operator.render.engine_args import engine_args
 from tests.unit.test_api_rejections import merged, minimal_spec
 
@@ -60,7 +61,7 @@ def test_a_decode_engine_has_no_bootstrap_port() -> None:
                  ["--disable-overlap-schedule"], id="overlap schedule disabled"),
     pytest.param({"engine": {"tokenizerBatchDecode": "Disabled"}}, Role.DECODE, {},
                  ["--disable-tokenizer-batch-decode"], id="tokenizer batch decode disabled"),
-    pytest.param({"model": {"encoding": "dsv4", "toolCallParser": "deepseekv4", "reasoningParser": "deepseek-v3"}},
+    pytest.param({"model": {"toolCallParser": "deepseekv4", "reasoningParser": "deepseek-v3"}},
                  Role.DECODE, {}, ["--tool-call-parser", "deepseekv4", "--reasoning-parser", "deepseek-v3"],
                  id="parsers"),
     pytest.param({"model": {"chatTemplate": "/templates/chat.jinja", "trustRemoteCode": True}}, Role.DECODE, {},
@@ -116,7 +117,7 @@ def test_a_multi_node_group_needs_the_rendezvous_address_and_a_valid_rank() -> N
 
 # ---- properties -------------------------------------------------------------------------------------------
 
-_PAIRS = [("template", None), ("template", "qwen25"), ("dsv4", "deepseekv4"), ("dsv32", "deepseekv32")]
+_PARSERS = [None, "qwen25", "deepseekv4", "deepseekv32"]
 _ports = st.integers(min_value=1, max_value=65535)
 
 
@@ -160,20 +161,20 @@ def _sglang_extra_args(draw: st.DrawFn) -> list[str]:
 @st.composite
 def valid_specs(draw: st.DrawFn, extra_args: st.SearchStrategy[list[str]] = _any_extra_args) -> InferencePoolSpec:
     """Any spec admission accepts: drawn within the rules rather than filtered, so nothing is wasted."""
-    encoding, parser = draw(st.sampled_from(_PAIRS))
+    parser = draw(st.sampled_from(_PARSERS))
     source = draw(st.sampled_from([{"path": "/models/m"}, {"path": "org/model"},
                                    {"pvc": {"claimName": "weights", "subPath": "m"}}, {"hostPath": {"path": "/m"}}]))
     backend = draw(st.sampled_from(["mooncake", "nixl", "fake"]))
     transfer: dict[str, Any] = {"backend": backend}
     if backend != "fake" and draw(st.booleans()):
         transfer["ibDevice"] = draw(st.sampled_from(["mlx5_0", "mlx5_0,mlx5_1"]))
-    model: dict[str, Any] = {"servedName": "m", "source": source, "encoding": encoding,
+    model: dict[str, Any] = {"servedName": "m", "source": source,
                              "trustRemoteCode": draw(st.booleans())}
     if parser:
         model["toolCallParser"] = parser
     if draw(st.booleans()):
         model["reasoningParser"] = "deepseek-v3"
-    if encoding == "template" and draw(st.booleans()):
+    if parser not in BUILT_IN_ENCODING_OF_PARSER and draw(st.booleans()):  # else a chatTemplate is refused
         model["chatTemplate"] = "/t/chat.jinja"
     raw = {
         "model": model,
