@@ -3,8 +3,10 @@
 Level-based and idempotent: it derives everything from its inputs every time, so create, update, resume and a
 periodic resync all run the same code, and planning again right after applying a plan yields an empty plan.
 
-Engine groups live and die as units. A group rendered from an older spec is replaced whole, a role at a time
-within `rollout.maxUnavailable`; groups beyond `replicas` are deleted from the highest index down. A group is
+Engine groups live and die as units. A group rendered from an older spec is replaced whole, at most
+`rollout.maxUnavailable` groups of a role at a time, one role after the other in `rollout.order`: the second role
+keeps its old groups until every group of the first runs the new revision and is Ready (so a revision that fails
+to start stops at the first role); groups beyond `replicas` are deleted from the highest index down. A group is
 restarted whole (deleted and recreated) for one of the causes `restarts` decides on, with backoff and within a
 budget: a pod of it ended, or its ranks are in Desync, Hang or Dead.
 
@@ -160,9 +162,13 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
     if _plan_layout_change(want, observed, out):
         return states
+    earlier_unsettled = False  # a role earlier in `rollout.order` still rolling: later roles keep their groups
     for role in _role_order(spec):
         groups = [g for g in want.groups if g.id.role is role]
-        budget = _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)
+        budget = 0 if earlier_unsettled else \
+            _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)
+        earlier_unsettled = earlier_unsettled or \
+            any(states[g.name] in UNAVAILABLE or states[g.name] is GroupState.OUTDATED for g in groups)
         for group in groups:
             state = states[group.name]
             current = pods.get(group.name, [])

@@ -142,20 +142,47 @@ def test_scaling_never_replaces_the_groups_that_stay() -> None:
     assert not any(ref.name == "tiny-decode-0-0" for p in plans for ref in p.delete)
 
 
-@pytest.mark.effect("spec.engine.overlapSchedule")
-def test_an_engine_change_replaces_groups_one_at_a_time_per_role() -> None:
+def replaced_roles(plan: Plan) -> list[str]:
+    return [e.message.split()[1] for e in plan.events if e.reason == "GroupReplaced"]
+
+
+@pytest.mark.effect("spec.engine.overlapSchedule", "spec.rollout.order")
+def test_an_engine_change_replaces_groups_one_at_a_time_decode_first() -> None:
     cluster = FakeCluster(pool_body(prefill=2, decode=2))
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
-    plan = cluster.step()
-    replaced = [e.message for e in plan.events if e.reason == "GroupReplaced"]
-    assert len(replaced) == 2, "maxUnavailable 1 per role: one prefill and one decode group at a time"
-    assert {m.split()[1] for m in replaced} == {"prefill", "decode"}
-    cluster.converge(limit=20)
+    plans = cluster.converge(limit=20)
+    order = [role for plan in plans for role in replaced_roles(plan)]
+    assert order == ["decode", "decode", "prefill", "prefill"], "maxUnavailable 1: one group at a time, decode first"
     for kind, name in cluster.owned:
         if kind == "Pod":
             assert "--disable-overlap-schedule" in cluster.owned[(kind, name)]["spec"]["containers"][0]["args"]
     assert cluster.pool["status"]["phase"] == "Ready"
+
+
+@pytest.mark.effect("spec.rollout.order")
+def test_prefill_first_rolls_prefill_before_decode() -> None:
+    cluster = FakeCluster(pool_body(prefill=2, decode=2, rollout__order="PrefillFirst"))
+    cluster.converge()
+    cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
+    order = [role for plan in cluster.converge(limit=20) for role in replaced_roles(plan)]
+    assert order == ["prefill", "prefill", "decode", "decode"]
+
+
+def test_the_second_role_waits_while_a_new_group_of_the_first_is_not_ready() -> None:
+    # A revision that does not come up stops at the first role: the other role keeps serving on the old one.
+    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster.converge()
+    cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
+    assert replaced_roles(cluster.step()) == ["decode"]
+    cluster.step()  # creates the new decode group
+    [new_decode] = [n for n in cluster.pods() if "-decode-" in n]
+    cluster.owned[("Pod", new_decode)]["status"]["conditions"] = [{"type": "Ready", "status": "False"}]
+    for _ in range(3):
+        plan = cluster.step()
+        assert replaced_roles(plan) == [] and not plan.delete, "prefill must wait for the new decode group"
+    cluster.owned[("Pod", new_decode)]["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    assert replaced_roles(cluster.step()) == ["prefill"]
 
 
 def test_a_group_with_a_failed_pod_restarts_as_a_unit() -> None:
@@ -243,4 +270,4 @@ def test_a_change_that_keeps_the_layout_still_rolls_group_by_group() -> None:
     cluster.pool["spec"]["engine"]["patches"] = ["kv-poll-lockstep"]
     plan = cluster.step()
     assert "LayoutChanged" not in [e.reason for e in plan.events]
-    assert len({ref.name for ref in plan.delete}) == 2, "one group per role, within maxUnavailable"
+    assert len({ref.name for ref in plan.delete}) == 1, "one group at a time, within maxUnavailable"

@@ -24,17 +24,21 @@ P = phases.Phase
 # ---- rollout ----------------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize(("prefill", "decode"), [(2, 1), (1, 3)])
+@pytest.mark.parametrize("order", ["DecodeFirst", "PrefillFirst"])
 @pytest.mark.effect("spec.rollout.maxUnavailable.prefill", "spec.rollout.maxUnavailable.decode")
-def test_max_unavailable_is_how_many_groups_of_each_role_one_step_replaces(prefill: int, decode: int) -> None:
+def test_max_unavailable_is_how_many_groups_of_each_role_one_step_replaces(prefill: int, decode: int,
+                                                                           order: str) -> None:
     cluster = FakeCluster(pool_body(prefill=3, decode=3))
-    cluster.pool["spec"]["rollout"] = {"maxUnavailable": {"prefill": prefill, "decode": decode}}
+    cluster.pool["spec"]["rollout"] = {"maxUnavailable": {"prefill": prefill, "decode": decode}, "order": order}
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
 
     plan = cluster.step()
 
     replaced = [e.message.split()[1] for e in plan.events if e.reason == "GroupReplaced"]
-    assert (replaced.count("prefill"), replaced.count("decode")) == (prefill, decode)
+    first = "decode" if order == "DecodeFirst" else "prefill"
+    assert set(replaced) == {first}, "the other role waits for the first"
+    assert replaced.count(first) == (decode if first == "decode" else prefill)
 
 
 # ---- rank health ------------------------------------------------------------------------------------------
