@@ -18,6 +18,7 @@ from pdfleet.podrunner import status
 from pdfleet.podrunner.kube import ApiError
 from pdfleet.podrunner.node import Node
 from pdfleet.podrunner.pod import PodWorker, deleting
+from pdfleet.podrunner.standin import StandIn, simulated
 from pdfleet.podrunner.watch import informer
 
 log = logging.getLogger("pdfleet.podrunner.runner")
@@ -58,7 +59,11 @@ class Runner:
         self.node = node
         self.nodes: set[str] = set()
         self._nodes_listed = 0.0
-        self.workers: dict[str, PodWorker] = {}
+        self.workers: dict[str, PodWorker | StandIn] = {}
+        # Whether the pods of a namespace get processes (`standin`), by namespace, and the pods that wait for
+        # their namespace to be looked up (one lookup per namespace, however many pods arrive meanwhile).
+        self.simulate: dict[str, bool] = {}
+        self._namespace_waiters: dict[str, list[Body]] = {}
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.synced = asyncio.Event()
         self._handled_terminal: set[str] = set()
@@ -94,7 +99,11 @@ class Runner:
         if phase in TERMINAL or (not self.synced.is_set() and started_by_a_runner(pod)):
             self._spawn(self._settle_without_process(pod))
             return
-        worker = PodWorker(self.node, pod)
+        namespace = pod["metadata"]["namespace"]
+        if namespace not in self.simulate:
+            self._await_namespace(pod)
+            return
+        worker = PodWorker(self.node, pod) if self.simulate[namespace] else StandIn(self.node, pod)
         self.workers[uid] = worker
         task = asyncio.create_task(worker.run(), name=f"pod {worker.key}")
         self.tasks[uid] = task
@@ -102,6 +111,9 @@ class Runner:
         log.info("pod accepted", extra={"fields": {"pod": worker.key, "uid": uid, "node": node_name}})
 
     def on_delete(self, pod: Body) -> None:
+        waiting = self._namespace_waiters.get(pod["metadata"]["namespace"])
+        if waiting:
+            waiting[:] = [p for p in waiting if p["metadata"]["uid"] != pod["metadata"]["uid"]]
         worker = self.workers.get(pod["metadata"]["uid"])
         if worker is not None:
             worker.gone()
@@ -120,6 +132,28 @@ class Runner:
             log.warning("listing nodes failed", extra={"fields": {"error": str(e)[:200]}})
             return
         if pod["spec"].get("nodeName") in self.nodes:
+            self.on_upsert(pod)
+
+    def _await_namespace(self, pod: Body) -> None:
+        namespace = pod["metadata"]["namespace"]
+        waiting = self._namespace_waiters.setdefault(namespace, [])
+        waiting.append(pod)
+        if len(waiting) == 1:
+            self._spawn(self._look_up_namespace(namespace))
+
+    async def _look_up_namespace(self, namespace: str) -> None:
+        path = f"/api/v1/namespaces/{namespace}"
+        while namespace not in self.simulate:
+            try:
+                self.simulate[namespace] = simulated(await self.node.client.request("GET", path))
+            except (ApiError, OSError) as e:
+                if isinstance(e, ApiError) and e.status == 404:  # gone, and its pods with it
+                    self._namespace_waiters.pop(namespace, None)
+                    return
+                log.warning("reading a namespace failed; retrying",
+                            extra={"fields": {"namespace": namespace, "error": str(e)[:200]}})
+                await asyncio.sleep(NODE_REFRESH_S)
+        for pod in self._namespace_waiters.pop(namespace, []):
             self.on_upsert(pod)
 
     async def _settle_without_process(self, pod: Body) -> None:
