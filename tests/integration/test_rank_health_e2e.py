@@ -128,7 +128,7 @@ def test_a_desync_is_captured_as_evidence_then_the_group_is_restarted_as_a_unit(
     assert len(restarted) == 1 and restarted[0]["type"] == "Warning"
     message = restarted[0]["message"]
     assert message.startswith(f"restarting decode group {DECODE} as a unit: Desync (")
-    assert message.endswith(f"evidence in ConfigMap {name}")
+    assert message.endswith(f"evidence in ConfigMap {name}; restart 1 of 3 in 1h")
     wait_for("the restart counter", lambda: operator.metric("pdfleet_group_restarts_total", reason="Desync") >= 1,
              timeout=30)
     # The other group was never touched.
