@@ -2,9 +2,10 @@
 
 Verdicts come from the per-rank ledgers (see docs/architecture.md): a group whose ranks are blocked in different
 collectives for `desyncAfter` is in Desync; one whose ranks all sit in the same collective without progress for
-`hangAfter` is in Hang. Either way the operator captures evidence first, then restarts the whole group, with
-backoff, at most `restartBudget.count` times per `restartBudget.window`; past that the group is Failed and left
-for a person.
+`hangAfter` is in Hang. Either way the operator captures evidence first, then restarts the whole group. A group
+whose pod ended is restarted the same way, its exit as the evidence. Every restart, whatever its cause, waits out
+the backoff and counts against one budget, `restartBudget.count` per `restartBudget.window`; past it the group is
+left for a person (`budgetExhausted`) until they delete its pods or change the spec.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ class RestartBudget(ApiModel):
     """At most `count` group restarts per sliding `window`."""
 
     count: Annotated[int, Field(ge=0, le=100)] = Field(
-        default=3, description="Restarts allowed per window; 0 never restarts (detect and report only)."
+        default=3, description="Restarts allowed per window, whatever their cause (an ended pod, Desync, Hang, "
+                               "Dead); past them the group is left for a person. 0 never restarts (detect and "
+                               "report only)."
     )
     window: Duration = Field(default="1h", description="Sliding window the count applies to.")
 
@@ -55,7 +58,7 @@ class Backoff(ApiModel):
     initial: Duration = Field(
         default="10s",
         description="Least time between a group's restart and its next one; doubles with each restart in the "
-                    "budget window. The first restart of a sick group is not delayed: a hung engine serves nobody.",
+                    "budget window. The first restart of a group is not delayed: a hung or ended engine serves nobody.",
     )
     max: Duration = Field(default="5m", description="Longest delay between restarts.")
 
