@@ -282,3 +282,37 @@ async def test_a_deleted_pool_is_forgotten_and_nothing_is_written(kube: FakeKube
     kube.seed(pool_body(uid="uid-2"))
     await controller.reconcile(KEY)
     assert sorted(what(kube.take_writes(), "apply")) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
+
+
+def restarts_counted(reason: str) -> float:
+    return sum(s.value for m in metrics.GROUP_RESTARTS.collect() for s in m.samples
+               if s.name.endswith("_total") and s.labels["reason"] == reason)
+
+
+async def test_a_group_whose_pod_ended_is_counted_once_restarted_and_planned_again_when_its_backoff_ends(
+        kube: FakeKube) -> None:
+    requeued: list[tuple[tuple[str, str], float]] = []
+    controller = Controller(client=kube, cache=kube.cache(), requeue=lambda key, delay: requeued.append((key, delay)))
+    await settle(kube, controller)
+    kubelet_runs_everything(kube)
+    await settle(kube, controller)
+
+    def end_decode_pod() -> None:
+        kube.update("Pod", "ns", "tiny-decode-0-0", lambda o: o.update(status={"phase": "Failed", "containerStatuses": [
+            {"name": "engine", "state": {"terminated": {"exitCode": 1, "reason": "Error"}}}]}))
+
+    before = restarts_counted("PodEnded")
+    end_decode_pod()
+    await controller.reconcile(KEY)  # the first restart is not delayed
+    assert what(kube.take_writes(), "delete") == [("Pod", "tiny-decode-0-0")]
+    assert restarts_counted("PodEnded") == before + 1 and requeued == []
+    kube.finish_terminating()
+    await settle(kube, controller)
+    kubelet_runs_everything(kube)
+
+    end_decode_pod()  # again, at once: the group waits out backoff.initial (10 s) and is planned again then
+    await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "delete") == []
+    [(key, delay)] = requeued
+    assert key == KEY and 8 <= delay <= 10, delay
+    assert restarts_counted("PodEnded") == before + 1
