@@ -32,6 +32,13 @@ EVIDENCE_CAPTURES = Counter(
     "pdfleet_evidence_captures_total", "Evidence bundles captured from sick groups before a restart, by result.",
     ["result"], registry=REGISTRY,
 )
+DETECTION = Histogram(
+    "pdfleet_rank_health_detection_seconds",
+    "How long a group's ranks had been frozen when the operator first judged them in Desync or Hang: the time to "
+    "detect, at least health.desyncAfter (or hangAfter) plus up to one heartbeatPeriod.",
+    ["verdict"], registry=REGISTRY,
+    buckets=(1, 2, 3, 4, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600, 1200, 3600),
+)
 ROUTER_WORKER_CHANGES = Counter(
     "pdfleet_router_worker_changes_total",
     "Workers the operator removed from or added to a pool's routers, by action and reason (a rank-health "

@@ -18,6 +18,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from pdfleet.operator import metrics
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
@@ -35,6 +36,7 @@ log = logging.getLogger(__name__)
 Body = dict[str, Any]
 IDLE_PERIOD = 5.0  # seconds between looks at a pool whose spec cannot be read (it may be fixed)
 MAX_AGENT_TIMEOUT = 2.0  # seconds one agent may take; a live agent answers in milliseconds
+DETECTED = (Verdict.DESYNC, Verdict.HANG)  # verdicts whose time to detect is measured
 
 
 # Runs after every poll of a pool with what was judged (the routers' membership follows the verdicts).
@@ -124,6 +126,10 @@ class HealthMonitor:
         if before is None or before.keys() != judged.keys() or \
                 any(not judged[name].same_as(before[name]) for name in judged):
             changed = [f"{n} {h.verdict}" for n, h in judged.items() if not h.same_as((before or {}).get(n))]
+            for name, health in judged.items():
+                was = (before or {}).get(name)
+                if health.verdict in DETECTED and (was is None or was.verdict is not health.verdict):
+                    metrics.DETECTION.labels(verdict=str(health.verdict)).observe(health.held_seconds)
             if changed:
                 log.info("rank health of %s/%s: %s", *key, ", ".join(changed),
                          extra={"namespace": key[0], "pool": key[1]})

@@ -51,6 +51,7 @@ class GroupHealth:
     message: str
     ranks: int  # ranks reporting, alive
     answered: bool = False  # some agent of the group's current pods answered this poll
+    held_seconds: float = 0.0  # how long the ranks had been frozen as judged (Desync, Hang: the time to detect)
 
     def same_as(self, other: GroupHealth | None) -> bool:
         """Equal in everything but the wording: evidence ages change every poll, the verdict does not."""
@@ -104,7 +105,7 @@ def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, 
     mapped = _VERDICTS[judged.health]
     reporting = [v for v in views if v.status is verdict.RankStatus.REPORTING]
     return GroupHealth(mapped, _event_loop(reporting, tp), _message(mapped, judged, tp), len(reporting),
-                       answered=bool(reports))
+                       answered=bool(reports), held_seconds=judged.held_ns / 1e9)
 
 
 def _event_loop(reporting: list[verdict.RankView], tp: int) -> str | None:

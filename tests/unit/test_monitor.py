@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.operator import metrics
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import monitor as monitor_mod
@@ -69,6 +70,24 @@ async def test_a_group_whose_ranks_report_a_desync_is_desync_in_the_plan_and_in_
     await fleet.controller.reconcile(KEY)  # what the poke asks for: the verdict is the plan's input
     assert group_status(fleet, DECODE)["verdict"] == "Desync"
     assert group_status(fleet, PREFILL)["verdict"] == "Healthy"
+
+
+def detections(verdict: str) -> tuple[float, float]:
+    """(count, sum) of the time-to-detect histogram for one verdict."""
+    count = metrics.REGISTRY.get_sample_value("pdfleet_rank_health_detection_seconds_count", {"verdict": verdict})
+    total = metrics.REGISTRY.get_sample_value("pdfleet_rank_health_detection_seconds_sum", {"verdict": verdict})
+    return count or 0.0, total or 0.0
+
+
+async def test_the_time_to_detect_a_desync_is_observed_once_per_episode(fleet: Fleet) -> None:
+    await fleet.monitor.poll(KEY)
+    count, total = detections("Desync")
+    fleet.agents[DECODE].ranks = desynced(age_s=DESYNC_AFTER_S + 10)
+    await fleet.monitor.poll(KEY)
+    await fleet.monitor.poll(KEY)  # the same episode, seen again: not a second detection
+    new_count, new_total = detections("Desync")
+    assert new_count == count + 1
+    assert DESYNC_AFTER_S + 10 <= new_total - total < DESYNC_AFTER_S + 15, "how long the ranks had been split"
 
 
 async def test_ranks_briefly_at_different_positions_are_not_a_desync(fleet: Fleet) -> None:
