@@ -91,6 +91,15 @@ def held_by_another(observation: Observation, identity: str, now: float) -> bool
             and now < observation.since + record.lease_duration_seconds)
 
 
+def until_expiry(observation: Observation, identity: str, now: float) -> float | None:
+    """Seconds until another holder's lease runs out on our clock; None when nobody else holds it. A standby
+    retries then rather than up to a retry period later, so a dead leader is replaced as soon as allowed."""
+    if not held_by_another(observation, identity, now):
+        return None
+    assert observation.record is not None
+    return observation.since + observation.record.lease_duration_seconds - now
+
+
 def decide(observation: Observation, *, identity: str, now: float, wall: datetime, timings: Timings) -> Decision:
     """client-go's tryAcquireOrRenew: create a missing Lease, renew our own, take over a free or expired one,
     else stand by. `now` is the monotonic clock of `observation`; `wall` goes into the Lease."""

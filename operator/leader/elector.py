@@ -21,6 +21,9 @@ from pdfleet.operator.leader.lease import LeaseStore
 
 log = logging.getLogger(__name__)
 
+# A standby retries this long after the holder's lease runs out on its clock: past it, never just before.
+EXPIRY_MARGIN = 0.05
+
 
 def _utcnow() -> datetime:
     return datetime.now(UTC)
@@ -101,6 +104,10 @@ class LeaderElector:
                 return True
             self._note_holder()
             pause = self.timings.retry_period * (1 + decision.STANDBY_JITTER * random.random())
+            expiry = decision.until_expiry(self._observation, self.identity, self._clock()) \
+                if self._observation else None
+            if expiry is not None:
+                pause = min(pause, expiry + EXPIRY_MARGIN)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), pause)
         return False

@@ -89,7 +89,8 @@ class OperatorProcess:
         return total
 
     def logs(self) -> str:
-        self._log.flush()
+        if not self._log.closed:  # still readable once the process is stopped
+            self._log.flush()
         return self.log_path.read_text(errors="replace")
 
     def log_records(self) -> list[dict]:

@@ -54,6 +54,14 @@ def test_a_renewal_restarts_the_holders_lease_and_an_unchanged_record_does_not()
     assert decide(same, now=120.0).action is Action.ACQUIRE
 
 
+def test_a_standby_knows_when_the_holders_lease_runs_out_on_its_clock() -> None:
+    observation = decision.observe(None, held(OTHER), now=100.0)
+    assert decision.until_expiry(observation, ME, now=104.0) == pytest.approx(11.0)
+    assert decision.until_expiry(observation, ME, now=115.0) is None  # expired: nobody else holds it
+    assert decision.until_expiry(decision.observe(None, held(ME), now=100.0), ME, now=101.0) is None
+    assert decision.until_expiry(decision.observe(None, None, now=100.0), ME, now=101.0) is None
+
+
 def test_taking_over_an_expired_lease_counts_a_transition_and_keeps_the_resource_version() -> None:
     observation = decision.observe(None, held(OTHER, transitions=4, rv="7"), now=100.0)
     wall = T0 + timedelta(seconds=20)

@@ -146,3 +146,15 @@ async def test_of_two_replicas_racing_for_a_missing_lease_exactly_one_wins() -> 
     assert lease.record is not None and lease.writes == [lease.record.holder]
     # The winner read once; the loser's create was refused and it went on standing by.
     assert sorted(e.store.reads for e in (a, b)) == [1, 3]  # type: ignore[attr-defined]
+
+
+async def test_a_standby_takes_over_a_dead_leaders_lease_as_soon_as_it_runs_out() -> None:
+    lease = MemoryLease()
+    slow = Timings(lease_duration=1.0, renew_deadline=0.9, retry_period=0.5)
+    a = LeaderElector(View(lease), "a", slow)  # type: ignore[arg-type]
+    b = LeaderElector(View(lease), "b", slow)  # type: ignore[arg-type]
+    assert await a.acquire(asyncio.Event())  # and never renews: it died
+    started = time.monotonic()
+    assert await asyncio.wait_for(b.acquire(asyncio.Event()), timeout=5)
+    # Not before the lease ran out on b's clock, and not a retry period (0.5-0.6s) after it either.
+    assert 1.0 <= time.monotonic() - started < 1.25
