@@ -13,6 +13,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from pdfleet.operator.api import names
 from pdfleet.operator.api.base import RULE_ERROR
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.runtime.patches import catalogue
@@ -76,6 +77,20 @@ def validate_spec(raw_spec: Mapping[str, Any]) -> tuple[InferencePoolSpec | None
     return spec, list(version_problems(spec))
 
 
+def name_problems(name: str) -> list[Problem]:
+    """A name the pool's objects could not be named after (the apiserver refuses it on create, by the same rules:
+    this catches pools created before those rules were installed)."""
+    return [Problem(names.PATH, message) for message in names.problems(name)]
+
+
+def validate_pool(body: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[Problem]]:
+    """`validate_spec`, plus the problems of the pool's name (none for a body without one: a manifest to be
+    created with `generateName`, say, whose name the apiserver picks and checks)."""
+    spec, problems = validate_spec(body.get("spec") or {})
+    name = (body.get("metadata") or {}).get("name")
+    return spec, [*(name_problems(name) if name is not None else ()), *problems]
+
+
 def validate(body: Mapping[str, Any]) -> list[Problem]:
     """Every problem with an InferencePool body (as kopf hands it over); [] when it is acceptable."""
-    return validate_spec(body.get("spec") or {})[1]
+    return validate_pool(body)[1]

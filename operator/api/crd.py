@@ -16,7 +16,7 @@ from typing import Any
 
 import yaml
 
-from pdfleet.operator.api import meta
+from pdfleet.operator.api import meta, names
 from pdfleet.operator.api.pool import InferencePool
 from pdfleet.operator.api.schema import structural_schema
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -48,6 +48,8 @@ def openapi_schema() -> dict[str, Any]:
         "type": "object",
         "description": (InferencePool.__doc__ or "").strip(),
         "required": ["spec"],
+        # Only the root may read metadata.name in CEL: the pool's name must fit every name derived from it.
+        "x-kubernetes-validations": names.to_crd(),
         "properties": {
             "apiVersion": {"type": "string", "description": "APIVersion of this object: pdfleet.dev/v1alpha1."},
             "kind": {"type": "string", "description": "Kind of this object: InferencePool."},

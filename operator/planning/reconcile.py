@@ -86,7 +86,7 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
     generation = pool["metadata"].get("generation")
     previous = status_mod.parse_status(pool.get("status"))
-    spec, problems = checks.validate_spec(pool.get("spec") or {})
+    spec, problems = checks.validate_pool(pool)
     if spec is None or problems:
         return _rejected_plan(pool, previous, problems, generation, now)
     ctx = RenderContext.of(pool) if runtime_image is None else RenderContext.of(pool, runtime_image=runtime_image)

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from pdfleet.operator.api import InferencePool, InferencePoolStatus, Phase, RoleStatus, crd, meta
+from pdfleet.operator.api import InferencePool, InferencePoolStatus, Phase, RoleStatus, crd, meta, names
 from tests.support.cluster import Cluster, wait_for
 from tests.unit.test_api_rejections import INVALID_SPECS, Case, minimal_spec
 
@@ -77,6 +77,32 @@ def test_the_apiserver_refuses_the_spec_naming_the_field(installed: Cluster, nam
         assert case.path in output, f"the refusal does not name {case.path}: {output}"
         assert says in output, f"the refusal does not say {says!r}: {output}"
     assert installed.kubectl("get", "pdpool", "bad", "-n", namespace, check=False).returncode != 0
+
+
+@pytest.mark.parametrize("length", [names.MAX_LENGTH + 1, 60])
+def test_a_name_too_long_to_derive_names_from_is_refused_naming_metadata_name_and_the_limit(
+        installed: Cluster, namespace: str, length: int) -> None:
+    name = "p" * length
+    for dry_run in ((), ("--dry-run=server",)):
+        proc = installed.kubectl("apply", *dry_run, "-n", namespace, "-f", "-", input=manifest(name, minimal_spec()),
+                                 check=False)
+        assert proc.returncode != 0, "accepted"
+        assert f"metadata.name: must be at most {names.MAX_LENGTH} characters" in proc.stderr, proc.stderr
+    assert installed.kubectl("get", "pdpool", name, "-n", namespace, check=False).returncode != 0
+
+
+@pytest.mark.parametrize("name", ["1pool", "my.pool"])
+def test_a_name_no_service_can_take_is_refused(installed: Cluster, namespace: str, name: str) -> None:
+    proc = installed.kubectl("apply", "-n", namespace, "-f", "-", input=manifest(name, minimal_spec()), check=False)
+    assert proc.returncode != 0 and "metadata.name: must start with a lowercase letter" in proc.stderr, proc.stderr
+
+
+def test_a_name_at_the_limit_is_accepted_and_the_pool_stays_updatable(installed: Cluster, namespace: str) -> None:
+    # The name rules run on create only: a pool is never blocked from updates (its finalizer's removal) by them.
+    name = "p" * names.MAX_LENGTH
+    installed.kubectl("apply", "-n", namespace, "-f", "-", input=manifest(name, minimal_spec()))
+    installed.kubectl("label", "pdpool", name, "-n", namespace, "touched=yes")
+    assert installed.get("pdpool", name, "-n", namespace)["metadata"]["labels"]["touched"] == "yes"
 
 
 def test_the_minimal_spec_of_the_table_is_accepted(installed: Cluster, namespace: str) -> None:
