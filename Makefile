@@ -63,8 +63,8 @@ test-unit: $(STAMP) sglang ## the tests that need no cluster
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py
-	@echo "== operator: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) benchmarks/bench_operator.py --rate 2
-	@echo "== operator: 100 pools of 8 groups, all at once"; $(PY) benchmarks/bench_operator.py
+	@echo "== operator vs a no-logic floor: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) -W error::ResourceWarning benchmarks/bench_operator.py --rate 2
+	@echo "== operator vs a no-logic floor: 100 pools of 8 groups, all at once"; $(PY) -W error::ResourceWarning benchmarks/bench_operator.py
 	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
 	@echo "== local fleet: injected desync -> Desync in status, 20 injections"; $(PY) benchmarks/bench_desync_detection.py
 	@echo "== local fleet: the pod runner's memory and idle CPU per engine pod"; $(PY) benchmarks/bench_runner.py

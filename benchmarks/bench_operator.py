@@ -1,64 +1,67 @@
-"""Operator under load: 100 InferencePools of 8 engine groups each on kwok GPU nodes.
+"""The operator under load: N InferencePools (default 100) of 8 engine groups each on kwok GPU nodes, against
+a floor measured in the same run.
 
-Reports, against a baseline of one pool alone measured in the same run:
-- time from creating a pool to all its engine pods existing (median, p99, ratio to the baseline),
-- API writes per pool (the operator's own request counter),
-- the operator's peak RSS,
-- the operator's request rate at steady state (nothing changing).
-Targets from the operator issue: p99 under 2 s per pool, RSS under 250 MB, zero writes at steady state.
-Needs the local cluster (`make cluster-up`); it adds GPU nodes as needed and deletes its namespace after.
+Two scenarios, each from a settled cluster (the previous scenario's namespace gone, with its pods):
+- floor: the very objects the operator would write for each pool, rendered by its own planner before the
+  clock starts, created by a client with no logic (operator_load.Floor), plus one status write per pool;
+- operator: the real operator (`python -m pdfleet.operator`, 8 workers) watching a namespace of its own.
+Pools are created back to back (burst) or `--rate` per second (paced). For each pool: seconds from creating
+it to all of its engine pods existing (one pod watch; p50 and p99).
+
+Reported, with PASS or FAIL per goal (a benchmark reports; it never fails a build):
+- operator p99 / floor p99, the headline (goal in the burst: <= 1.3x);
+- operator p99 (goal paced at 2 pools/s: < 2 s);
+- API writes per pool, operator and floor; the operator's peak RSS (goal < 250 MB); its writes at steady
+  state, all pods Ready and nothing changing (goal: 0).
+Engine pods run no process: their namespace is labelled pdfleet.dev/simulate=false, which pdfleet-sim
+honours (docs/local-fleet.md), so it marks them Ready and deletes them at once.
+
+Needs the local cluster (`make cluster-up`); it adds GPU nodes as needed and removes them after.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import copy
+import contextlib
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
-import yaml
 from kubernetes_asyncio import client as k8s
-from kubernetes_asyncio import watch
+from localfleet import cluster_up, free_port, kubectl, running_operator
+from operator_load import (
+    PODS_PER_POOL,
+    WORKERS,
+    Floor,
+    PodClock,
+    create_pools,
+    delete_namespace,
+    namespace_body,
+    percentile,
+    rendered,
+    settle,
+)
 
 from pdfleet.operator.kube.client import KubeClient, load_configuration
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMESPACE = f"pdfleet-bench-{os.getpid()}"  # a fresh one each run: the last may still be terminating
-GROUPS_PER_ROLE = 4  # 8 groups per pool
+RESYNC_S = 5
+BURST_RATIO_GOAL = 1.3
+PACED_P99_GOAL_S = 2.0
+RSS_GOAL_MB = 250
+WRITE_VERBS = ("POST", "PATCH", "PUT", "DELETE")
+Body = dict[str, Any]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def localcluster(*args: str, env: dict[str, str] | None = None) -> str:
-    out = subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), *args], text=True,
-                         capture_output=True, env=env or os.environ.copy())
-    if out.returncode != 0:
-        raise SystemExit(f"localcluster {' '.join(args)} failed:\n{out.stderr}")
-    return out.stdout
-
-
-def pool(name: str) -> dict:
-    body = yaml.safe_load((ROOT / "examples" / "minimal.yaml").read_text())
-    body = copy.deepcopy(body)
-    body["metadata"] = {"name": name, "namespace": NAMESPACE}
-    body["spec"]["prefill"]["replicas"] = GROUPS_PER_ROLE
-    body["spec"]["decode"]["replicas"] = GROUPS_PER_ROLE
-    return body
-
-
-def metrics(port: int) -> dict[str, float]:
+def operator_metrics(port: int) -> dict[str, float]:
+    """The operator's API requests so far, by verb."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         text = r.read().decode()
     out: dict[str, float] = {}
@@ -71,7 +74,7 @@ def metrics(port: int) -> dict[str, float]:
 
 
 def writes(m: dict[str, float]) -> float:
-    return sum(v for verb, v in m.items() if verb in ("POST", "PATCH", "PUT", "DELETE"))
+    return sum(v for verb, v in m.items() if verb in WRITE_VERBS)
 
 
 def cpu_seconds(pid: int) -> float:
@@ -86,143 +89,167 @@ def peak_rss_mb(pid: int) -> float:
     return float("nan")
 
 
-async def create_and_time(api: KubeClient, names: list[str], expected_pods: int,
-                          rate: float = 0.0) -> dict[str, float]:
-    """Creates the pools (back to back, or `rate` per second) and returns, per pool, seconds from its creation
-    to all of its pods existing."""
-    cfg = await load_configuration(os.environ["KUBECONFIG"])
-    started: dict[str, float] = {}
-    seen: dict[str, set[str]] = {n: set() for n in names}
-    done: dict[str, float] = {}
-    async with k8s.ApiClient(cfg) as raw:
-        core = k8s.CoreV1Api(raw)
-        w = watch.Watch()
-        ready = asyncio.Event()
-
-        async def observe() -> None:
-            ready.set()
-            async for event in w.stream(core.list_namespaced_pod, NAMESPACE, timeout_seconds=600,
-                                        label_selector="app.kubernetes.io/managed-by=pdfleet"):
-                pod = event["object"]
-                pool_name = (pod.metadata.labels or {}).get("pdfleet.dev/pool")
-                if pool_name in seen and pool_name not in done:
-                    seen[pool_name].add(pod.metadata.name)
-                    if len(seen[pool_name]) == expected_pods:
-                        done[pool_name] = time.perf_counter() - started[pool_name]
-                        if len(done) == len(names):
-                            w.stop()
-                            return
-
-        watcher = asyncio.create_task(observe())
-        await ready.wait()
-        t0 = time.perf_counter()
-        for i, name in enumerate(names):
-            if rate > 0:
-                await asyncio.sleep(max(0.0, t0 + i / rate - time.perf_counter()))
-            started[name] = time.perf_counter()
-            await api.create(pool(name))
-        await asyncio.wait_for(watcher, timeout=600)
-    return done
+def operator(namespace: str, metrics_port: int) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    """The operator as the cluster's admin, watching `namespace` only, with the benchmark's workers."""
+    # PDFLEET_BENCH_PROFILE=path: run the operator under cProfile and write its profile there.
+    profile = ("-m", "cProfile", "-o", os.environ["PDFLEET_BENCH_PROFILE"]) \
+        if os.environ.get("PDFLEET_BENCH_PROFILE") else ()
+    return running_operator(Path(os.environ["KUBECONFIG"]), ROOT / ".bench-operator.log", namespace,
+                            metrics_port=metrics_port, python_options=profile,
+                            options=("--workers", str(WORKERS), "--resync-period", str(RESYNC_S)))
 
 
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+class Bench:
+    def __init__(self, api: KubeClient, raw: k8s.ApiClient, pools: int, rate: float) -> None:
+        self.api = api
+        self.raw = raw
+        self.names = [f"load-{i:03d}" for i in range(pools)]
+        self.rate = rate
+        self.results: dict[str, Any] = {"pools": pools, "rate_per_s": rate, "groups_per_pool": PODS_PER_POOL}
 
+    async def _timed(self, namespace: str, floor: Floor | None = None) -> list[float]:
+        clock = PodClock(self.raw, namespace, self.names)
+        async with clock.running():
+            t0 = time.perf_counter()
+            writer = asyncio.create_task(floor.run(len(self.names))) if floor else None
+            await create_pools(self.api, clock, namespace, self.names, self.rate,
+                               *([floor.handover] if floor else []))
+            done = await clock.wait()
+            if writer:
+                await writer
+            wall = time.perf_counter() - t0
+        latencies = [done[n] for n in self.names]
+        print(f"   apply -> all {PODS_PER_POOL} pods created: p50 {statistics.median(latencies) * 1000:.0f} ms, "
+              f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms; all {len(latencies)} pools in {wall:.1f} s",
+              flush=True)
+        return latencies
 
-async def measure(pools: int, metrics_port: int, operator_pid: int, rate: float) -> None:
-    api = KubeClient(await load_configuration(os.environ["KUBECONFIG"]))
-    try:
-        for _ in range(100):
-            try:
-                metrics(metrics_port)
-                break
-            except OSError:
-                await asyncio.sleep(0.1)
-        pods_per_pool = 2 * GROUPS_PER_ROLE
-        print(f"== baseline: 1 pool of {pods_per_pool} groups, alone")
-        base = await create_and_time(api, ["baseline"], pods_per_pool)
-        base_s = base["baseline"]
-        print(f"   apply -> all pods created: {base_s * 1000:.0f} ms")
+    async def _scenario_namespace(self, kind: str) -> str:
+        """A fresh namespace (the last run's may still be terminating: settle waits for it), labelled for
+        pdfleet-sim to run no processes."""
+        print(f"== {kind}: settling the cluster", flush=True)
+        self.results[f"{kind}_cluster_at_start"] = await settle(self.api)
+        namespace = f"pdfleet-bench-{kind}-{os.getpid()}"
+        await self.api.request("POST", "/api/v1/namespaces", body=namespace_body(namespace))
+        return namespace
 
-        before = writes(metrics(metrics_port))
-        cpu_before = cpu_seconds(operator_pid)
-        names = [f"load-{i:03d}" for i in range(pools)]
-        pace = f"{rate:g} per second" if rate else "back to back"
-        print(f"== load: {pools} pools of {pods_per_pool} groups, created {pace}")
-        t0 = time.perf_counter()
-        done = await create_and_time(api, names, pods_per_pool, rate)
-        wall = time.perf_counter() - t0
-        latencies = list(done.values())
-        med, p99 = statistics.median(latencies), percentile(latencies, 0.99)
-        print(f"   apply -> all pods created: median {med * 1000:.0f} ms, p99 {p99 * 1000:.0f} ms "
-              f"(p99 / baseline = {p99 / base_s:.2f}x), all {pools} pools in {wall:.1f} s")
-        cpu = cpu_seconds(operator_pid) - cpu_before
-        print(f"   operator CPU meanwhile: {cpu:.1f} s ({cpu / wall:.0%} of one core; the machine has "
-              f"{os.cpu_count()} cores for the apiserver, etcd, scheduler, kwok and the operator)")
+    async def floor(self) -> None:
+        namespace = await self._scenario_namespace("floor")
+        try:
+            floor = Floor(self.api, {n: rendered(namespace, n) for n in self.names})
+            print(f"== floor: {len(self.names)} pools written by a client with no logic, created {self._pace()}",
+                  flush=True)
+            latencies = await self._timed(namespace, floor=floor)
+            self.results |= {"floor_p50_s": statistics.median(latencies), "floor_p99_s": percentile(latencies, 0.99),
+                             "floor_writes_per_pool": floor.writes / len(self.names)}
+        finally:
+            await delete_namespace(self.api, namespace)
 
-        # Settle: wait until a resync period passes with no writes.
+    async def operator(self) -> None:
+        namespace = await self._scenario_namespace("operator")
+        metrics_port = free_port()
+        try:
+            with operator(namespace, metrics_port) as op:
+                print(f"== operator: {len(self.names)} pools, created {self._pace()}", flush=True)
+                before, cpu_before, t0 = writes(operator_metrics(metrics_port)), cpu_seconds(op.pid), time.monotonic()
+                latencies = await self._timed(namespace)
+                cpu = cpu_seconds(op.pid) - cpu_before
+                print(f"   operator CPU meanwhile: {cpu:.1f} s ({cpu / (time.monotonic() - t0):.0%} of one core)",
+                      flush=True)
+                total = await self._settled_writes(metrics_port)
+                steady = await self._steady_writes(metrics_port)
+                self.results |= {"operator_p50_s": statistics.median(latencies),
+                                 "operator_p99_s": percentile(latencies, 0.99),
+                                 "operator_writes_per_pool": (total - before) / len(self.names),
+                                 "operator_steady_writes": steady, "operator_peak_rss_mb": peak_rss_mb(op.pid),
+                                 "operator_cpu_s": cpu}
+        finally:
+            await delete_namespace(self.api, namespace)
+        print("== waiting for the operator's namespace to go, so the next run starts settled", flush=True)
+        await settle(self.api, then="cluster at the end")
+
+    async def _settled_writes(self, port: int, *, timeout: float = 300) -> float:
+        """The operator's writes once two resync periods pass without one (pods Ready, status final)."""
+        deadline = time.monotonic() + timeout
         last = -1.0
-        while (now := writes(metrics(metrics_port))) != last:
+        while (now := writes(operator_metrics(port))) != last and time.monotonic() < deadline:
             last = now
-            await asyncio.sleep(6)
-        print(f"   API writes per pool: {(last - before) / pools:.1f}")
-        m0, t_s = metrics(metrics_port), time.perf_counter()
-        await asyncio.sleep(15)
-        m1, dt = metrics(metrics_port), time.perf_counter() - t_s
-        steady_rate = (sum(m1.values()) - sum(m0.values())) / dt
-        steady_writes = writes(m1) - writes(m0)
-        print(f"== steady state over {dt:.0f} s: {steady_rate:.2f} requests/s, {steady_writes:.0f} writes "
-              f"(target: 0 writes)")
-        rss = peak_rss_mb(operator_pid)
-        print(f"== operator peak RSS: {rss:.0f} MB (target < 250 MB)")
-        print(json.dumps({"pools": pools, "rate_per_s": rate, "groups_per_pool": pods_per_pool,
-                          "baseline_ms": base_s * 1000,
-                          "median_ms": med * 1000, "p99_ms": p99 * 1000, "p99_over_baseline": p99 / base_s,
-                          "writes_per_pool": (last - before) / pools, "steady_writes": steady_writes,
-                          "steady_requests_per_s": steady_rate, "peak_rss_mb": rss, "operator_cpu_s": cpu}))
+            await asyncio.sleep(2 * RESYNC_S)
+        return now
+
+    async def _steady_writes(self, port: int, seconds: float = 15) -> float:
+        m0 = operator_metrics(port)
+        await asyncio.sleep(seconds)
+        steady = writes(operator_metrics(port)) - writes(m0)
+        print(f"   steady state over {seconds:.0f} s: {steady:.0f} writes", flush=True)
+        return steady
+
+    def _pace(self) -> str:
+        return f"{self.rate:g} per second" if self.rate else "back to back"
+
+
+
+def report(r: dict[str, Any]) -> None:
+    ratio = r["operator_p99_s"] / r["floor_p99_s"]
+    r["p99_over_floor"] = ratio
+    burst = not r["rate_per_s"]
+
+    def verdict(ok: bool) -> str:
+        return "PASS" if ok else "FAIL"
+
+    rows = [
+        ("apply -> pods p50", f"{r['operator_p50_s'] * 1000:.0f} ms", f"{r['floor_p50_s'] * 1000:.0f} ms", "", ""),
+        ("apply -> pods p99", f"{r['operator_p99_s'] * 1000:.0f} ms", f"{r['floor_p99_s'] * 1000:.0f} ms",
+         "" if burst else f"< {PACED_P99_GOAL_S:g} s at 2 pools/s",
+         "" if burst else verdict(r["operator_p99_s"] < PACED_P99_GOAL_S)),
+        ("p99 operator / floor", f"{ratio:.2f}x", "", f"<= {BURST_RATIO_GOAL}x in the burst" if burst else "",
+         verdict(ratio <= BURST_RATIO_GOAL) if burst else ""),
+        ("API writes per pool", f"{r['operator_writes_per_pool']:.1f}", f"{r['floor_writes_per_pool']:.1f}", "", ""),
+        ("peak RSS", f"{r['operator_peak_rss_mb']:.0f} MB", "", f"< {RSS_GOAL_MB} MB",
+         verdict(r["operator_peak_rss_mb"] < RSS_GOAL_MB)),
+        ("writes at steady state", f"{r['operator_steady_writes']:.0f}", "", "0",
+         verdict(r["operator_steady_writes"] == 0)),
+    ]
+    head = ("", "operator", "floor", "goal", "")
+    widths = [max(len(row[i]) for row in [head, *rows]) for i in range(len(head))]
+    pace = "burst" if burst else f"paced at {r['rate_per_s']:g} pools/s"
+    print(f"== {r['pools']} pools of {r['groups_per_pool']} groups, {pace}")
+    for row in [head, *rows]:
+        print("   " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+async def measure(pools: int, rate: float) -> dict[str, Any]:
+    cfg = await load_configuration(os.environ["KUBECONFIG"])
+    api = KubeClient(cfg)
+    try:
+        async with k8s.ApiClient(cfg) as raw:
+            bench = Bench(api, raw, pools, rate)
+            await bench.floor()
+            await bench.operator()
+            return bench.results
     finally:
         await api.close()
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--pools", type=int, default=100)
+    parser.add_argument("--pools", type=int, default=100, help="pools per scenario (default 100)")
     parser.add_argument("--rate", type=float, default=0.0, help="pools created per second (0: back to back)")
     args = parser.parse_args()
 
-    gpu_nodes = max(4, (args.pools * 2 * GROUPS_PER_ROLE + 7) // 8 + 1)
-    env = os.environ | {"PDFLEET_GPU_NODES": str(gpu_nodes)}
-    localcluster("up", env=env)
-    localcluster("nodes", env=env)
-    for line in localcluster("env").splitlines():
-        key, value = line.removeprefix("export ").split("=", 1)
-        os.environ[key] = value.replace("$PATH", os.environ["PATH"])
-    subprocess.run(["kubectl", "apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds")],
-                   check=True, capture_output=True)
-    subprocess.run(["kubectl", "create", "namespace", NAMESPACE], capture_output=True)
-
-    metrics_port = free_port()
-    with (ROOT / ".bench-operator.log").open("w") as log:
-        # PDFLEET_BENCH_PROFILE=path: run the operator under cProfile and write its profile there.
-        profile = ["-m", "cProfile", "-o", os.environ["PDFLEET_BENCH_PROFILE"]] \
-            if os.environ.get("PDFLEET_BENCH_PROFILE") else []
-        op = subprocess.Popen([sys.executable, *profile, "-m", "pdfleet.operator", "--kubeconfig",
-                               os.environ["KUBECONFIG"],
-                               "--namespace", NAMESPACE, "--metrics-port", str(metrics_port), "--health-port", "0",
-                               "--bind-address", "127.0.0.1", "--workers", "8", "--resync-period", "5"],
-                              stdout=log, stderr=subprocess.STDOUT)
-        try:
-            asyncio.run(measure(args.pools, metrics_port, op.pid, args.rate))
-        finally:
-            op.terminate()
-            op.wait(timeout=30)
-            subprocess.run(["kubectl", "delete", "namespace", NAMESPACE, "--wait=false"], capture_output=True)
-            # The extra GPU nodes would slow every later test on this cluster: remove what was added.
-            extra = [f"node/pdfleet-gpu-{i}" for i in range(4, gpu_nodes)]
-            if extra:
-                subprocess.run(["kubectl", "delete", "--wait=false", "--ignore-not-found", *extra],
-                               capture_output=True)
+    gpu_nodes = max(4, (args.pools * PODS_PER_POOL + 7) // 8 + 1)  # one GPU per engine pod, 8 per node
+    os.environ["PDFLEET_GPU_NODES"] = str(gpu_nodes)
+    cluster_up()  # creates the nodes that are missing
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+    try:
+        results = asyncio.run(measure(args.pools, args.rate))
+    finally:
+        # The extra GPU nodes would slow every later test on this cluster: remove what was added.
+        extra = [f"node/pdfleet-gpu-{i}" for i in range(4, gpu_nodes)]
+        if extra:
+            kubectl("delete", "--wait=false", "--ignore-not-found", *extra, check=False)
+    report(results)
+    print(json.dumps(results))
     return 0
 
 

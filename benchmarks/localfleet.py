@@ -18,7 +18,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -106,15 +106,19 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_operator(kubeconfig: Path, log_path: Path, namespace: str) -> Iterator[subprocess.Popen[bytes]]:
-    """The real operator as the chart's ServiceAccount, watching `namespace` only (never the pools of tests
-    that run meanwhile), ready (its /readyz answers) when this yields."""
+def running_operator(kubeconfig: Path, log_path: Path, namespace: str, *, metrics_port: int = 0,
+                     options: Sequence[str] = (), python_options: Sequence[str] = ()
+                     ) -> Iterator[subprocess.Popen[bytes]]:
+    """The real operator as the kubeconfig's user (the chart's ServiceAccount, for most benchmarks), watching
+    `namespace` only (never the pools of tests that run meanwhile), ready (its /readyz answers) when this
+    yields. `options` go to the operator, `python_options` to its interpreter (`-m cProfile ...`)."""
     health = free_port()
     env = {k: v for k, v in os.environ.items() if k != "KUBECONFIG"}
     with log_path.open("w") as log:
-        op = subprocess.Popen([sys.executable, "-m", "pdfleet.operator", "--kubeconfig", str(kubeconfig),
-                               "--metrics-port", str(free_port()), "--health-port", str(health),
-                               "--bind-address", "127.0.0.1", "--log-format", "json", "--namespace", namespace],
+        op = subprocess.Popen([sys.executable, *python_options, "-m", "pdfleet.operator", "--kubeconfig",
+                               str(kubeconfig), "--metrics-port", str(metrics_port or free_port()),
+                               "--health-port", str(health), "--bind-address", "127.0.0.1", "--log-format", "json",
+                               "--namespace", namespace, *options],
                               stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
         try:
             def ready() -> bool:
