@@ -7,6 +7,7 @@ objects first, then deletions, then status, then events. Nothing here decides *w
 from __future__ import annotations
 
 import asyncio
+import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -19,7 +20,7 @@ from pdfleet.operator.engines.agents import AgentClient
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import reconcile, restarts
+from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -126,15 +127,25 @@ class Controller:
         applied, deleting = self._applied[key], self._deleting[key]
 
         failed: set[ObjectKey] = set()
+        # Writes refused for good (refusals.is_refusal) are noted here, not raised: they go into the status.
+        refused: list[refusals.Refusal] = []
+
+        def failure(verb: str, kind: str, name: str, e: KubeError) -> KubeError | None:
+            failed.add((kind, name))
+            if not refusals.is_refusal(e.status):
+                return e
+            refused.append(refusals.Refusal(verb, kind, name, e.status, e.reason, e.message))
+            return None
 
         async def apply(obj: dict[str, Any]) -> None:
             key_ = (obj["kind"], obj["metadata"]["name"])
             try:
                 async with self._in_flight:
                     await self._client.apply(obj)
-            except KubeError:
-                failed.add(key_)
-                raise
+            except KubeError as e:
+                if (retried := failure("apply", *key_, e)) is not None:
+                    raise retried from None
+                raise Refused from e
             applied[key_] = (stamp.applied_hash(obj) or "", time.monotonic())
 
         async def delete(ref: ObjectRef) -> None:
@@ -142,9 +153,10 @@ class Controller:
                 async with self._in_flight:
                     await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid,
                                               grace_period_seconds=ref.grace_period_seconds)
-            except KubeError:
-                failed.add((ref.kind, ref.name))
-                raise
+            except KubeError as e:
+                if (retried := failure("delete", ref.kind, ref.name, e)) is not None:
+                    raise retried from None
+                raise Refused from e
             deleting[(ref.kind, ref.name)] = time.monotonic()
             applied.pop((ref.kind, ref.name), None)
 
@@ -152,30 +164,38 @@ class Controller:
         # (a RoleBinding needs its Role: the operator may bind only what exists and what it holds itself).
         # Events are posted for what succeeded even when something failed, then the first failure is raised.
         # Evidence first: nothing of a sick group is restarted in the plan that asks for its evidence.
-        for request in plan.capture:
-            await self._capture(pool, observed, request, apply)
-
         error: BaseException | None = None
+        for request in plan.capture:
+            error = error or await _all(self._capture(pool, observed, request, apply))
         for tier in _tiers(plan.apply):
             error = error or await _all(*(apply(obj) for obj in tier))
         error = error or await _all(*(delete(ref) for ref in plan.delete))
         for restart in plan.restarted:
             if not failed & set(restart.pods):
                 metrics.GROUP_RESTARTS.labels(reason=restart.cause).inc()
-        if error is not None:
-            await _all(*(self._post_event(pool, e) for e in plan.events if not failed & set(e.about)))
+        status, events = plan.status, tuple(e for e in plan.events if not failed & set(e.about))
+        if refused:
+            # Said in the status and by one Warning, in this reconcile: retrying the same write changes nothing.
+            status, warning = refusals.refused_status(pool, plan.status, refused, datetime.datetime.now(datetime.UTC))
+            events += warning
+            log.warning("%s/%s: %s", key[0], key[1], refusals.describe(refused),
+                        extra={"pool": key[1], "namespace": key[0]})
+        elif error is not None:
+            await _all(*(self._post_event(pool, e) for e in events))
             raise error
-        if plan.status is not None:
-            await self._write_status(pool, plan.status)
-        self._record_summary(key, plan.status if plan.status is not None else pool.get("status"))
-        await _all(*(self._post_event(pool, event) for event in plan.events))
+        if status is not None:
+            await self._write_status(pool, status)
+        self._record_summary(key, status if status is not None else pool.get("status"))
+        await _all(*(self._post_event(pool, event) for event in events))
+        if error is not None:
+            raise error  # what may pass on its own is retried with backoff, refusals or not
         if plan.requeue_after is not None and self._requeue is not None:
             self._requeue(key, plan.requeue_after)  # a restart backoff ends then; no event will say so
         if not plan.empty:
             log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
                      len(plan.delete), "written" if plan.status is not None else "unchanged",
                      extra={"pool": key[1], "namespace": key[0]})
-        return "rejected" if plan.rejected else "success"
+        return "rejected" if plan.rejected else "refused" if refused else "success"
 
     async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
                        apply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:
@@ -189,7 +209,7 @@ class Controller:
         obj = stamp.stamped(evidence.configmap(request, data))
         try:
             await apply(obj)
-        except KubeError:
+        except (KubeError, Refused):
             metrics.EVIDENCE_CAPTURES.labels(result="error").inc()
             raise
         metrics.EVIDENCE_CAPTURES.labels(result="captured").inc()
@@ -230,7 +250,12 @@ def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:
     return [tiers[t] for t in sorted(tiers)]
 
 
+class Refused(Exception):
+    """A write the apiserver refused for good, already noted for the status: it stops what depended on it (an
+    evidence capture's event) but is no failure to retry."""
+
+
 async def _all(*aws: Awaitable[None]) -> BaseException | None:
-    """Runs everything to completion and returns the first failure (or None)."""
+    """Runs everything to completion and returns the first failure to retry (or None)."""
     results = await asyncio.gather(*aws, return_exceptions=True)
-    return next((r for r in results if isinstance(r, BaseException)), None)
+    return next((r for r in results if isinstance(r, BaseException) and not isinstance(r, Refused)), None)

@@ -1,0 +1,74 @@
+"""Writes of the pool's own objects that the apiserver refused for good, and what the pool's status says of them.
+
+A 4xx answer to a create, patch or delete the operator planned (a ResourceQuota, a LimitRange, an admission
+policy, an invalid value) will be the same answer on every retry until a person changes something: retrying it
+with backoff only hides it. The executor reports it instead: `Accepted=False` (reason `WriteRefused`) with the
+apiserver's message, the phase `Degraded`, and one Warning event per refusal, not one per reconcile; the next
+reconcile (any event, or the resync) tries again and, once the write goes through, the planner's
+`Accepted=True` replaces the condition. What may pass on its own is retried with backoff as before: 5xx and
+connection errors, 409 conflicts (the object changed under us), 408 and 429 (the apiserver is busy). A 404 on a
+delete never gets here: the object is gone, which is what was asked.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdfleet.operator.api.conditions import ConditionType
+from pdfleet.operator.api.status import Phase
+from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning.plan import Event
+
+Body = dict[str, Any]
+
+REASON = "WriteRefused"
+RETRIED_4XX = frozenset({408, 409, 429})  # timeout, conflict, throttled: the same write may pass later
+MAX_LISTED = 3  # refusals spelled out in the condition; the rest are counted
+MAX_MESSAGE = 1024  # of one refusal's apiserver message
+
+
+def is_refusal(code: int) -> bool:
+    """A status code that retrying the same write cannot change."""
+    return 400 <= code < 500 and code not in RETRIED_4XX
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    """One refused write: what was asked (`apply` or `delete`) of which object, and the apiserver's answer."""
+
+    verb: str
+    kind: str
+    name: str
+    code: int
+    reason: str
+    message: str
+
+    def __str__(self) -> str:
+        message = self.message if len(self.message) <= MAX_MESSAGE else self.message[:MAX_MESSAGE] + "..."
+        return f"{self.verb} {self.kind} {self.name}: {self.code} {self.reason}: {message}"
+
+
+def describe(refusals: Sequence[Refusal]) -> str:
+    listed = "; ".join(str(r) for r in refusals[:MAX_LISTED])
+    more = f"; and {len(refusals) - MAX_LISTED} more" if len(refusals) > MAX_LISTED else ""
+    return f"the apiserver refused {len(refusals)} write(s) of the pool's objects: {listed}{more}"
+
+
+def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequence[Refusal],
+                   now: datetime.datetime) -> tuple[Body | None, tuple[Event, ...]]:
+    """The status to write after `refusals` (None when the pool already says exactly this), from the one the
+    planner computed (`planned`, None when it saw no change) and the Warning to post (none if already said)."""
+    current = status_mod.parse_status(pool.get("status"))
+    base = status_mod.parse_status(planned) if planned is not None else current
+    message = describe(refusals)
+    cond = status_mod.condition(current.conditions, ConditionType.ACCEPTED, False, REASON, message,
+                                generation=pool["metadata"].get("generation"), now=now.replace(microsecond=0))
+    new = base.model_copy(update={"phase": Phase.DEGRADED,
+                                  "conditions": status_mod.merge_conditions(base.conditions, [cond])})
+    before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
+    said = before is not None and before.status == "False" and before.reason == REASON and before.message == message
+    events = () if said else (Event("Warning", REASON, message),)
+    return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), events
