@@ -3,11 +3,11 @@
 A 4xx answer to a create, patch or delete the operator planned (a ResourceQuota, a LimitRange, an admission
 policy, an invalid value) will be the same answer on every retry until a person changes something: retrying it
 with backoff only hides it. The executor reports it instead: `Accepted=False` (reason `WriteRefused`) with the
-apiserver's message, the phase `Degraded`, and one Warning event per refusal, not one per reconcile; the next
-reconcile (any event, or the resync) tries again and, once the write goes through, the planner's
-`Accepted=True` replaces the condition. What may pass on its own is retried with backoff as before: 5xx and
-connection errors, 409 conflicts (the object changed under us), 408 and 429 (the apiserver is busy). A 404 on a
-delete never gets here: the object is gone, which is what was asked.
+apiserver's message, the phase `Degraded`, and one Warning event per set of refused writes, not one per
+reconcile; the next reconcile (any event, or the resync) tries again and, once the write goes through, the
+planner's `Accepted=True` replaces the condition. What may pass on its own is retried with backoff as before:
+5xx and connection errors, 409 conflicts (the object changed under us), 408 and 429 (the apiserver is busy).
+A 404 on a delete never gets here: the object is gone, which is what was asked.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ Body = dict[str, Any]
 REASON = "WriteRefused"
 RETRIED_4XX = frozenset({408, 409, 429})  # timeout, conflict, throttled: the same write may pass later
 MAX_LISTED = 3  # refusals spelled out in the condition; the rest are counted
+MAX_TARGETS = 10  # refused objects named in the headline
 MAX_MESSAGE = 1024  # of one refusal's apiserver message
 
 
@@ -51,10 +52,20 @@ class Refusal:
         return f"{self.verb} {self.kind} {self.name}: {self.code} {self.reason}: {message}"
 
 
+def _headline(refusals: Sequence[Refusal]) -> str:
+    """Which writes were refused, in a stable order (writes go out together and fail in any order)."""
+    targets = sorted({f"{r.verb} {r.kind} {r.name}" for r in refusals})
+    more = f" and {len(targets) - MAX_TARGETS} more" if len(targets) > MAX_TARGETS else ""
+    named = ", ".join(targets[:MAX_TARGETS])
+    return f"the apiserver refused {len(targets)} write(s) of the pool's objects ({named}{more})"
+
+
 def describe(refusals: Sequence[Refusal]) -> str:
-    listed = "; ".join(str(r) for r in refusals[:MAX_LISTED])
-    more = f"; and {len(refusals) - MAX_LISTED} more" if len(refusals) > MAX_LISTED else ""
-    return f"the apiserver refused {len(refusals)} write(s) of the pool's objects: {listed}{more}"
+    """The headline, then the apiserver's answers to the first few."""
+    ordered = sorted(refusals, key=lambda r: (r.verb, r.kind, r.name))
+    listed = "; ".join(str(r) for r in ordered[:MAX_LISTED])
+    more = f"; and {len(ordered) - MAX_LISTED} more" if len(ordered) > MAX_LISTED else ""
+    return f"{_headline(refusals)}: {listed}{more}"
 
 
 def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequence[Refusal],
@@ -69,6 +80,8 @@ def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequ
     new = base.model_copy(update={"phase": Phase.DEGRADED,
                                   "conditions": status_mod.merge_conditions(base.conditions, [cond])})
     before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
-    said = before is not None and before.status == "False" and before.reason == REASON and before.message == message
+    # One Warning per set of refused writes: the apiserver's wording may vary from one try to the next.
+    said = before is not None and before.status == "False" and before.reason == REASON and \
+        before.message.startswith(_headline(refusals) + ": ")
     events = () if said else (Event("Warning", REASON, message),)
     return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), events

@@ -4,6 +4,7 @@ reconcile; it is not retried in a silent backoff loop. Conflicts and 5xx still a
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 from typing import Any
 
@@ -53,10 +54,23 @@ def test_a_refusal_is_said_once_in_the_status_and_once_as_a_warning() -> None:
     assert accepted(status)["lastTransitionTime"] == cond["lastTransitionTime"]  # still False: no transition
 
 
+def test_the_same_refusals_in_another_order_or_wording_are_not_said_again() -> None:
+    # Writes go out together and fail in any order; the apiserver's wording may change (a quota's usage, say).
+    router = refusals.Refusal("apply", "Service", "tiny-router", 403, "Forbidden", "exceeded quota: used 0")
+    group = refusals.Refusal("apply", "Service", "tiny-decode-0", 403, "Forbidden", "exceeded quota: used 0")
+    pool = pool_body()
+    pool["status"], events = refusals.refused_status(pool, None, [router, group], NOW)
+    assert len(events) == 1
+    reworded = dataclasses.replace(router, message="exceeded quota: used 1")
+    status, events = refusals.refused_status(pool, None, [group, reworded], NOW)
+    assert events == () and status is not None and "used 1" in accepted(status)["message"]
+    assert refusals.refused_status(pool, None, [group], NOW)[1] != (), "a different set of refused writes is news"
+
+
 def test_many_refusals_are_listed_up_to_a_few_and_counted() -> None:
     many = [refusals.Refusal("apply", "Pod", f"p-{i}", 403, "Forbidden", "x" * 5000) for i in range(10)]
     message = refusals.describe(many)
-    assert message.startswith("the apiserver refused 10 write(s)") and message.endswith("and 7 more")
+    assert message.startswith("the apiserver refused 10 write(s)") and message.endswith("; and 7 more")
     assert len(message) < 4 * (refusals.MAX_MESSAGE + 100)
 
 
