@@ -1,8 +1,8 @@
 """What an InferencePool may be called: every object the operator makes carries the pool's name, in its own name
 or in a label value, and Kubernetes refuses what does not fit there.
 
-The tightest places are 63-character DNS labels: an engine pod's name is also its `hostname`, a group's and the
-router's Services are DNS-1035 labels, and label values (`app.kubernetes.io/instance`, `pdfleet.dev/group`)
+The tightest places are 63-character DNS labels: an engine pod's name is also its `hostname`, the pool's
+Services are DNS-1035 labels, and label values (`app.kubernetes.io/instance`, `pdfleet.dev/group`)
 have 63 characters at most. The longest name derived from a pool is the pod of the last node of the last group
 of the longer role at the API's maxima, `<pool>-prefill-1023-63`, so the pool's name gets what that suffix
 leaves. Services must also start with a letter and hold no dots, which a pool name otherwise may.

@@ -42,15 +42,16 @@ def widest_spec() -> InferencePoolSpec:
 
 
 def derived_objects(pool: str) -> list[Body]:
-    """Every kind of object the operator makes for `pool`, at the largest group index and node rank the API allows:
-    the router's objects, each role's last group, and an evidence ConfigMap of such a group."""
+    """Every kind of object the operator makes for `pool`, and the pods of each role's last group at the largest
+    group index and node rank the API allows, and an evidence ConfigMap of such a group."""
     ctx = RenderContext(pool=pool, namespace="ns", uid="u1")
     spec = widest_spec()
     last = names.maximum(RoleSpec, "replicas") - 1
-    objects = list(desired.desired(ctx, spec).router)
+    objects = desired.desired(ctx, spec).objects()  # the router's, the Services, the first groups' pods
     for role in Role:
         gid = GroupId(role, last)
-        objects += engine_group.group_objects(ctx, spec, gid, revision.role_revision(spec, role))
+        objects += [engine_group.engine_pod(ctx, spec, gid, rank, revision.role_revision(spec, role))
+                    for rank in range(spec.role(role).nodes_per_group)]
         # Evidence bundles are numbered on: a million of one group's is far more than will ever be kept.
         # Their labels hold the pool's and the group's names, as the group's own objects' labels do.
         objects.append({"kind": "ConfigMap", "metadata": {"name": restarts.evidence_name(gid.name(pool), 10**6)}})
