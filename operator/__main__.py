@@ -164,14 +164,13 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
     return runner
 
 
-async def run_kopf(state: OperatorState, stop: asyncio.Event | None = None) -> None:
+async def run_kopf(state: OperatorState) -> None:
     options = state.options
     await kopf.operator(
         standalone=True,
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),
         memo=kopf.Memo(state=state),
-        stop_flag=stop,
     )
 
 
@@ -185,10 +184,12 @@ async def lead(state: OperatorState, elector: LeaderElector) -> None:
         loop.add_signal_handler(sig, stop.set)
     if not await elector.acquire(stop):
         return
+    # Both created before kopf starts, so that kopf's shutdown does not wait for them as for its own.
     holding = asyncio.create_task(elector.hold())
-    operating = asyncio.create_task(run_kopf(state, stop))
+    stopping = asyncio.create_task(stop.wait())  # a signal before kopf has installed its own handlers
+    operating = asyncio.create_task(run_kopf(state))
     try:
-        await asyncio.wait({holding, operating}, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({holding, stopping, operating}, return_when=asyncio.FIRST_COMPLETED)
         if holding.done():
             error = holding.exception()
             reason = holding.result() if error is None else f"the renewal loop failed: {error!r}"
@@ -196,13 +197,16 @@ async def lead(state: OperatorState, elector: LeaderElector) -> None:
                          "race the next leader's", elector.lease, reason)
             logging.shutdown()
             os._exit(EXIT_LOST_LEASE)
+        operating.cancel()  # a no-op once kopf has stopped by itself (on its own signal handling)
         holding.cancel()
-        await asyncio.gather(holding, return_exceptions=True)  # no renewal in flight while releasing
+        # Release only once kopf and the renewals have stopped: no write of ours can follow the release.
+        await asyncio.gather(holding, operating, return_exceptions=True)
         await elector.release()
-        await operating  # kopf's own outcome: its error, if it failed
+        if not operating.cancelled():
+            operating.result()  # kopf's own error, if it failed
     finally:
-        holding.cancel()
-        operating.cancel()
+        for task in (holding, stopping, operating):
+            task.cancel()
 
 
 async def run(options: Options) -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -27,12 +28,11 @@ FAILOVER_GOAL_S = 20.0  # lease duration 15s, plus a standby's retry and the new
 @pytest.fixture(scope="module")
 def second_account(cluster: Cluster, chart: None) -> Iterator[str]:
     """A second ServiceAccount with exactly the chart's grants, so the audit log tells the two operators apart."""
-    (cluster_role,) = cluster.kubectl("get", "clusterrole", "-l", "app.kubernetes.io/instance=pdfleet",
-                                      "-o", "name").stdout.split()
+    cluster_role = f"pdfleet-{RELEASE_NAMESPACE}"  # the chart's: <fullname>-<release namespace>
     name = f"{OTHER_ACCOUNT}-{RELEASE_NAMESPACE}"
     remove_second_account(cluster, name)  # left over by an interrupted run
     cluster.kubectl("create", "serviceaccount", OTHER_ACCOUNT, "-n", RELEASE_NAMESPACE)
-    cluster.kubectl("create", "clusterrolebinding", name, f"--clusterrole={cluster_role.split('/')[1]}",
+    cluster.kubectl("create", "clusterrolebinding", name, f"--clusterrole={cluster_role}",
                     f"--serviceaccount={RELEASE_NAMESPACE}:{OTHER_ACCOUNT}")
     cluster.kubectl("create", "rolebinding", OTHER_ACCOUNT, "-n", RELEASE_NAMESPACE,
                     "--role=pdfleet-leader-election", f"--serviceaccount={RELEASE_NAMESPACE}:{OTHER_ACCOUNT}")
@@ -125,16 +125,18 @@ def test_exactly_one_operator_writes_and_the_standby_takes_over_from_a_killed_le
 
     transitions = replicas.lease().get("leaseTransitions", 0)
     leader.proc.kill()  # SIGKILL: no release, the standby must wait the Lease out
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), datetime.now(UTC)
     leader.proc.wait()
     cluster.kubectl("patch", "pdpool", "ha", "-n", namespace, "--type=merge",
                     "-p", '{"spec": {"decode": {"replicas": 2}}}')
-    took_over = replicas.wait_leader(standby, OTHER_ACCOUNT, timeout=60)
+    replicas.wait_leader(standby, OTHER_ACCOUNT, timeout=60)
+    # When the standby took the Lease, by its own record (same machine, same clock): not when a poll saw it.
+    took_over = (datetime.fromisoformat(replicas.lease()["acquireTime"]) - killed_at).total_seconds()
     wait_pool_ready(cluster, namespace, decode=2, name="ha")
-    reconciled = time.monotonic()
-    print(f"\nfailover after SIGKILL: the standby led after {took_over - killed:.1f}s, "
-          f"reconciled the change made in the gap after {reconciled - killed:.1f}s (goal < {FAILOVER_GOAL_S:g}s)")
-    assert took_over - killed < FAILOVER_GOAL_S
+    ready = time.monotonic() - killed
+    print(f"\nfailover after SIGKILL: the standby took the Lease after {took_over:.1f}s (goal < "
+          f"{FAILOVER_GOAL_S:g}s); the change made in the gap (a decode group more) was Ready after {ready:.1f}s")
+    assert 0 < took_over < FAILOVER_GOAL_S
     assert replicas.lease()["leaseTransitions"] == transitions + 1
     assert standby.metric("pdfleet_leader_transitions_total", transition="acquired") == 1
     assert writes_in(cluster, OTHER_USER, start, namespace)
@@ -151,8 +153,8 @@ def test_a_leader_stopped_gracefully_releases_the_lease_and_the_standby_takes_ov
     assert log_says(leader, "released the Lease")
     took_over = replicas.wait_leader(standby, OTHER_ACCOUNT, timeout=30)
     print(f"\nhand-over after SIGTERM: {took_over - stopping:.1f}s, the leader's shutdown included")
-    # Not the lease duration: the released Lease is taken on the standby's next retry.
-    assert took_over - stopping < 10
+    # Not the lease duration: the released Lease is taken on the standby's next retry (2-2.4s).
+    assert took_over - stopping < 5
 
 
 def test_a_leader_that_cannot_renew_exits_before_anyone_else_leads(cluster: Cluster, replicas: Replicas) -> None:
