@@ -168,7 +168,10 @@ class Controller:
         for request in plan.capture:
             error = error or await _all(self._capture(pool, observed, request, apply))
         for tier in _tiers(plan.apply):
-            error = error or await _all(*(apply(obj) for obj in tier))
+            if any(kind in _DEPENDED_ON for kind, _ in failed):
+                break  # what the next tiers need is missing; the retry writes it first
+            tier_error = await _all(*(apply(obj) for obj in tier))
+            error = error or tier_error
         error = error or await _all(*(delete(ref) for ref in plan.delete))
         for restart in plan.restarted:
             if not failed & set(restart.pods):
@@ -239,14 +242,17 @@ class Controller:
                         pool["metadata"]["name"], e)
 
 
-# Objects that others depend on at admission: ServiceAccounts and Roles before RoleBindings before the rest.
-_TIER = {"ServiceAccount": 0, "Role": 0, "RoleBinding": 1}
+# What depends on what: a RoleBinding needs its Role (the operator may bind only what exists), and the router's
+# Deployment its ServiceAccount and RoleBinding (its pods list pods from the start). Engine pods and Services depend
+# on none of these, so they go out in the first wave: they are what a new pool waits for.
+_TIER = {"RoleBinding": 1, "Deployment": 2}
+_DEPENDED_ON = {"ServiceAccount", "Role", "RoleBinding"}
 
 
 def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:
     tiers: dict[int, list[dict[str, Any]]] = {}
     for obj in objects:
-        tiers.setdefault(_TIER.get(obj["kind"], 2), []).append(obj)
+        tiers.setdefault(_TIER.get(obj["kind"], 0), []).append(obj)
     return [tiers[t] for t in sorted(tiers)]
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pdfleet.operator.api import checks
@@ -116,8 +116,8 @@ def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Ex
 
 
 def _plan_shared_objects(want: Desired, observed: Observed, expect: Expectations, out: _Builder) -> None:
-    """Router objects and the groups' Services: mutable, so a changed one is simply applied again."""
-    for obj in [*want.router, *(g.service for g in want.groups)]:
+    """Router objects and the engines' Services: mutable, so a changed one is simply applied again."""
+    for obj in [*want.router, *want.services]:
         if _needs_write(obj, observed.owned, expect):
             out.apply.append(obj)
 
@@ -169,6 +169,9 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
             _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)
         earlier_unsettled = earlier_unsettled or \
             any(states[g.name] in UNAVAILABLE or states[g.name] is GroupState.OUTDATED for g in groups)
+        # One Event per role and step, naming its groups: a new pool of 8 groups says so in 2 Events, not 8.
+        replaced: list[tuple[DesiredGroup, list[Body]]] = []
+        created: list[tuple[DesiredGroup, list[Body]]] = []
         for group in groups:
             state = states[group.name]
             current = pods.get(group.name, [])
@@ -177,25 +180,38 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
             if state is GroupState.OUTDATED and budget > 0:
                 budget -= 1
                 out.delete_objects(current)
-                out.events.append(Event("Normal", "GroupReplaced",
-                                        f"replacing {role} group {group.name} with revision {group.revision}",
-                                        about=_keys(current)))
+                replaced.append((group, current))
             elif state in (GroupState.MISSING, GroupState.PARTIAL):
-                _create_missing_pods(group, current, expect, out, announce=state is GroupState.MISSING)
+                missing = _create_missing_pods(group, current, expect, out)
+                if state is GroupState.MISSING and missing:
+                    created.append((group, missing))
+        if replaced:
+            out.events.append(Event("Normal", "GroupReplaced",
+                                    f"replacing {role} {_names(g for g, _ in replaced)} with revision "
+                                    f"{replaced[0][0].revision}", about=_keys([p for _, ps in replaced for p in ps])))
+        if created:
+            pods_ = [p for g, _ in created for p in g.pods]
+            gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods_)
+            out.events.append(Event("Normal", "GroupCreated",
+                                    f"created {role} {_names(g for g, _ in created)} at revision "
+                                    f"{created[0][0].revision}: {len(pods_)} pod(s), {gpus} GPU(s)",
+                                    about=_keys([p for _, ps in created for p in ps])))
     return states
 
 
-def _create_missing_pods(group: DesiredGroup, current: list[Body], expect: Expectations, out: _Builder,
-                         *, announce: bool) -> None:
+def _names(groups: Iterable[DesiredGroup]) -> str:
+    """'group a' or 'groups a, b': the Event messages' way of naming the groups one step touched."""
+    names = [g.name for g in groups]
+    return f"group{'s' if len(names) > 1 else ''} {', '.join(names)}"
+
+
+def _create_missing_pods(group: DesiredGroup, current: list[Body], expect: Expectations,
+                         out: _Builder) -> list[Body]:
     have = {p["metadata"]["name"] for p in current}
     missing = [p for p in group.pods if p["metadata"]["name"] not in have
                and expect.applied.get(("Pod", p["metadata"]["name"])) != applied_hash(p)]
     out.apply.extend(missing)
-    if announce and missing:
-        gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in group.pods)
-        out.events.append(Event("Normal", "GroupCreated",
-                                f"created {group.id.role} group {group.name} at revision {group.revision}: "
-                                f"{len(group.pods)} pod(s), {gpus} GPU(s)", about=_keys(missing)))
+    return missing
 
 
 def _plan_removals(want: Desired, observed: Observed, expect: Expectations,

@@ -20,20 +20,20 @@ class DesiredGroup:
     id: GroupId
     name: str
     revision: str
-    service: Body
     pods: tuple[Body, ...]
 
 
 @dataclasses.dataclass(frozen=True)
 class Desired:
     groups: tuple[DesiredGroup, ...]
+    services: tuple[Body, ...]  # the engine pods' headless Services, one per role that has groups
     router: tuple[Body, ...]
     kv_layout: str
 
     def objects(self) -> list[Body]:
-        out: list[Body] = list(self.router)
+        out: list[Body] = [*self.router, *self.services]
         for group in self.groups:
-            out += [group.service, *group.pods]
+            out += group.pods
         return out
 
 
@@ -44,8 +44,9 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
     for role in Role:
         for index in range(spec.role(role).replicas):
             gid = GroupId(role, index)
-            service, *pods = engine_group.group_objects(ctx, spec, gid, revisions[role])
+            pods = engine_group.group_pods(ctx, spec, gid, revisions[role])
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
-                                       service=stamped(service), pods=tuple(stamped(p) for p in pods)))
-    return Desired(groups=tuple(groups), router=tuple(stamped(o) for o in router.router_objects(ctx, spec)),
-                   kv_layout=layout.kv_layout(spec))
+                                       pods=tuple(stamped(p) for p in pods)))
+    services = tuple(stamped(engine_group.headless_service(ctx, role)) for role in Role if spec.role(role).replicas)
+    return Desired(groups=tuple(groups), services=services,
+                   router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec))

@@ -50,19 +50,24 @@ def group_labels(ctx: RenderContext, group: GroupId, revision: str) -> dict[str,
     }
 
 
-def headless_service(ctx: RenderContext, group: GroupId) -> Body:
-    """Gives each pod of the group a stable DNS name (`<pod>.<group>.<ns>.svc`) for rendezvous, before any
-    pod is Ready: ranks must find each other to become Ready at all."""
-    name = group.name(ctx.pool)
+def service_name(pool: str, role: Role) -> str:
+    return f"{pool}-{role}"
+
+
+def headless_service(ctx: RenderContext, role: Role) -> Body:
+    """Gives each engine pod of a role a stable DNS name (`<pod>.<pool>-<role>.<ns>.svc`) for rendezvous, before
+    any pod is Ready: ranks must find each other to become Ready at all. One per role, not per group: pod names
+    are unique within the pool, so one Service names every pod, and a burst of new pools writes 2 Services each,
+    not one per group."""
+    name = service_name(ctx.pool, role)
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": ctx.metadata(name, {**labels.common(ctx.pool, f"{group.role}-engine"), labels.ROLE: str(group.role),
-                                        labels.GROUP: name}),
+        "metadata": ctx.metadata(name, {**labels.common(ctx.pool, f"{role}-engine"), labels.ROLE: str(role)}),
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": labels.selector(ctx.pool, **{labels.GROUP: name}),
+            "selector": labels.selector(ctx.pool, **{labels.ROLE: str(role)}),
             "ports": [{"name": "dist", "port": DIST_PORT, "targetPort": DIST_PORT}],
         },
     }
@@ -106,7 +111,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     dist_init_addr = None
     if role_spec.nodes_per_group > 1:
         leader = group.pod_name(ctx.pool, 0)
-        dist_init_addr = f"{leader}.{group_name}.{ctx.namespace}.svc:{DIST_PORT}"
+        dist_init_addr = f"{leader}.{service_name(ctx.pool, group.role)}.{ctx.namespace}.svc:{DIST_PORT}"
     args = engine_args.engine_args(
         spec, group.role, node_rank=node_rank, dist_init_addr=dist_init_addr, model_path=model_path,
     )
@@ -133,7 +138,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     http = {"path": "/v1/models" if node_rank == 0 else "/health", "port": "http"}
     pod_spec: Body = {
         "hostname": pod_name,
-        "subdomain": group_name,
+        "subdomain": service_name(ctx.pool, group.role),
         "restartPolicy": "Never",  # a group lives and dies as a unit; the operator restarts it whole
         "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
         "enableServiceLinks": False,
@@ -196,7 +201,5 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     }
 
 
-def group_objects(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, revision: str) -> list[Body]:
-    nodes = spec.role(group.role).nodes_per_group
-    return [headless_service(ctx, group),
-            *(engine_pod(ctx, spec, group, rank, revision) for rank in range(nodes))]
+def group_pods(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, revision: str) -> list[Body]:
+    return [engine_pod(ctx, spec, group, rank, revision) for rank in range(spec.role(group.role).nodes_per_group)]

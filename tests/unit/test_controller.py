@@ -19,8 +19,8 @@ KEY = ("ns", "tiny")
 Body = dict[str, Any]
 ROUTER_OBJECTS = [("ServiceAccount", "tiny-router"), ("Role", "tiny-router"), ("RoleBinding", "tiny-router"),
                   ("Deployment", "tiny-router"), ("Service", "tiny-router")]
-GROUP_OBJECTS = [("Service", "tiny-prefill-0"), ("Pod", "tiny-prefill-0-0"),
-                 ("Service", "tiny-decode-0"), ("Pod", "tiny-decode-0-0")]
+GROUP_OBJECTS = [("Service", "tiny-prefill"), ("Pod", "tiny-prefill-0-0"),
+                 ("Service", "tiny-decode"), ("Pod", "tiny-decode-0-0")]
 
 
 @pytest.fixture
@@ -73,7 +73,8 @@ async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_
     assert all(w.ok for w in writes), writes
     assert sorted(what(writes, "apply")) == sorted((o["kind"], o["metadata"]["name"]) for o in planned.apply)
     assert sorted(what(writes, "apply")) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
-    # Objects, then status, then events; a RoleBinding only after the Role and ServiceAccount it binds.
+    # Objects, then status, then events; a RoleBinding only after the Role it binds, the router's Deployment only
+    # after its ServiceAccount and RoleBinding; engine pods and Services wait for nothing.
     verbs = [w.verb for w in writes]
     assert verbs == ["apply"] * 9 + ["status"] + ["create"] * len(planned.events)
     order = what(writes, "apply")
@@ -81,7 +82,9 @@ async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_
     binding = sent[("RoleBinding", "tiny-router")]
     assert binding.started > max(sent[("Role", "tiny-router")].answered,
                                  sent[("ServiceAccount", "tiny-router")].answered)
-    assert binding.answered < min(sent[k].started for k in GROUP_OBJECTS)
+    router = sent[("Deployment", "tiny-router")]
+    assert router.started > max(binding.answered, sent[("ServiceAccount", "tiny-router")].answered)
+    assert max(sent[k].started for k in GROUP_OBJECTS) < binding.started, "a new pool's pods go out first"
     # The status patch is guarded by the resourceVersion the plan was made from, and is stored.
     status_write = next(w for w in writes if w.verb == "status")
     assert status_write.body is not None and status_write.body["metadata"] == {"resourceVersion": rv}
@@ -144,7 +147,7 @@ async def test_scaling_up_creates_only_the_new_groups_objects(kube: FakeKube) ->
     await controller.reconcile(KEY)
 
     writes = kube.take_writes()
-    assert sorted(what(writes, "apply")) == [("Pod", "tiny-decode-1-0"), ("Service", "tiny-decode-1")]
+    assert sorted(what(writes, "apply")) == [("Pod", "tiny-decode-1-0")], "the role's Service already names it"
     assert [e for e in what(writes, "create")] and all(kind == "Event" for kind, _ in what(writes, "create"))
 
 
@@ -214,14 +217,12 @@ async def test_deleting_what_is_already_gone_is_done(kube: FakeKube) -> None:
     await settle(kube, controller)
 
     kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=1))
-    with kube.watch_paused():  # the pod and its Service went away a moment ago; the watch has not said so
+    with kube.watch_paused():  # the pod went away a moment ago; the watch has not said so
         kube.remove("Pod", "ns", "tiny-decode-1-0")
-        kube.remove("Service", "ns", "tiny-decode-1")
         await controller.reconcile(KEY)  # no Retry: a 404 on delete is success
 
     writes = kube.take_writes()
-    assert sorted((w.kind, w.name, w.code) for w in writes if w.verb == "delete") == \
-        [("Pod", "tiny-decode-1-0", 404), ("Service", "tiny-decode-1", 404)]
+    assert sorted((w.kind, w.name, w.code) for w in writes if w.verb == "delete") == [("Pod", "tiny-decode-1-0", 404)]
     await settle(kube, controller)  # and nothing is deleted again once the watch shows them gone
 
 
@@ -236,7 +237,7 @@ async def test_a_scale_down_deletes_with_the_uid_precondition_and_waits_for_term
     await controller.reconcile(KEY)
 
     deletes = [w for w in kube.take_writes() if w.verb == "delete"]
-    assert sorted((w.kind, w.name) for w in deletes) == [("Pod", "tiny-decode-1-0"), ("Service", "tiny-decode-1")]
+    assert sorted((w.kind, w.name) for w in deletes) == [("Pod", "tiny-decode-1-0")]
     pod_delete = next(w for w in deletes if w.kind == "Pod")
     assert pod_delete.body is not None and pod_delete.body["preconditions"] == {"uid": uid}
     assert kube.get("Pod", "ns", "tiny-decode-1-0")["metadata"]["deletionTimestamp"]  # type: ignore[index]

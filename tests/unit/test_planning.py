@@ -83,7 +83,12 @@ def test_a_new_pool_gets_its_groups_and_router_and_becomes_ready() -> None:
     assert status["decode"] == {"desired": 2, "ready": 2, "updated": 2, "summary": "2/2"}
     ready = next(c for c in status["conditions"] if c["type"] == "Ready")
     assert ready["status"] == "True"
-    assert reasons(plans).count("GroupCreated") == 3
+    created = [e.message for p in plans for e in p.events if e.reason == "GroupCreated"]
+    assert len(created) == 2, "one Event per role"
+    assert sorted(g for m in created for g in named_groups(m)) == ["tiny-decode-0", "tiny-decode-1", "tiny-prefill-0"]
+    assert "created decode groups tiny-decode-0, tiny-decode-1 at revision" in " ".join(created)
+    services = sorted(name for kind, name in cluster.owned if kind == "Service")
+    assert services == ["tiny-decode", "tiny-prefill", "tiny-router"], "one headless Service per role"
     assert reasons(plans).count("PoolReady") == 1
 
 
@@ -142,8 +147,15 @@ def test_scaling_never_replaces_the_groups_that_stay() -> None:
     assert not any(ref.name == "tiny-decode-0-0" for p in plans for ref in p.delete)
 
 
+def named_groups(message: str) -> list[str]:
+    """The groups an Event names: '<verb> <role> group(s) a, b with|at revision ...'."""
+    return message.split(" with revision")[0].split(" at revision")[0].split(" ", 3)[3].split(", ")
+
+
 def replaced_roles(plan: Plan) -> list[str]:
-    return [e.message.split()[1] for e in plan.events if e.reason == "GroupReplaced"]
+    """The role of each group the plan replaces (one Event per role names all of them)."""
+    return [e.message.split()[1] for e in plan.events if e.reason == "GroupReplaced"
+            for _ in named_groups(e.message)]
 
 
 @pytest.mark.effect("spec.engine.overlapSchedule", "spec.rollout.order")
@@ -271,3 +283,15 @@ def test_a_change_that_keeps_the_layout_still_rolls_group_by_group() -> None:
     plan = cluster.step()
     assert "LayoutChanged" not in [e.reason for e in plan.events]
     assert len({ref.name for ref in plan.delete}) == 1, "one group at a time, within maxUnavailable"
+
+
+def test_per_group_services_of_an_older_operator_are_removed_without_touching_the_groups() -> None:
+    cluster = FakeCluster(pool_body(prefill=1, decode=2))
+    cluster.converge()
+    old = copy.deepcopy(cluster.owned[("Service", "tiny-decode")])
+    old["metadata"]["name"] = "tiny-decode-1"
+    old["metadata"]["labels"][labels.GROUP] = "tiny-decode-1"
+    cluster.owned[("Service", "tiny-decode-1")] = old
+    plan = cluster.step()
+    assert [(ref.kind, ref.name) for ref in plan.delete] == [("Service", "tiny-decode-1")]
+    assert plan.events == (), "no group was deleted"

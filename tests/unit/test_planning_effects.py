@@ -14,7 +14,7 @@ from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.planning.rank_health import judge_group
 from pdfleet.runtime.health import phases
 from tests.support.pools import pool_body
-from tests.unit.test_planning import FakeCluster
+from tests.unit.test_planning import FakeCluster, replaced_roles
 from tests.unit.test_rank_health import answer, pod, rank
 from tests.unit.test_restarts import DESYNC, at, cluster_with, pods_deleted, step
 
@@ -35,7 +35,7 @@ def test_max_unavailable_is_how_many_groups_of_each_role_one_step_replaces(prefi
 
     plan = cluster.step()
 
-    replaced = [e.message.split()[1] for e in plan.events if e.reason == "GroupReplaced"]
+    replaced = replaced_roles(plan)
     first = "decode" if order == "DecodeFirst" else "prefill"
     assert set(replaced) == {first}, "the other role waits for the first"
     assert replaced.count(first) == (decode if first == "decode" else prefill)

@@ -86,18 +86,27 @@ def test_a_drain_runs_before_the_engine_stops_and_has_time_to_finish() -> None:
 
 
 @pytest.mark.effect("spec.decode.nodesPerGroup")
-def test_multi_node_groups_meet_at_their_leader_through_the_groups_headless_service() -> None:
+def test_multi_node_groups_meet_at_their_leader_through_the_roles_headless_service() -> None:
     spec = spec_of(base="multinode-decode")
-    group = next(g for g in desired.desired(CTX, spec).groups if g.id.role is Role.DECODE)
+    want = desired.desired(CTX, spec)
+    group = next(g for g in want.groups if g.id.role is Role.DECODE)
     assert len(group.pods) == spec.decode.nodes_per_group > 1
-    assert group.service["spec"]["clusterIP"] == "None"
-    assert group.service["spec"]["publishNotReadyAddresses"] is True
+    [service] = [s for s in want.services if s["metadata"]["name"] == "p-decode"]
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True, "ranks meet before any of them is Ready"
     for rank, pod in enumerate(group.pods):
         args = pod["spec"]["containers"][0]["args"]
         assert args[args.index("--node-rank") + 1] == str(rank)
-        assert args[args.index("--dist-init-addr") + 1] == "p-decode-0-0.p-decode-0.ns.svc:5000"
-        assert pod["spec"]["subdomain"] == "p-decode-0"
+        assert args[args.index("--dist-init-addr") + 1] == "p-decode-0-0.p-decode.ns.svc:5000"
+        assert pod["spec"]["subdomain"] == "p-decode"
         assert pod["spec"]["hostname"] == f"p-decode-0-{rank}"
+        # The Service selects every pod of the role, and so gives each its DNS name.
+        assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+
+
+def test_one_headless_service_per_role_whatever_the_number_of_groups() -> None:
+    names = sorted(s["metadata"]["name"] for s in desired.desired(CTX, spec_of(prefill=3, decode=5)).services)
+    assert names == ["p-decode", "p-prefill"]
 
 
 def test_the_router_discovers_engines_by_label_with_a_role_that_can_only_read_pods() -> None:
