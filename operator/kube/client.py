@@ -100,11 +100,6 @@ class KubeClient:
         return await self.request("PATCH", resources.object_path(obj), body=obj, query=query,
                                   content_type="application/apply-patch+yaml")
 
-    async def apply_status(self, obj: Mapping[str, Any]) -> Body:
-        query = {"fieldManager": FIELD_MANAGER, "force": "true"}
-        return await self.request("PATCH", resources.object_path(obj) + "/status", body=obj, query=query,
-                                  content_type="application/apply-patch+yaml")
-
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
                      *, uid: str | None = None, grace_period_seconds: int | None = None) -> None:
         """Deletes in the background (dependents go with it); a precondition on `uid` avoids deleting a

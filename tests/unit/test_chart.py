@@ -266,9 +266,10 @@ def test_namespaced_mode_passes_one_namespace_flag_per_watched_namespace() -> No
     assert [a for a in args if a.startswith("--namespace")] == ["--namespace=team-a", "--namespace=team-b"]
 
 
-def test_the_operator_learns_its_namespace_from_the_downward_api() -> None:
+def test_the_operator_learns_its_pod_name_for_its_leader_election_identity() -> None:
     env = {e["name"]: e for e in operator_container()["env"]}
-    assert env["PDFLEET_OPERATOR_NAMESPACE"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.namespace"}}
+    assert env["POD_NAME"]["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}
+    assert "PDFLEET_OPERATOR_NAMESPACE" not in env, "nothing reads it: the Lease namespace is a flag"
 
 
 def test_without_leader_election_the_single_replica_is_replaced_by_recreate_so_two_never_overlap() -> None:
