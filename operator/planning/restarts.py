@@ -173,7 +173,8 @@ def decide(health: HealthSpec, ctx: RenderContext, status: GroupStatus, *, ended
         episode, where = None, exit_summary(ended)
         status = status.model_copy(update={"message": where})
     else:
-        episode, where = _episode(bundles, status), f"evidence in ConfigMap {newest}" if newest else "no evidence kept"
+        episode = _episode(bundles, status, pods)
+        where = f"evidence in ConfigMap {newest}" if newest else "no evidence kept"
         if episode is None and evidence_enabled(health):
             return _capture(health, ctx, status, cause, bundles, pods, pending, now)
     recent = in_window(health, status, now)
@@ -194,13 +195,16 @@ def decide(health: HealthSpec, ctx: RenderContext, status: GroupStatus, *, ended
     return Decision(Action.RESTART, status, cause, evidence=episode)
 
 
-def _episode(bundles: Sequence[tuple[int, Body]], status: GroupStatus) -> str | None:
-    """The evidence ConfigMap of the group's current episode: of its verdict, taken since its last restart."""
+def _episode(bundles: Sequence[tuple[int, Body]], status: GroupStatus, pods: Sequence[Body]) -> str | None:
+    """The evidence ConfigMap of the group's current episode: of its verdict, taken since its last restart and
+    since its pods were created (a person who deleted the pods of a spent group started a new episode too)."""
+    starts = [t for t in (status.last_restart_time, *(parse_time(p["metadata"].get("creationTimestamp"))
+                                                      for p in pods)) if t is not None]
+    since = max(starts) if starts else None
     for _, cm in reversed(bundles):
         ann = cm["metadata"].get("annotations") or {}
         at = parse_time(ann.get(EVIDENCE_TIME))
-        if ann.get(EVIDENCE_VERDICT) == status.verdict and at is not None and \
-                (status.last_restart_time is None or at >= status.last_restart_time):
+        if ann.get(EVIDENCE_VERDICT) == status.verdict and at is not None and (since is None or at >= since):
             return cm["metadata"]["name"]
     return None
 

@@ -179,7 +179,11 @@ def test_the_budget_window_slides_and_a_spent_budget_stays_spent_until_a_person_
     step(cluster, HEALTHY, at(3700))
     assert (group(cluster)["budgetExhausted"], group(cluster).get("recentRestarts", [])) == (False, [])
     cluster.converge()
-    assert [name for t in (3800, 3801) for name in pods_deleted(step(cluster, DESYNC, at(t)))] == ["tiny-decode-0-0"]
+    cluster.owned[("Pod", "tiny-decode-0-0")]["metadata"]["creationTimestamp"] = "2026-11-30T13:01:40Z"  # at(3700)
+    # A new episode: the evidence of the last one (taken at 130 s, after the last restart) is not this one's.
+    first = step(cluster, DESYNC, at(3800))
+    assert [r.metadata["name"] for r in first.capture] == [f"{GROUP}-evidence-4"] and pods_deleted(first) == []
+    assert pods_deleted(step(cluster, DESYNC, at(3801))) == ["tiny-decode-0-0"]
 
 
 @pytest.mark.parametrize("verdict", [Verdict.HEALTHY, Verdict.UNKNOWN, Verdict.UNREACHABLE])
