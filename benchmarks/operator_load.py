@@ -128,32 +128,53 @@ class PodClock:
     def start(self, name: str) -> None:
         self.started[name] = time.perf_counter()
 
+    async def _get(self, query: list[tuple[str, str]], timeout: float) -> Any:
+        return await self._raw.call_api(f"/api/v1/namespaces/{self._namespace}/pods", "GET", query_params=query,
+                                        auth_settings=["BearerToken"], _preload_content=False,
+                                        _request_timeout=timeout)
+
     async def _events(self) -> AsyncIterator[Body]:
-        query = [("watch", "1"), ("labelSelector", "pdfleet.dev/pool,app.kubernetes.io/component!=router"),
-                 ("timeoutSeconds", "900")]
-        response = await self._raw.call_api(f"/api/v1/namespaces/{self._namespace}/pods", "GET",
-                                            query_params=query, auth_settings=["BearerToken"],
-                                            _preload_content=False, _request_timeout=960)
-        async with response:
-            self._ready.set()
-            async for line in response.content:
-                if line.strip():
-                    yield json.loads(line)
+        """Every pod as ADDED/MODIFIED events. A busy apiserver closes a watch that falls behind (a burst of 800
+        pods on 2 cores does): then list what exists and watch again from there, so no pod is missed."""
+        selector = ("labelSelector", "pdfleet.dev/pool,app.kubernetes.io/component!=router")
+        version = None
+        while True:
+            if version is None:
+                async with await self._get([selector], 60) as listed:
+                    body = json.loads(await listed.read())
+                version = body["metadata"]["resourceVersion"]
+                for pod in body.get("items") or []:
+                    yield {"type": "ADDED", "object": pod}
+            query = [("watch", "1"), selector, ("timeoutSeconds", "900"), ("resourceVersion", version),
+                     ("allowWatchBookmarks", "true")]
+            async with await self._get(query, 960) as response:
+                self._ready.set()
+                async for line in response.content:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":  # e.g. 410: the version is too old to watch from
+                        version = None
+                        break
+                    version = event["object"]["metadata"].get("resourceVersion", version)
+                    if event.get("type") != "BOOKMARK":
+                        yield event
 
     async def _watch(self) -> None:
-        async for event in self._events():
-            pod = event["object"]
-            if any(str(c.get("containerID", "")).startswith(CONTAINER_ID_PREFIX)
-                   for c in (pod.get("status") or {}).get("containerStatuses") or []):
-                self.played = pod["metadata"]["name"]
-                break
-            pool = pod["metadata"]["labels"].get("pdfleet.dev/pool", "")
-            if pool in self.started and pool not in self.done:
-                self._seen[pool].add(pod["metadata"]["name"])
-                if len(self._seen[pool]) == PODS_PER_POOL:
-                    self.done[pool] = time.perf_counter() - self.started[pool]
-                    if len(self.done) == len(self._seen):
-                        break
+        async with contextlib.aclosing(self._events()) as events:
+            async for event in events:
+                pod = event["object"]
+                if any(str(c.get("containerID", "")).startswith(CONTAINER_ID_PREFIX)
+                       for c in (pod.get("status") or {}).get("containerStatuses") or []):
+                    self.played = pod["metadata"]["name"]
+                    break
+                pool = pod["metadata"]["labels"].get("pdfleet.dev/pool", "")
+                if pool in self.started and pool not in self.done:
+                    self._seen[pool].add(pod["metadata"]["name"])
+                    if len(self._seen[pool]) == PODS_PER_POOL:
+                        self.done[pool] = time.perf_counter() - self.started[pool]
+                        if len(self.done) == len(self._seen):
+                            break
         self._all.set()
 
     @contextlib.asynccontextmanager
