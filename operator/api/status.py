@@ -34,6 +34,7 @@ class Verdict(enum.StrEnum):
     HANG = "Hang"
     DEAD = "Dead"
     UNREACHABLE = "Unreachable"
+    STOPPED = "Stopped"  # its ranks exited cleanly: the engine was shut down on purpose; not sick
 
 
 class RestartCause(enum.StrEnum):

@@ -150,27 +150,41 @@ class HealthMonitor:
         answered = self._answered.setdefault(key, set())
         groups = sorted(pods_by_group(observed.of_kind("Pod")).items())
 
-        async def one(name: str, pods: list[Body]) -> tuple[str, GroupHealth] | None:
+        async def ask(pods: list[Body]) -> rank_health.Answers:
             role = _role(pods)
-            if role is None:
-                return None
+            if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
+                return {}
+            return await self._agents.fetch_all(rank_health.live_pods(pods), timeout=timeout)
+
+        asked = await asyncio.gather(*(ask(pods) for _, pods in groups))
+        # The pods again, as they are now that the agents answered: a pod deleted meanwhile (drained, replaced,
+        # restarted) takes its ranks down, and their exits or silence are that stop, not a sickness.
+        now = pods_by_group(self._cache.snapshot(key).of_kind("Pod"))
+        results: dict[str, GroupHealth] = {}
+        for (name, pods), answers in zip(groups, asked, strict=True):
+            role = _role(pods)
+            if role is None or name not in now:
+                continue
+            if _uids(now[name]) != _uids(pods):  # replaced while asked: these answers are not about its pods
+                pods, answers = now[name], {}
+            elif rank_health.terminating(now[name]):
+                pods = now[name]
             role_spec = spec.role(role)
-            live = rank_health.live_pods(pods)
-            answers = {}
-            if rank_health.pollable(pods, nodes=role_spec.nodes_per_group):
-                answers = await self._agents.fetch_all(live, timeout=timeout)
-            uids = {p["metadata"].get("uid") for p in live}
-            answered.update(p["metadata"].get("uid") for p in live if answers.get(p["metadata"]["name"]))
+            uids = _uids(rank_health.live_pods(pods))
+            answered.update(p["metadata"].get("uid") for p in rank_health.live_pods(pods)
+                            if answers.get(p["metadata"]["name"]))
             before = previous.get(name, Verdict.UNKNOWN) is not Verdict.UNKNOWN or bool(uids & answered)
-            return name, rank_health.judge_group(
+            results[name] = rank_health.judge_group(
                 spec.health, tp=role_spec.tp, gpus_per_node=role_spec.gpus_per_node,
                 nodes=role_spec.nodes_per_group, pods=pods, answers=answers, answered_before=before)
-
-        results = await asyncio.gather(*(one(name, pods) for name, pods in groups))
         # Forget pods that are gone, so the memory stays as small as the fleet.
         alive = {p["metadata"].get("uid") for _, pods in groups for p in pods}
         answered.intersection_update(alive)
-        return dict(r for r in results if r is not None)
+        return results
+
+
+def _uids(pods: list[Body]) -> set[str | None]:
+    return {p["metadata"].get("uid") for p in pods}
 
 
 def _role(pods: list[Body]) -> Role | None:

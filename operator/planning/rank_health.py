@@ -31,6 +31,10 @@ Body = dict[str, Any]
 SICK = {Verdict.DEAD: "RankDead", Verdict.DESYNC: "RankDesync", Verdict.HANG: "RankHang",
         Verdict.UNREACHABLE: "AgentUnreachable"}
 
+# Verdicts under which a group does not serve: the sick ones, and Stopped (its ranks exited cleanly: it is being
+# shut down on purpose, so not sick, never captured or restarted, but nothing answers requests there either).
+NOT_SERVING = frozenset(SICK) | {Verdict.STOPPED}
+
 _AGED = {Verdict.DESYNC, Verdict.HANG}  # verdicts whose evidence says how long it has held
 _VERDICTS = {
     verdict.Health.HEALTHY: Verdict.HEALTHY,
@@ -39,6 +43,7 @@ _VERDICTS = {
     verdict.Health.HANG: Verdict.HANG,
     verdict.Health.DEAD: Verdict.DEAD,
     verdict.Health.UNREACHABLE: Verdict.UNREACHABLE,
+    verdict.Health.STOPPED: Verdict.STOPPED,
 }
 
 
@@ -74,6 +79,12 @@ def live_pods(pods: Sequence[Body]) -> list[Body]:
     return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
 
 
+def terminating(pods: Sequence[Body]) -> list[str]:
+    """The names of the group's pods being deleted (a deletionTimestamp: by a drain, a rollout, a restart or a
+    person)."""
+    return sorted(p["metadata"]["name"] for p in pods if p["metadata"].get("deletionTimestamp"))
+
+
 def pollable(pods: Sequence[Body], *, nodes: int) -> bool:
     """Agents are asked only once every pod of the group is up and Ready: before that the group is starting,
     and a silent agent means nothing."""
@@ -92,6 +103,10 @@ def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, 
     """The verdict for one group from one poll. `answered_before`: an agent of these pods answered in an
     earlier poll (or the last status already held a verdict), so silence now is Unreachable, not Unknown."""
     live = live_pods(pods)
+    if going := terminating(pods):
+        # Drained, replaced or restarted: whatever its ranks show now (exits, gone processes, a silent agent)
+        # is the stop itself, never a sickness to capture or restart.
+        return GroupHealth(Verdict.UNKNOWN, None, f"Terminating: pod(s) {', '.join(going)} going", 0)
     if not pollable(pods, nodes=nodes):
         ready = sum(pod_ready(p) for p in live)
         return GroupHealth(Verdict.UNKNOWN, None, f"Starting: {ready}/{nodes} pod(s) ready", 0)

@@ -14,7 +14,8 @@ Rank health is an input like the observed objects: `health` maps a group name to
 judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when
 its pods are Ready and its verdict is Healthy or Unknown (Unknown: no agent of its pods has answered yet, or
 its ranks are not in their event loop; pod readiness is then the best signal there is). Desync, Hang, Dead
-and Unreachable groups are not ready and make the pool Degraded.
+and Unreachable groups are not ready and make the pool Degraded; a Stopped group (its ranks exited cleanly:
+shut down on purpose) is not ready either, but is not sick: never Degraded, captured or restarted for it.
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from pdfleet.operator.planning.groups import (
     pods_by_group,
 )
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan, Restart
-from pdfleet.operator.planning.rank_health import SICK, GroupHealth, settled_message
+from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
@@ -312,7 +313,7 @@ def _act_on_health(spec: InferencePoolSpec, group: DesiredGroup, state: GroupSta
 
 
 def _serving(state: GroupState, group: GroupStatus) -> bool:
-    return state is GroupState.READY and group.verdict not in SICK
+    return state is GroupState.READY and group.verdict not in NOT_SERVING
 
 
 def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,

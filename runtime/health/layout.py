@@ -14,8 +14,10 @@ Slot words (index within the slot):
     STACK_SIGNAL signal number that makes the rank dump its stacks (0: none registered; never signal it)
     ITERATION    loop iterations completed
     COLLECTIVES  collectives entered
-    PHASE        `phases.Phase` id
-    PHASE_SINCE  `time.monotonic_ns()` when the current phase began (the writer host's clock)
+    PHASE        `phases.Phase` id; EXITED is terminal: the rank left its loop cleanly, and a record that
+                 ends otherwise, its process gone, is a crash
+    PHASE_SINCE  `time.monotonic_ns()` when the current phase began (the writer host's clock); for EXITED,
+                 when the rank exited
     ATTACHED_NS  `time.monotonic_ns()` when the writer attached
     (words 11-15 are reserved and zero)
 

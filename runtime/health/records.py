@@ -31,6 +31,11 @@ class RankRecord:
     attached_ns: int
     consistent: bool = True
 
+    @property
+    def exited(self) -> bool:
+        """The rank left its event loop cleanly (`RankWriter.close`); `phase_since_ns` is when."""
+        return self.phase is phases.Phase.EXITED
+
     def phase_age_ns(self, now_ns: int) -> int:
         """How long the rank has been in its current phase at `now_ns` (same host's monotonic clock)."""
         return max(0, now_ns - self.phase_since_ns)

@@ -10,7 +10,8 @@ The JSON is the contract between an engine image and the operator, which are upg
                 "collectives": 3120, "stack_signal": 12, "pid_start": 991, "attached_ns": 4000000000}]}
 
 `now_ns` and the `*_ns` stamps are on the pod's monotonic clock; `phase_age_ns` is the only one that
-means anything off the pod.
+means anything off the pod. A rank that left its loop cleanly reads `"phase": "exited"`, with
+`phase_since_ns` the moment it did (engines of every version write it, so no report version change).
 """
 
 from __future__ import annotations
@@ -114,8 +115,10 @@ def rank_views(
     reports: Iterable[PodReport], *, expected: Iterable[int], unreachable: Iterable[int] = ()
 ) -> list[verdict.RankView]:
     """Verdict input for a group: one view per expected rank, from the reports of the pods that
-    answered and the ranks whose pods did not. A rank found in no report is ABSENT. Should two reports
-    carry the same rank (a replaced pod still answering), the live one wins."""
+    answered and the ranks whose pods did not. A rank found in no report is ABSENT; one whose record ends
+    in a clean exit is EXITED, alive or not (it may still be releasing its resources, or have been killed
+    after its goodbye by the shutdown's clean-up); any other rank whose process is gone is DEAD. Should two
+    reports carry the same rank (a replaced pod still answering), the live one wins."""
     lost = set(unreachable)
     found: dict[int, RankEntry] = {}
     for report in reports:
@@ -132,7 +135,7 @@ def rank_views(
             views.append(verdict.RankView(rank=rank, status=verdict.RankStatus.ABSENT))
         else:
             r = entry.record
-            status = verdict.RankStatus.REPORTING if entry.alive else verdict.RankStatus.DEAD
+            status = _status(entry)
             views.append(
                 verdict.RankView(
                     rank=rank,
@@ -146,3 +149,9 @@ def rank_views(
                 )
             )
     return views
+
+
+def _status(entry: RankEntry) -> verdict.RankStatus:
+    if entry.record.exited:
+        return verdict.RankStatus.EXITED
+    return verdict.RankStatus.REPORTING if entry.alive else verdict.RankStatus.DEAD

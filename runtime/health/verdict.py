@@ -12,7 +12,13 @@ clocks are unrelated, so each agent turns its ranks' phase start times into ages
 (`report.rank_views`) and only durations reach the judge.
 
 The rules, in order:
-- Dead: a rank's process is gone. Unreachable: its pod's agent did not answer. (Facts first.)
+- Stopped: a rank left its loop cleanly (its record's last phase is EXITED). A rank exits cleanly only when
+  its engine was told to shut down (SGLang's ShutdownReq after a SIGTERM drain), so the group is being
+  stopped on purpose, whatever its other ranks show meanwhile: a peer not yet out of its loop, one killed
+  by the shutdown's own clean-up before it wrote its exit, or an agent already gone with its pod. Not sick:
+  what comes next is the pod's business (it ends, and is replaced or restarted as an ended pod).
+- Dead: a rank's process is gone without a clean exit (a crash, SIGKILL, the OOM killer). Unreachable: its
+  pod's agent did not answer. (Facts first.)
 - Starting: a rank has no record yet, or has not entered its event loop.
 - A rank's position is (phase, collectives entered). The group's configuration has been frozen for
   `held` = the smallest phase age among its ranks: nothing anywhere moved for that long.
@@ -41,7 +47,8 @@ class RankStatus(enum.StrEnum):
 
     REPORTING = "reporting"  # its agent returned its record and its process is alive
     ABSENT = "absent"  # its agent answered, but the rank never attached to the ledger
-    DEAD = "dead"  # its agent answered, and the process that wrote its record is gone
+    DEAD = "dead"  # its agent answered, and the process that wrote its record is gone without a clean exit
+    EXITED = "exited"  # its record ends in a clean exit (EXITED), whether or not the process has ended yet
     UNREACHABLE = "unreachable"  # the agent of its pod did not answer
 
 
@@ -52,6 +59,7 @@ class Health(enum.StrEnum):
     HANG = "Hang"
     DEAD = "Dead"
     UNREACHABLE = "Unreachable"
+    STOPPED = "Stopped"
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,6 +115,10 @@ def judge(ranks: Iterable[RankView], policy: HealthPolicy) -> Verdict:
     if not views:
         return Verdict(Health.STARTING, "no ranks observed yet", 0, views)
 
+    exited = [v for v in views if v.status is RankStatus.EXITED]
+    if exited:
+        return Verdict(Health.STOPPED, _stopped(exited, views), 0, views)
+
     for status, health, what in (
         (RankStatus.DEAD, Health.DEAD, "process gone"),
         (RankStatus.UNREACHABLE, Health.UNREACHABLE, "agent not answering"),
@@ -132,6 +144,23 @@ def judge(ranks: Iterable[RankView], policy: HealthPolicy) -> Verdict:
         reason = f"all {len(views)} ranks blocked for {_secs(held)}: {_describe(views)}"
         return Verdict(Health.HANG, reason, held, views)
     return Verdict(Health.HEALTHY, f"all ranks together for {_secs(held)}: {_describe(views)}", held, views)
+
+
+_OTHERS = {
+    RankStatus.REPORTING: "still in the loop",
+    RankStatus.ABSENT: "never attached",
+    RankStatus.DEAD: "process gone",
+    RankStatus.UNREACHABLE: "agent not answering",
+}
+
+
+def _stopped(exited: list[RankView], views: tuple[RankView, ...]) -> str:
+    """Which ranks exited cleanly, then where the others are, by status (no ages: the text stays put)."""
+    parts = [f"{_ranks(exited)}: exited cleanly"]
+    for status, what in _OTHERS.items():
+        if hit := [v for v in views if v.status is status]:
+            parts.append(f"{_ranks(hit)}: {what}")
+    return "; ".join(parts)
 
 
 def _by_position(views: tuple[RankView, ...]) -> list[list[RankView]]:

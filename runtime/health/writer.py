@@ -117,7 +117,9 @@ class RankWriter:
         self._words[_STACK_SIGNAL] = signum
 
     def close(self) -> None:
-        """Mark the rank as exited cleanly and let go of the shared memory. Idempotent."""
+        """Mark the rank as exited cleanly (phase EXITED, stamped with when) and let go of the shared memory.
+        Idempotent. Call it only where the loop ended as asked (a shutdown), never from a `finally` or an
+        `atexit` hook: a crash must leave the record as it was, so that the rank reads as Dead."""
         try:
             self._words[_STACK_SIGNAL] = 0
         except ValueError:  # already closed: the view is released

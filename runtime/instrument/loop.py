@@ -47,7 +47,12 @@ def wrap_dispatch(original: seams.Fn) -> seams.Fn:
     def _dispatch_event_loop_once(scheduler: Any) -> Any:
         writer = attach_once()
         out = original(_LoopSpy(scheduler, writer))
-        if getattr(scheduler, "gracefully_exit", False):  # shutdown, not a role switch: the slot says EXITED
+        # SGLang 0.5.23 stops a scheduler only through ShutdownReq (the tokenizer manager's SIGTERM drain sends
+        # it; the scheduler process has no SIGTERM handler of its own), which sets `gracefully_exit` and ends
+        # the loop: the one clean exit, so the slot says EXITED. Not on a role switch (the loop is dispatched
+        # again), and not on an exception: `run_scheduler_process` catches it and returns normally, so an
+        # atexit hook would call a crash clean; the record stays as it was and the rank reads as Dead.
+        if getattr(scheduler, "gracefully_exit", False):
             seams.use(seams.UNATTACHED)
             writer.close()
         return out

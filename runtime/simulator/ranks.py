@@ -128,10 +128,10 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
                 # A full pipe means the reader is behind: it counts what it gets, and never blocks a rank.
                 with contextlib.suppress(BlockingIOError):
                     os.write(tick_fd, b"\0")
-    except (_Stop, threading.BrokenBarrierError):
+    except (_Stop, threading.BrokenBarrierError):  # SIGTERM, or `stop()` breaking the barriers: asked to go
         pass
-    finally:
-        writer.close()
+    # Only a loop that ended as asked says goodbye: an exception out of it is a crash and must read as Dead.
+    writer.close()
 
 
 def _collective(writer: rank_writer.RankWriter, control: Control, phase: phases.Phase) -> None:

@@ -114,6 +114,74 @@ def test_a_rank_whose_process_died_is_served_as_not_alive_and_judged_dead(served
     assert body["ranks"][0]["alive"]
 
 
+_ENDING = """
+import sys
+from pdfleet.runtime.health import attach, phases
+P = phases.Phase
+path, slot, how = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+w = attach.attach_rank(slot=slot, rank=10 + slot, slots=2, path=path)
+w.collective(P.RECV_BROADCAST); w.begin(P.FORWARD); w.step()
+w.collective(P.KV_POLL_ALL_REDUCE)
+sys.stdin.readline()  # the test says when to end
+if how == "clean":  # the loop ended as asked (as the instrumented dispatcher does on SGLang's ShutdownReq)
+    w.close()
+    sys.exit(0)
+if how == "crash":  # an exception out of the loop: nothing tidies the record up
+    raise RuntimeError("NCCL error in the loop")
+sys.stdin.read()  # "kill": held until SIGKILLed
+"""
+
+
+def _ending(ledger_path: Path, slot: int, how: str) -> subprocess.Popen[str]:
+    return subprocess.Popen([sys.executable, "-c", _ENDING, str(ledger_path), str(slot), how],
+                            stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _end(child: subprocess.Popen[str]) -> int:
+    assert child.stdin is not None
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    child.stdin.close()
+    return child.wait(30)
+
+
+def test_ranks_that_exit_cleanly_are_served_as_exited_and_judged_stopped_not_dead(
+        served: httpx.Client, ledger_path: Path) -> None:
+    children = [_ending(ledger_path, slot, "clean") for slot in range(2)]
+    wait_for(lambda: _ranks(served), lambda b: [r["phase"] for r in b["ranks"]] == ["kv_poll_all_reduce"] * 2)
+
+    assert [_end(child) for child in children] == [0, 0]
+    body = wait_for(lambda: _ranks(served), lambda b: not any(r["alive"] for r in b["ranks"]))
+
+    assert [(r["phase"], r["stack_signal"]) for r in body["ranks"]] == [("exited", 0)] * 2
+    assert all(r["phase_since_ns"] > r["attached_ns"] for r in body["ranks"])  # when each one exited
+    views = report.rank_views([report.from_json(body)], expected=[10, 11])
+    assert [v.status for v in views] == [verdict.RankStatus.EXITED] * 2
+    v = verdict.judge(views, POLICY)
+    assert (v.health, v.reason) == (verdict.Health.STOPPED, "ranks 10,11: exited cleanly")
+
+
+def test_a_rank_that_crashes_out_of_its_loop_or_is_sigkilled_is_still_judged_dead(
+        served: httpx.Client, ledger_path: Path) -> None:
+    crashing, killed = _ending(ledger_path, 0, "crash"), _ending(ledger_path, 1, "kill")
+    wait_for(lambda: _ranks(served), lambda b: len(b["ranks"]) == 2 and all(r["phase"] != "starting"
+                                                                             for r in b["ranks"]))
+    assert _end(crashing) == 1
+    assert crashing.stderr is not None and "NCCL error in the loop" in crashing.stderr.read()
+    killed.kill()
+    killed.wait()
+    for pipe in (crashing.stderr, killed.stdin, killed.stderr):
+        assert pipe is not None
+        pipe.close()
+
+    body = wait_for(lambda: _ranks(served), lambda b: not any(r["alive"] for r in b["ranks"]))
+
+    assert [r["phase"] for r in body["ranks"]] == ["kv_poll_all_reduce"] * 2
+    views = report.rank_views([report.from_json(body)], expected=[10, 11])
+    v = verdict.judge(views, POLICY)
+    assert (v.health, v.reason) == (verdict.Health.DEAD, "ranks 10,11: process gone")
+
+
 def test_ranks_at_different_collective_counts_are_served_so_the_verdict_can_see_it(served: httpx.Client, spawn) -> None:
     spawn(0, 5)
     spawn(1, 6)

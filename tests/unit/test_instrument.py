@@ -212,6 +212,29 @@ def test_a_loop_that_ends_in_shutdown_leaves_the_slot_exited(two_rank_pod: None,
     assert seams.current() is seams.UNATTACHED
 
 
+def test_a_loop_that_raises_leaves_the_slot_as_it_was_so_the_rank_reads_as_dead(
+        two_rank_pod: None, tmp_path: Path) -> None:
+    """SGLang's `run_scheduler_process` catches the exception and the process then exits normally: only the
+    record can tell a crash from a shutdown, so a crash must not say EXITED."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    class Crashing(FakeScheduler):
+        def event_loop_normal_disagg_decode(self) -> None:
+            seams.current().collective(Phase.KV_POLL_ALL_REDUCE)
+            raise RuntimeError("NCCL error")
+
+    scheduler_module = importlib.import_module("sglang.srt.managers.scheduler")
+    engine_setup.apply_selected([])
+    scheduler = Crashing(DisaggregationMode.DECODE, build_server_args(["--model-path", "/m",
+                                                                       "--disable-overlap-schedule"]))
+    try:
+        with pytest.raises(RuntimeError, match="NCCL error"):
+            scheduler_module._dispatch_event_loop_once(scheduler)
+        assert read(tmp_path / "ledger", slot=1).phase == Phase.KV_POLL_ALL_REDUCE
+    finally:
+        seams.use(seams.UNATTACHED)
+
+
 # --- the hot-path seams, with a real writer -------------------------------------------------------------
 
 @pytest.fixture

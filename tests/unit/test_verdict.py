@@ -105,6 +105,39 @@ def test_a_dead_rank_makes_the_group_dead_whatever_the_others_do() -> None:
     assert (v.health, v.reason) == (Health.DEAD, "rank 1: process gone")
 
 
+def exited(n: int, *, alive: bool = False) -> RankView:
+    """A rank whose record ends in a clean exit (`report.rank_views` makes it EXITED, alive or not)."""
+    return RankView(rank=n, status=RankStatus.EXITED, phase=P.EXITED, phase_age_ns=2 * S, pid=70 + n)
+
+
+def test_a_group_whose_ranks_all_exited_cleanly_is_stopped_not_dead() -> None:
+    v = verdict.judge([exited(1), exited(0)], POLICY)
+
+    assert (v.health, v.reason, v.held_ns) == (Health.STOPPED, "ranks 0,1: exited cleanly", 0)
+
+
+@pytest.mark.parametrize(("other", "words"), [
+    (rank(1, P.KV_POLL_ALL_REDUCE, 9, 1000), "rank 1: still in the loop"),
+    (RankView(rank=1, status=RankStatus.DEAD, phase=P.FORWARD, pid=77), "rank 1: process gone"),
+    (RankView(rank=1, status=RankStatus.UNREACHABLE), "rank 1: agent not answering"),
+    (RankView(rank=1, status=RankStatus.ABSENT), "rank 1: never attached"),
+], ids=["a peer not out of its loop yet", "a peer killed by the shutdown's clean-up", "a pod already gone",
+        "a rank that never attached"])
+def test_one_clean_exit_makes_the_group_stopped_whatever_its_peers_show_during_the_shutdown(
+        other: RankView, words: str) -> None:
+    """Only a shutdown exits a rank cleanly: the peers' state is the same stop seen at another instant, so
+    neither a Dead nor a Desync verdict (which would capture and restart a group being stopped)."""
+    v = verdict.judge([exited(0), other], POLICY)
+
+    assert (v.health, v.reason) == (Health.STOPPED, f"rank 0: exited cleanly; {words}")
+
+
+def test_a_rank_gone_without_a_clean_exit_is_still_dead_beside_healthy_peers() -> None:
+    ranks = [rank(0, P.FORWARD, 9, 1), RankView(rank=1, status=RankStatus.DEAD, phase=P.KV_POLL_ALL_REDUCE, pid=7)]
+
+    assert verdict.judge(ranks, POLICY).health is Health.DEAD
+
+
 def test_an_unreachable_pod_makes_the_group_unreachable() -> None:
     ranks = [rank(0, P.FORWARD, 9, 1), RankView(rank=1, status=RankStatus.UNREACHABLE)]
 

@@ -131,3 +131,15 @@ def test_the_verdict_does_not_depend_on_the_order_ranks_arrive_in(views: list[Ra
     shuffled = list(views)
     rnd.shuffle(shuffled)
     assert verdict.judge(shuffled, policy) == verdict.judge(views, policy)
+
+
+@given(diverged(), st.data(), policies)
+def test_a_group_with_any_cleanly_exited_rank_is_stopped_never_sick(
+        views: list[RankView], data: st.DataObject, policy: verdict.HealthPolicy) -> None:
+    """However long the others have been stuck, dead or silent: a clean exit means the group is being stopped."""
+    others = [RankStatus.REPORTING, RankStatus.DEAD, RankStatus.UNREACHABLE, RankStatus.ABSENT]
+    picked = data.draw(st.lists(st.sampled_from(others), min_size=len(views), max_size=len(views)))
+    views = [dataclasses.replace(v, status=s) for v, s in zip(views, picked, strict=True)]
+    i = data.draw(st.integers(0, len(views) - 1))
+    views[i] = RankView(rank=views[i].rank, status=RankStatus.EXITED, phase=P.EXITED)
+    assert verdict.judge(views, policy).health is Health.STOPPED
