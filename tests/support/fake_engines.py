@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aiohttp import web
@@ -92,11 +92,14 @@ class FakeAgent(_Server):
     def __init__(self, host: str, ranks: Sequence[report.RankEntry] = ()) -> None:
         super().__init__(host)
         self.ranks = list(ranks)
+        self.on_ask: Callable[[], None] | None = None  # runs as each /ranks is answered (the world moving on)
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/ranks", self._ranks)
 
     async def _ranks(self, _: web.Request) -> web.Response:
+        if self.on_ask is not None:
+            self.on_ask()
         body = report.to_json(report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=1, ranks=tuple(self.ranks)))
         return web.json_response(body)
 

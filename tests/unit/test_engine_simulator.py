@@ -18,7 +18,7 @@ import openai
 import pytest
 
 from pdfleet.runtime import drain
-from pdfleet.runtime.health import report, verdict
+from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.support import sim_engine
 from tests.support.operator_process import free_port
 from tests.support.sim_engine import SimEngine, until
@@ -234,6 +234,12 @@ def test_sigterm_drains_in_flight_requests_then_exits_without_ranks(fleet: dict[
     assert engine.process.wait(30) == 0
     for pid in rank_pids:
         assert not Path(f"/proc/{pid}").exists(), f"rank {pid} left behind"
+    # Every rank said goodbye in the ledger: a drained engine is Stopped, not Dead.
+    with ledger.Ledger.open_readonly(engine.podinfo / "ledger") as led:
+        ended = report.build(led.read_all(), now_ns=time.monotonic_ns(), ledger=str(led.path),
+                             alive=lambda r: procs.is_alive(r.pid, r.pid_start))
+    judged = verdict.judge(report.rank_views([ended], expected=range(2)), POLICY)
+    assert (judged.health, judged.reason) == (verdict.Health.STOPPED, "ranks 0,1: exited cleanly")
 
 
 def test_crash_at_start_exits_non_zero_with_a_message(fleet: dict[str, SimEngine]) -> None:

@@ -14,9 +14,11 @@ from pdfleet.operator import metrics
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import monitor as monitor_mod
+from pdfleet.operator.planning import restarts
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.runtime.health import phases
 from tests.support.fake_engines import desynced, rank
-from tests.support.fake_fleet import DECODE, KEY, PREFILL, URLS, Fleet, fake_fleet
+from tests.support.fake_fleet import DECODE, KEY, PODS, PREFILL, URLS, Fleet, fake_fleet
 
 HEARTBEAT_S = 20.0  # long: a poll in these tests happens because the test asks for it, never by the clock
 DESYNC_AFTER_S = 30.0
@@ -122,6 +124,53 @@ async def test_a_rank_whose_process_is_gone_makes_its_group_dead(fleet: Fleet) -
     fleet.agents[DECODE].ranks = [rank(0), rank(1, alive=False)]
     await fleet.monitor.poll(KEY)
     assert verdicts(fleet)[DECODE] is Verdict.DEAD
+
+
+def evidence_configmaps(fleet: Fleet) -> list[str]:
+    return [cm["metadata"]["name"] for cm in fleet.kube.of_kind("ConfigMap", KEY[0])
+            if (cm["metadata"].get("labels") or {}).get(restarts.EVIDENCE) == "true"]
+
+
+async def test_ranks_that_exited_cleanly_make_their_group_stopped_never_dead_captured_or_restarted(
+        fleet: Fleet) -> None:
+    await fleet.monitor.poll(KEY)
+    await fleet.controller.reconcile(KEY)
+    fleet.kube.take_writes()
+    # The engine was shut down on purpose: one rank gone after its goodbye, one still releasing its resources.
+    fleet.agents[DECODE].ranks = [rank(0, phases.Phase.EXITED, alive=False), rank(1, phases.Phase.EXITED)]
+
+    await fleet.monitor.poll(KEY)
+    await fleet.controller.reconcile(KEY)
+    await fleet.controller.reconcile(KEY)
+
+    decode = fleet.monitor.health(KEY)[DECODE]
+    assert (decode.verdict, decode.message) == (Verdict.STOPPED, "ranks 0,1: exited cleanly")
+    assert group_status(fleet, DECODE)["verdict"] == "Stopped"
+    assert fleet.events("GroupDead") == [] and fleet.events("GroupRestarted") == []
+    assert evidence_configmaps(fleet) == []
+    assert not [w for w in fleet.kube.take_writes() if w.verb == "delete"]
+
+
+async def test_a_pod_deleted_while_its_agent_answers_makes_its_group_terminating_not_dead(fleet: Fleet) -> None:
+    """The poll read the pods before the deletion and the answer after it, when the ranks had already gone:
+    the answer is about the stop, so the group is judged with its pods as they are now."""
+    await fleet.monitor.poll(KEY)
+    await fleet.controller.reconcile(KEY)
+
+    def delete() -> None:
+        fleet.kube.update("Pod", KEY[0], PODS[DECODE],
+                          lambda p: p["metadata"].update(deletionTimestamp="2026-11-30T12:00:00Z"))
+    fleet.agents[DECODE].ranks = [rank(0), rank(1, phases.Phase.KV_POLL_ALL_REDUCE, alive=False)]
+    fleet.agents[DECODE].on_ask = delete
+
+    await fleet.monitor.poll(KEY)
+    await fleet.controller.reconcile(KEY)
+
+    decode = fleet.monitor.health(KEY)[DECODE]
+    assert (decode.verdict, decode.message) == (Verdict.UNKNOWN, f"Terminating: pod(s) {PODS[DECODE]} going")
+    assert asked(fleet, DECODE) == 2  # it was asked: the verdict is the re-check's, not a skipped poll's
+    assert fleet.events("GroupDead") == [] and evidence_configmaps(fleet) == []
+    assert group_status(fleet, DECODE)["verdict"] == "Unknown"
 
 
 async def test_agents_of_a_group_not_ready_yet_are_not_asked(fleet: Fleet) -> None:

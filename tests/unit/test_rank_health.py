@@ -79,6 +79,17 @@ CASES = [
      {"g-0": answer(rank(0, P.STARTING), rank(1))}, False, Verdict.UNKNOWN, "Starting: rank 0", 2),
     ("one silent pod of a two-node group makes only its ranks unreachable", [pod(0), pod(1)],
      {"g-0": answer(rank(0)), "g-1": None}, False, Verdict.UNREACHABLE, "rank 1: agent not answering", 1),
+    ("ranks that exited cleanly, gone or still releasing: stopped, not dead", [pod()],
+     {"g-0": answer(rank(0, P.EXITED, alive=False), rank(1, P.EXITED))}, True,
+     Verdict.STOPPED, "ranks 0,1: exited cleanly", 0),
+    ("a clean exit beside a rank the shutdown killed: stopped, not dead", [pod()],
+     {"g-0": answer(rank(0, P.EXITED, alive=False), rank(1, P.KV_POLL_ALL_REDUCE, alive=False))}, True,
+     Verdict.STOPPED, "rank 0: exited cleanly; rank 1: process gone", 0),
+    ("a pod being deleted is terminating, whatever its ranks show", [pod(deleting=True)],
+     {"g-0": answer(rank(0), rank(1, alive=False))}, True, Verdict.UNKNOWN, "Terminating: pod(s) g-0 going", 0),
+    ("one pod of a two-node group being deleted: the group is terminating, never unreachable",
+     [pod(0), pod(1, deleting=True)], {"g-0": answer(rank(0)), "g-1": None}, True,
+     Verdict.UNKNOWN, "Terminating: pod(s) g-1 going", 0),
 ]
 
 

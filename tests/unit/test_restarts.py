@@ -186,7 +186,7 @@ def test_the_budget_window_slides_and_a_spent_budget_stays_spent_until_a_person_
     assert pods_deleted(step(cluster, DESYNC, at(3801))) == ["tiny-decode-0-0"]
 
 
-@pytest.mark.parametrize("verdict", [Verdict.HEALTHY, Verdict.UNKNOWN, Verdict.UNREACHABLE])
+@pytest.mark.parametrize("verdict", [Verdict.HEALTHY, Verdict.UNKNOWN, Verdict.UNREACHABLE, Verdict.STOPPED])
 def test_a_group_that_is_not_desync_hang_or_dead_is_never_restarted(verdict: Verdict) -> None:
     cluster = cluster_with(backoff={"initial": "1s", "max": "1s"})
     health = GroupHealth(verdict, None, "why", 2, True)
@@ -195,6 +195,48 @@ def test_a_group_that_is_not_desync_hang_or_dead_is_never_restarted(verdict: Ver
 
     assert all(pods_deleted(p) == [] and p.capture == () and p.restarted == () for p in plans)
     assert group(cluster)["restarts"] == 0
+
+
+def test_a_stopped_group_is_not_ready_but_not_sick_either() -> None:
+    """Its ranks exited cleanly (the engine was shut down on purpose): out of the ready count, since nothing
+    serves there, but no Degraded condition, no Warning, no evidence and no restart."""
+    cluster = cluster_with()
+    step(cluster, HEALTHY, at(0))
+    stopped = GroupHealth(Verdict.STOPPED, None, "ranks 0,1: exited cleanly", 0, True)
+
+    plans = [step(cluster, stopped, at(i)) for i in range(1, 4)]
+
+    assert all(p.capture == () and p.restarted == () and pods_deleted(p) == [] for p in plans)
+    assert [e for p in plans for e in p.events] == []
+    assert (group(cluster)["verdict"], group(cluster)["message"]) == ("Stopped", "ranks 0,1: exited cleanly")
+    assert cluster.pool["status"]["decode"]["ready"] == 0
+    conditions = {c["type"]: c["status"] for c in cluster.pool["status"]["conditions"]}
+    assert (conditions["Degraded"], conditions["Ready"]) == ("False", "False")
+
+
+@pytest.mark.parametrize("how", ["deletionTimestamp", "operator deleting"])
+@pytest.mark.parametrize("verdict", [Verdict.DESYNC, Verdict.HANG, Verdict.DEAD])
+def test_a_group_being_drained_or_replaced_is_never_judged_sick_captured_or_restarted(
+        how: str, verdict: Verdict) -> None:
+    """The monitor may have judged the group from its ranks as they stopped (a poll under way when the pod was
+    deleted): a group going away is not judged at all."""
+    cluster = cluster_with(backoff={"initial": "1s", "max": "1s"})
+    step(cluster, HEALTHY, at(0))
+    expect = None
+    if how == "deletionTimestamp":
+        cluster.owned[("Pod", "tiny-decode-0-0")]["metadata"]["deletionTimestamp"] = "2026-11-30T12:00:00Z"
+    else:
+        expect = Expectations(deleting=frozenset({("Pod", "tiny-decode-0-0")}))
+    sick = GroupHealth(verdict, None, "rank 1: process gone", 1, True)
+
+    plans = [step(cluster, sick, at(i), expect=expect) for i in range(1, 4)]
+
+    assert all(p.capture == () and p.restarted == () and pods_deleted(p) == [] for p in plans)
+    assert not [e for p in plans for e in p.events if e.type == "Warning"]
+    assert group(cluster)["verdict"] == "Unknown" and group(cluster)["restarts"] == 0
+    assert evidence(cluster) == []
+    degraded = next(c for c in cluster.pool["status"]["conditions"] if c["type"] == "Degraded")
+    assert degraded["status"] == "False"
 
 
 @pytest.mark.parametrize("verdict", [Verdict.HANG, Verdict.DEAD])
