@@ -10,6 +10,8 @@ Two choices that keep the status honest *and* quiet:
 - Messages are stable while the verdict holds: a Healthy group reads "all N ranks make progress", never the
   ever-changing phase ages, so an unchanged verdict never causes a status write. (Desync and Hang evidence
   does carry ages; `reconcile` keeps the first evidence of an episode, see `settled_message`.)
+- A group being stopped is never sick: one with a pod being deleted is Unknown ("Terminating"), whatever its
+  agents answer, and one whose ranks exited cleanly is Stopped (docs/architecture.md, "Rank health").
 """
 
 from __future__ import annotations
