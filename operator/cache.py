@@ -9,7 +9,6 @@ writes. This module makes no decisions and performs no I/O.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -49,10 +48,27 @@ def owning_pool(meta: Mapping[str, Any]) -> str | None:
     return None
 
 
+def json_copy(value: Any) -> Any:
+    """A deep copy of a JSON document (what a watch event's body is): several times faster than
+    `copy.deepcopy`, which a burst of pod events otherwise spends a tenth of the operator's time in."""
+    if isinstance(value, Mapping):
+        return {k: json_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_copy(v) for v in value]
+    return value
+
+
+def spec_unhandled(pool: Mapping[str, Any]) -> bool:
+    """A pool whose current spec no reconcile has handled yet (new, or changed since its status was written):
+    the work a person is waiting for, as opposed to following up on its objects."""
+    observed = (pool.get("status") or {}).get("observedGeneration")
+    return observed is None or observed != pool["metadata"].get("generation")
+
+
 def pool_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body]:
     """What the pool index stores for one pool."""
     meta = body["metadata"]
-    return {(meta["namespace"], meta["name"]): copy.deepcopy(dict(body))}
+    return {(meta["namespace"], meta["name"]): json_copy(body)}
 
 
 def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
@@ -62,7 +78,7 @@ def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[Po
     pool = owning_pool(meta)
     if pool is None:
         return None
-    return {(meta["namespace"], pool): {**copy.deepcopy(dict(body)), "apiVersion": api_version, "kind": kind}}
+    return {(meta["namespace"], pool): {**json_copy(body), "apiVersion": api_version, "kind": kind}}
 
 
 def router_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
@@ -77,7 +93,7 @@ def router_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
     if not any(ref.get("controller") and ref.get("kind") == "ReplicaSet" and str(ref.get("name", "")).startswith(
             prefix) for ref in meta.get("ownerReferences") or []):
         return None
-    return {(meta["namespace"], pool): {**copy.deepcopy(dict(body)), "apiVersion": "v1", "kind": "Pod"}}
+    return {(meta["namespace"], pool): {**json_copy(body), "apiVersion": "v1", "kind": "Pod"}}
 
 
 class Cache:

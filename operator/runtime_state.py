@@ -49,10 +49,10 @@ class OperatorState:
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
-    def poke(self, key: PoolKey) -> None:
-        """A change to the pool itself: reconcile now."""
+    def poke(self, key: PoolKey, *, urgent: bool = False) -> None:
+        """A change to the pool itself: reconcile now; `urgent` (a spec not handled yet) before other work."""
         self.seen.add(key)
-        self.queue.add(key)
+        self.queue.add(key, urgent=urgent)
         if self.health:
             self.health.watch(key)
 

@@ -4,11 +4,15 @@
 - A key is never handled by two workers at once; a key poked while it is being handled is handled again
   once more afterwards, so no change is lost.
 - A failed key comes back after an exponential backoff; a success forgets its failures.
+- An urgent key (a pool whose spec the operator has not handled yet) is handled before the others, so a burst
+  of owned-object events from pools already created cannot make a new pool wait behind all of them (as
+  controller-runtime's priority queue does for the events of an initial list).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Hashable
@@ -24,21 +28,28 @@ class Retry(Exception):
 
 class WorkQueue(Generic[K]):
     def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
-        self._ready: asyncio.Queue[K] = asyncio.Queue()
-        self._queued: set[K] = set()
+        self._urgent: collections.deque[K] = collections.deque()
+        self._normal: collections.deque[K] = collections.deque()
+        self._waiting = asyncio.Semaphore(0)  # one count per queued key, whichever deque holds it
+        self._queued: dict[K, bool] = {}  # key -> urgent
         self._active: set[K] = set()
-        self._dirty: set[K] = set()  # poked while active
+        self._dirty: dict[K, bool] = {}  # poked while active -> urgent
         self._failures: dict[K, int] = {}
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self._base_delay = base_delay
         self._max_delay = max_delay
 
-    def add(self, key: K) -> None:
+    def add(self, key: K, *, urgent: bool = False) -> None:
         if key in self._active:
-            self._dirty.add(key)
+            self._dirty[key] = self._dirty.get(key, False) or urgent
         elif key not in self._queued:
-            self._queued.add(key)
-            self._ready.put_nowait(key)
+            self._queued[key] = urgent
+            (self._urgent if urgent else self._normal).append(key)
+            self._waiting.release()
+        elif urgent and not self._queued[key]:
+            self._normal.remove(key)  # promoted: its place is with the urgent keys now
+            self._queued[key] = True
+            self._urgent.append(key)
 
     def add_after(self, key: K, delay: float) -> None:
         """Adds `key` once `delay` seconds have passed. A key already waiting keeps the earlier of the two
@@ -72,8 +83,9 @@ class WorkQueue(Generic[K]):
         return not self._queued and not self._active
 
     async def _next(self) -> K:
-        key = await self._ready.get()
-        self._queued.discard(key)
+        await self._waiting.acquire()
+        key = (self._urgent or self._normal).popleft()
+        del self._queued[key]
         self._active.add(key)
         return key
 
@@ -86,8 +98,7 @@ class WorkQueue(Generic[K]):
         else:
             self._failures.pop(key, None)
         if key in self._dirty:
-            self._dirty.discard(key)
-            self.add(key)
+            self.add(key, urgent=self._dirty.pop(key))
 
     async def run_worker(self, handle: Callable[[K], Awaitable[None]]) -> None:
         """Handles keys forever. `handle` raising means: retry later with backoff."""

@@ -3,6 +3,8 @@ events cannot change."""
 
 from __future__ import annotations
 
+import pytest
+
 from pdfleet.operator import cache
 from pdfleet.operator.cache import Cache, owned_entry, pool_entry
 
@@ -80,3 +82,14 @@ def test_router_pods_are_in_the_snapshot_but_never_among_what_the_pool_owns() ->
                     routers={("ns", "tiny"): [pod]})
     snap = c.snapshot(("ns", "tiny"))
     assert snap.routers == (pod,) and snap.of_kind("Pod") == []
+
+
+@pytest.mark.parametrize(("status", "generation", "unhandled"), [
+    (None, 1, True),  # new: never reconciled
+    ({"observedGeneration": 1}, 2, True),  # its spec changed since
+    ({"observedGeneration": 2}, 2, False),  # only its status or objects moved
+])
+def test_a_pool_whose_spec_no_reconcile_handled_yet_is_urgent(status: dict | None, generation: int,
+                                                               unhandled: bool) -> None:
+    pool = {"metadata": {"name": "p", "namespace": "ns", "generation": generation}, "status": status}
+    assert cache.spec_unhandled(pool) is unhandled

@@ -157,3 +157,39 @@ async def test_a_key_waiting_twice_is_handled_once() -> None:
         worker.cancel()
         queue.close()
     assert handled == ["a"]
+
+
+async def test_urgent_keys_are_handled_before_the_others_and_a_waiting_key_can_be_promoted() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    for key in ("owned-1", "owned-2", "owned-3"):
+        queue.add(key)
+    queue.add("new-pool", urgent=True)
+    queue.add("owned-3", urgent=True)  # its pool's spec changed while it waited
+    assert len(queue) == 4
+    handled: list[str] = []
+    worker = await drain(queue, handled)
+    await wait_idle(queue)
+    worker.cancel()
+    assert handled == ["new-pool", "owned-3", "owned-1", "owned-2"]
+
+
+async def test_an_urgent_poke_while_a_key_is_handled_brings_it_back_ahead_of_the_others() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    handled: list[str] = []
+    release = asyncio.Event()
+
+    async def handle(key: str) -> None:
+        handled.append(key)
+        if key == "a" and handled.count("a") == 1:
+            queue.add("b")
+            queue.add("a", urgent=True)  # poked while active: handled again, before b
+            await release.wait()
+
+    worker = asyncio.create_task(queue.run_worker(handle))
+    queue.add("a")
+    while len(handled) < 1:
+        await asyncio.sleep(0)
+    release.set()
+    await wait_idle(queue)
+    worker.cancel()
+    assert handled == ["a", "a", "b"]
