@@ -7,6 +7,7 @@ objects first, then deletions, then status, then events. Nothing here decides *w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import datetime
 import logging
 import time
@@ -59,8 +60,13 @@ class Controller:
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
         self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
         self._summaries: dict[PoolKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
+        # The pool as our last status write left it, by the resourceVersion it replaced: until the watch shows
+        # the write, a reconcile plans from this instead of the stale cached pool (whose status write would be
+        # refused with a conflict and retried with backoff, as it was dozens of times in a burst).
+        self._written: dict[PoolKey, tuple[str, dict[str, Any]]] = {}
 
     def forget(self, key: PoolKey) -> None:
+        self._written.pop(key, None)
         self._applied.pop(key, None)
         self._deleting.pop(key, None)
         self._summaries.pop(key, None)
@@ -121,9 +127,17 @@ class Controller:
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return "deleted"  # owner references let the garbage collector remove everything else
+        written = self._written.pop(key, None)
+        if written is not None and written[0] == pool["metadata"].get("resourceVersion"):
+            # The watch has not shown our last status write yet: plan from what the write returned.
+            self._written[key] = written
+            observed = dataclasses.replace(observed, pool=written[1])
+            pool = observed.pool
         expect = self._expectations(key, observed.owned)
+        started = time.perf_counter()
         plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image,
                               health=self._health(key))
+        planned = time.perf_counter()
         applied, deleting = self._applied[key], self._deleting[key]
 
         failed: set[ObjectKey] = set()
@@ -195,9 +209,10 @@ class Controller:
         if plan.requeue_after is not None and self._requeue is not None:
             self._requeue(key, plan.requeue_after)  # a restart backoff ends then; no event will say so
         if not plan.empty:
-            log.info("reconciled %s/%s: %d applied, %d deleted, status %s", key[0], key[1], len(plan.apply),
-                     len(plan.delete), "written" if plan.status is not None else "unchanged",
-                     extra={"pool": key[1], "namespace": key[0]})
+            done = time.perf_counter()
+            log.info("reconciled %s/%s: %d applied, %d deleted, status %s in %.0f ms (planning %.0f ms)", key[0],
+                     key[1], len(plan.apply), len(plan.delete), "written" if plan.status is not None else "unchanged",
+                     1000 * (done - started), 1000 * (planned - started), extra={"pool": key[1], "namespace": key[0]})
         return "rejected" if plan.rejected else "refused" if refused else "success"
 
     async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
@@ -227,7 +242,9 @@ class Controller:
         # A merge patch of the whole status, guarded by the resourceVersion we planned from: a status
         # computed from a stale pool is refused (409) and recomputed, never written over newer news.
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
-        await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        stored = await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        if isinstance(stored, dict) and stored.get("metadata", {}).get("resourceVersion"):
+            self._written[(meta["namespace"], meta["name"])] = (meta["resourceVersion"], stored)
 
     async def post_event(self, pool: Mapping[str, Any], event: Event) -> None:
         """An event about `pool` from outside a reconcile (the routers' membership, say)."""
