@@ -73,6 +73,27 @@ def operator_metrics(port: int) -> dict[str, float]:
     return out
 
 
+def reconcile_summary(port: int) -> str:
+    """How many reconciles the operator ran and their mean duration, and its API answers other than 2xx: where an
+    operator slower than the floor spends its time."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+        text = r.read().decode()
+    count = total = 0.0
+    codes: dict[str, float] = {}
+    for line in text.splitlines():
+        series, _, value = line.rpartition(" ")
+        if series.startswith("pdfleet_reconcile_duration_seconds_count"):
+            count += float(value)
+        elif series.startswith("pdfleet_reconcile_duration_seconds_sum"):
+            total += float(value)
+        elif series.startswith("pdfleet_kube_requests_total{") and not series.split('code="', 1)[1].startswith("2"):
+            code = series.split('code="', 1)[1].split('"', 1)[0]
+            codes[code] = codes.get(code, 0.0) + float(value)
+    answers = ", ".join(f"{n:.0f}x {code}" for code, n in sorted(codes.items())) or "none"
+    return f"{count:.0f} reconciles, mean {1000 * total / count if count else 0:.0f} ms; API answers other than 2xx: " \
+           f"{answers}"
+
+
 def writes(m: dict[str, float]) -> float:
     return sum(v for verb, v in m.items() if verb in WRITE_VERBS)
 
@@ -157,6 +178,7 @@ class Bench:
                 print(f"   operator CPU meanwhile: {cpu:.1f} s ({cpu / (time.monotonic() - t0):.0%} of one core)",
                       flush=True)
                 total = await self._settled_writes(metrics_port)
+                print(f"   {reconcile_summary(metrics_port)}", flush=True)
                 steady = await self._steady_writes(metrics_port)
                 self.results |= {"operator_p50_s": statistics.median(latencies),
                                  "operator_p99_s": percentile(latencies, 0.99),
