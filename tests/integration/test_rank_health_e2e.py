@@ -134,3 +134,29 @@ def test_a_desync_is_captured_as_evidence_then_the_group_is_restarted_as_a_unit(
     # The other group was never touched.
     assert fleet.engine_pods(cluster, namespace, POOL, role="prefill")[0]["metadata"]["uid"] == prefill_uid
     fleet.wait_ready(cluster, namespace, POOL, timeout=60)
+
+
+def test_an_engine_pod_deleted_in_normal_operation_is_replaced_without_being_judged_sick(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    """Its ranks exit cleanly on the SIGTERM drain and its agent goes with it: none of that is a death, so no
+    GroupDead, no evidence and no restart; the normal reconcile recreates the pod."""
+    health = {**HEALTH, "restartBudget": {"count": 3, "window": "1h"}, "backoff": {"initial": "1s", "max": "1s"}}
+    start_pool(cluster, namespace, health)
+    wait_for("the decode group Healthy", lambda: verdict(cluster, namespace, DECODE, "Healthy"), timeout=60)
+    before = decode_pod(cluster, namespace)
+
+    cluster.kubectl("delete", "pod", "-n", namespace, before["metadata"]["name"], "--wait=false")
+
+    def replaced() -> dict | None:
+        pods = fleet.engine_pods(cluster, namespace, POOL, group=DECODE)
+        ok = len(pods) == 1 and pods[0]["metadata"]["uid"] != before["metadata"]["uid"] and fleet.is_ready(pods[0])
+        return pods[0] if ok else None
+    wait_for("the decode group's pod replaced and Ready", replaced, timeout=90, interval=0.2)
+    wait_for("the new group Healthy", lambda: verdict(cluster, namespace, DECODE, "Healthy"), timeout=30)
+    fleet.wait_ready(cluster, namespace, POOL, timeout=60)
+
+    for reason in ("GroupDead", "GroupDesync", "GroupHang", "EvidenceCaptured", "GroupRestarted"):
+        assert fleet.events(cluster, namespace, POOL, reason) == [], reason
+    evidence = cluster.get("configmaps", "-n", namespace, "-l", "pdfleet.dev/evidence=true")["items"]
+    assert evidence == []
+    assert fleet.group_status(cluster, namespace, POOL, DECODE)["restarts"] == 0
