@@ -25,6 +25,7 @@ from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import stamp
 from pdfleet.operator.workqueue import Retry
 
@@ -44,14 +45,24 @@ def _no_health(_: PoolKey) -> Mapping[str, GroupHealth]:
     return {}
 
 
+# What the operator last saw of a pool's engines for the verification gates, by group name (`engines.monitor`).
+EnginesView = Callable[[PoolKey], Mapping[str, EngineFacts]]
+
+
+def _no_engines(_: PoolKey) -> Mapping[str, EngineFacts]:
+    return {}
+
+
 class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
                  health: HealthView = _no_health, agents: AgentClient | None = None,
-                 requeue: Callable[[PoolKey, float], None] | None = None) -> None:
+                 requeue: Callable[[PoolKey, float], None] | None = None,
+                 engines: EnginesView = _no_engines) -> None:
         self._client = client
         self._cache = cache
         self._runtime_image = runtime_image
         self._health = health
+        self._engines = engines
         self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
         self._requeue = requeue  # reconcile a pool again after a delay (the work queue's add_after)
         # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
@@ -136,7 +147,7 @@ class Controller:
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
         plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image,
-                              health=self._health(key))
+                              health=self._health(key), engines=self._engines(key))
         planned = time.perf_counter()
         applied, deleting = self._applied[key], self._deleting[key]
 

@@ -72,7 +72,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
                                                  runtime_image=state.options.runtime_image,
                                                  health=state.health.health, agents=agent_client,
-                                                 requeue=state.queue.add_after)
+                                                 requeue=state.queue.add_after, engines=state.health.facts)
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
     state.membership = membership.RouterMembership(routers=routers.RouterClient(),
                                                    post_event=state.controller.post_event)

@@ -18,6 +18,7 @@ class ConditionType(enum.StrEnum):
     READY = "Ready"  # every engine group of both roles serves, behind the router
     PROGRESSING = "Progressing"  # a rollout or scale is under way
     DEGRADED = "Degraded"  # some group is unhealthy, restarting or failed
+    ROLLOUT_VERIFIED = "RolloutVerified"  # every group of the update revision passed its verification gates
 
 
 class ConditionStatus(enum.StrEnum):

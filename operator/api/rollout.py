@@ -2,7 +2,8 @@
 
 A change to anything that shapes the engine process is a new revision. Groups of the old revision are replaced
 whole, a role at a time in `order`, at most `maxUnavailable` groups of a role out of service at once; a group
-counts as replaced when every pod of the new revision is Ready.
+counts as replaced once every pod of the new revision is Ready and the group passed every enabled
+`verification` gate. A failed gate stops the rollout until the spec changes.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Annotated
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel
+from pdfleet.operator.api.scalars import Duration
 
 
 class RolloutOrder(enum.StrEnum):
@@ -27,8 +29,28 @@ class MaxUnavailable(ApiModel):
     decode: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="Decode groups at once.")
 
 
+class VerificationSpec(ApiModel):
+    """Gates every engine group of a new revision passes before it counts as updated (new pools' groups too)."""
+
+    event_loop: bool = Field(
+        default=True, description="Every rank of the group reports the scheduler event loop its spec implies "
+                                  "(event_loop_normal_disagg_decode after overlapSchedule: Disabled, say), as "
+                                  "read from the rank agents.",
+    )
+    server_args: bool = Field(
+        default=True, description="The group's leader engine's /server_info shows the operator-owned flags the "
+                                  "operator rendered for it (not every default).",
+    )
+    timeout: Duration = Field(
+        default="15m", description="How long a group may take to pass its gates, from when all its pods are "
+                                   "Ready; past it the rollout fails with GateTimedOut.",
+    )
+
+
 class RolloutSpec(ApiModel):
     """Rollout policy."""
 
     max_unavailable: MaxUnavailable = Field(default_factory=MaxUnavailable, description="Per-role disruption limit.")
     order: RolloutOrder = Field(default=RolloutOrder.DECODE_FIRST, description="Which role is replaced first.")
+    verification: VerificationSpec = Field(default_factory=VerificationSpec,
+                                           description="What a replaced group must show before it counts.")

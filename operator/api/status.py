@@ -68,12 +68,40 @@ class ContainerExit(ApiModel):
     )
 
 
+class GateState(enum.StrEnum):
+    """Where one verification gate stands for one group."""
+
+    PASSED = "Passed"
+    FAILED = "Failed"  # the engines showed something else than expected: the rollout stops
+    TIMED_OUT = "TimedOut"  # rollout.verification.timeout passed before the gate could pass
+    WAITING = "Waiting"  # nothing to judge yet (an agent or /server_info has not answered)
+    SKIPPED = "Skipped"  # switched off in spec.rollout.verification: not judged, not passed
+
+
+class GateResult(ApiModel):
+    """What one verification gate saw of one group."""
+
+    name: Annotated[str, Field(min_length=1, max_length=63)] = Field(description="eventLoop or serverArgs.")
+    state: GateState = Field(description="Passed, Failed, TimedOut, Waiting or Skipped.")
+    message: Annotated[str, Field(max_length=2048)] = Field(default="", description="Expected and seen.")
+
+
+class GroupVerification(ApiModel):
+    """The verification gates' results for one group at one revision."""
+
+    revision: Annotated[str, Field(max_length=64)] = Field(description="The revision the gates judged.")
+    gates: tuple[GateResult, ...] = Field(
+        default=(), max_length=8, description="One entry per gate.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+
+
 class RoleStatus(ApiModel):
     """Engine-group counts of one role."""
 
     desired: Count = Field(default=0, description="Engine groups the spec asks for.")
     ready: Count = Field(default=0, description="Groups whose every rank is Healthy and that serve.")
-    updated: Count = Field(default=0, description="Groups at the update revision.")
+    updated: Count = Field(default=0, description="Groups at the update revision that passed verification.")
     summary: Annotated[str, Field(max_length=32)] = Field(
         default="0/0", description="ready/desired, for kubectl get."
     )
@@ -125,6 +153,13 @@ class GroupStatus(ApiModel):
     message: Annotated[str, Field(max_length=4096)] | None = Field(
         default=None, description="Why the verdict is what it is, for a person."
     )
+    verified_revision: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="The revision at which the group's current pods passed every enabled "
+                                  "verification gate; unset while they have not (yet).",
+    )
+    verification: GroupVerification | None = Field(
+        default=None, description="What the verification gates last saw of the group (spec.rollout.verification)."
+    )
 
 
 class InferencePoolStatus(ApiModel):
@@ -135,7 +170,8 @@ class InferencePoolStatus(ApiModel):
         default=None, description="metadata.generation this status was computed from."
     )
     current_revision: Annotated[str, Field(max_length=64)] | None = Field(
-        default=None, description="Revision every engine group last ran with all its pods Ready."
+        default=None, description="Revision every engine group last ran with all its pods Ready and verified "
+                                  "(every group passed spec.rollout.verification's gates)."
     )
     update_revision: Annotated[str, Field(max_length=64)] | None = Field(
         default=None, description="Revision the spec asks for; differs from currentRevision during a rollout."
@@ -147,6 +183,6 @@ class InferencePoolStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     conditions: tuple[Condition, ...] = Field(
-        default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded.",
+        default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )

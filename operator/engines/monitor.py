@@ -7,6 +7,10 @@ whose pods are all Ready (`agents.AgentClient`, bounded and with short timeouts)
 (`planning.rank_health`, pure) and stores the result. Only when a verdict changes does it poke the pool's
 reconcile; the reconcile turns the stored verdicts into status, conditions and events like any other input.
 So an unchanged verdict costs one HTTP round trip per pod per period and no API call at all.
+
+For the verification gates it also fetches, once per pod (by uid), `/server_info` of the leader engine of every
+group that runs its role's update revision with all pods Ready (`server_info.ServerInfoClient`), and hands the
+planner `EngineFacts` per group: which pods the poll judged, and what their /server_info showed.
 """
 
 from __future__ import annotations
@@ -26,10 +30,12 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
 from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.server_info import ServerInfoClient
 from pdfleet.operator.planning import rank_health, status
 from pdfleet.operator.planning.groups import pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.render import labels
+from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.render import labels, revision
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +51,12 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 
 class HealthMonitor:
     def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
-                 after_poll: AfterPoll | None = None) -> None:
+                 after_poll: AfterPoll | None = None, server_info: ServerInfoClient | None = None) -> None:
         self._cache = cache
         self._agents = agents
+        self._server_info = server_info  # made on first use, inside the event loop
+        self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
+        self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
         self._poke = poke
         self.after_poll = after_poll
         self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
@@ -58,6 +67,10 @@ class HealthMonitor:
     def health(self, key: PoolKey) -> Mapping[str, GroupHealth]:
         """What was last judged of the pool's groups, by group name (empty before the first poll)."""
         return dict(self._judged.get(key, {}))
+
+    def facts(self, key: PoolKey) -> Mapping[str, EngineFacts]:
+        """What the last poll saw of the pool's groups' engines for verification, by group name."""
+        return dict(self._facts.get(key, {}))
 
     def watch(self, key: PoolKey) -> None:
         """Polls the pool from now on, if it is not polled already."""
@@ -79,6 +92,8 @@ class HealthMonitor:
             task.cancel()
         self._judged.pop(key, None)
         self._answered.pop(key, None)
+        self._facts.pop(key, None)
+        self._infos.pop(key, None)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -88,6 +103,8 @@ class HealthMonitor:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         await self._agents.close()
+        if self._server_info is not None:
+            await self._server_info.close()
 
     async def _run(self, key: PoolKey) -> None:
         wake = self._wake.setdefault(key, asyncio.Event())
@@ -106,6 +123,8 @@ class HealthMonitor:
                 self._wake.pop(key, None)
                 self._judged.pop(key, None)
                 self._answered.pop(key, None)
+                self._facts.pop(key, None)
+                self._infos.pop(key, None)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=max(0.0, started + period - time.monotonic()))
@@ -120,10 +139,14 @@ class HealthMonitor:
         if spec is None or problems:
             return IDLE_PERIOD
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
-        judged = await self._judge(key, spec, observed, timeout=min(MAX_AGENT_TIMEOUT, period))
+        judged, judged_pods = await self._judge(key, spec, observed, timeout=min(MAX_AGENT_TIMEOUT, period))
+        facts = await self._engine_facts(key, spec, judged_pods)
         before = self._judged.get(key)
+        facts_before = self._facts.get(key)
         self._judged[key] = judged
-        if before is None or before.keys() != judged.keys() or \
+        self._facts[key] = facts
+        # New engine facts (a /server_info fetched, other pods judged) give the gates something new to judge.
+        if facts != facts_before or before is None or before.keys() != judged.keys() or \
                 any(not judged[name].same_as(before[name]) for name in judged):
             changed = [f"{n} {h.verdict}" for n, h in judged.items() if not h.same_as((before or {}).get(n))]
             for name, health in judged.items():
@@ -143,8 +166,44 @@ class HealthMonitor:
                 log.exception("after the rank-health poll of %s/%s", *key)
         return period
 
+    async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec,
+                            judged_pods: Mapping[str, list[Body]]) -> dict[str, EngineFacts]:
+        """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
+        groups whose pods all run their role's update revision and are Ready."""
+        infos = self._infos.setdefault(key, {})
+        wanted: list[tuple[Body, int]] = []
+        for pods in judged_pods.values():
+            role = _role(pods)
+            live = rank_health.live_pods(pods)
+            if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
+                continue
+            if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
+                    {revision.role_revision(spec, role)}:
+                continue
+            leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
+                          None)
+            if leader is not None and leader["metadata"].get("uid") not in infos:
+                wanted.append((leader, spec.role(role).port))
+        if wanted:
+            if self._server_info is None:
+                self._server_info = ServerInfoClient(timeout=MAX_AGENT_TIMEOUT)
+            client = self._server_info
+            got = await asyncio.gather(*(client.fetch(pod, port) for pod, port in wanted))
+            for (pod, _), info in zip(wanted, got, strict=True):
+                if info is not None:
+                    infos[pod["metadata"]["uid"]] = info
+        facts = {}
+        for name, pods in judged_pods.items():
+            uids = {p["metadata"].get("uid") for p in rank_health.live_pods(pods)} - {None}
+            facts[name] = EngineFacts(pods=frozenset(str(u) for u in uids),
+                                      server_info={u: infos[u] for u in uids if u in infos})
+        alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
+        for uid in set(infos) - alive:  # forget pods that are gone, so the memory stays as small as the fleet
+            del infos[uid]
+        return facts
+
     async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
-                     *, timeout: float) -> dict[str, GroupHealth]:
+                     *, timeout: float) -> tuple[dict[str, GroupHealth], dict[str, list[Body]]]:
         previous = {g.name: g.verdict for g in status.parse_status(observed.pool.get("status")).groups} \
             if observed.pool else {}
         answered = self._answered.setdefault(key, set())
@@ -161,6 +220,7 @@ class HealthMonitor:
         # restarted) takes its ranks down, and their exits or silence are that stop, not a sickness.
         now = pods_by_group(self._cache.snapshot(key).of_kind("Pod"))
         results: dict[str, GroupHealth] = {}
+        judged_pods: dict[str, list[Body]] = {}
         for (name, pods), answers in zip(groups, asked, strict=True):
             role = _role(pods)
             if role is None or name not in now:
@@ -174,13 +234,14 @@ class HealthMonitor:
             answered.update(p["metadata"].get("uid") for p in rank_health.live_pods(pods)
                             if answers.get(p["metadata"]["name"]))
             before = previous.get(name, Verdict.UNKNOWN) is not Verdict.UNKNOWN or bool(uids & answered)
+            judged_pods[name] = pods
             results[name] = rank_health.judge_group(
                 spec.health, tp=role_spec.tp, gpus_per_node=role_spec.gpus_per_node,
                 nodes=role_spec.nodes_per_group, pods=pods, answers=answers, answered_before=before)
         # Forget pods that are gone, so the memory stays as small as the fleet.
         alive = {p["metadata"].get("uid") for _, pods in groups for p in pods}
         answered.intersection_update(alive)
-        return results
+        return results, judged_pods
 
 
 def _uids(pods: list[Body]) -> set[str | None]:

@@ -26,13 +26,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from pdfleet.operator.api import checks
-from pdfleet.operator.api.conditions import ConditionType
+from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status, restarts
+from pdfleet.operator.planning import health_status, restarts, verification
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -45,6 +45,7 @@ from pdfleet.operator.planning.groups import (
 )
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
+from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
@@ -81,7 +82,8 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
 
 def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
          now: datetime.datetime | None = None, runtime_image: str | None = None,
-         health: Mapping[str, GroupHealth] | None = None) -> Plan:
+         health: Mapping[str, GroupHealth] | None = None,
+         engines: Mapping[str, EngineFacts] | None = None) -> Plan:
     expect = expect or Expectations()
     health = health or {}
     now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
@@ -97,10 +99,15 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     want = desired(ctx, spec)
     out = _Builder()
     _plan_shared_objects(want, observed, expect, out)
-    states = _plan_groups(spec, want, observed, expect, out)
+    pods = pods_by_group(observed.of_kind("Pod"))
+    states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
+    outcomes = _verify(spec, want, states, pods, previous, health, engines or {}, now)
+    _plan_groups(spec, want, observed, states, outcomes, expect, out)
     _plan_removals(want, observed, expect, out)
-    new_status = _status(spec, want, states, observed, previous, generation, now, out, health, ctx, expect)
-    waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None]
+    new_status = _status(spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
+                         outcomes)
+    waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None] + \
+        [o.deadline for o in outcomes.values() if o.deadline is not None]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
@@ -157,19 +164,37 @@ def _plan_layout_change(want: Desired, observed: Observed, out: _Builder) -> boo
     return True
 
 
-def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, expect: Expectations,
-                 out: _Builder) -> dict[str, GroupState]:
+def _verify(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState],
+            pods: Mapping[str, list[Body]], previous: InferencePoolStatus, health: Mapping[str, GroupHealth],
+            engines: Mapping[str, EngineFacts], now: datetime.datetime) -> dict[str, Outcome]:
+    before = {g.name: g for g in previous.groups}
+    return {g.name: verification.verify(
+        spec.rollout.verification, expected_loop=verification.expected_event_loop(spec, g.id.role),
+        revision=g.revision, ready=states[g.name] is GroupState.READY, want_pods=g.pods,
+        pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
+        facts=engines.get(g.name), now=now) for g in want.groups}
+
+
+def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
+                 outcomes: Mapping[str, Outcome], expect: Expectations, out: _Builder) -> None:
+    """Replaces outdated groups and creates missing ones. A replaced group is out of service until it is Ready
+    *and verified*; a failed gate holds the whole rollout (nothing more is replaced until the spec changes)."""
     pods = pods_by_group(observed.of_kind("Pod"))
-    states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
     if _plan_layout_change(want, observed, out):
-        return states
+        return
+    halted = any(o.stopped for o in outcomes.values())
+
+    def out_of_service(group: DesiredGroup) -> bool:
+        state = states[group.name]
+        return state in UNAVAILABLE or (state is GroupState.READY and not outcomes[group.name].verified)
+
     earlier_unsettled = False  # a role earlier in `rollout.order` still rolling: later roles keep their groups
     for role in _role_order(spec):
         groups = [g for g in want.groups if g.id.role is role]
-        budget = 0 if earlier_unsettled else \
-            _max_unavailable(spec, role) - sum(states[g.name] in UNAVAILABLE for g in groups)
+        budget = 0 if earlier_unsettled or halted else \
+            _max_unavailable(spec, role) - sum(out_of_service(g) for g in groups)
         earlier_unsettled = earlier_unsettled or \
-            any(states[g.name] in UNAVAILABLE or states[g.name] is GroupState.OUTDATED for g in groups)
+            any(out_of_service(g) or states[g.name] is GroupState.OUTDATED for g in groups)
         # One Event per role and step, naming its groups: a new pool of 8 groups says so in 2 Events, not 8.
         replaced: list[tuple[DesiredGroup, list[Body]]] = []
         created: list[tuple[DesiredGroup, list[Body]]] = []
@@ -197,7 +222,6 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, exp
                                     f"created {role} {_names(g for g, _ in created)} at revision "
                                     f"{created[0][0].revision}: {len(pods_)} pod(s), {gpus} GPU(s)",
                                     about=_keys([p for _, ps in created for p in ps])))
-    return states
 
 
 def _names(groups: Iterable[DesiredGroup]) -> str:
@@ -319,11 +343,13 @@ def _serving(state: GroupState, group: GroupStatus) -> bool:
 def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
             out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
-            expect: Expectations) -> InferencePoolStatus:
+            expect: Expectations, outcomes: Mapping[str, Outcome]) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
     groups = tuple(_act_on_health(spec, g, states[g.name], pods.get(g.name, []), observed, expect, now, out, ctx,
                                   _group_status(g, states[g.name], pods.get(g.name, []), previous,
                                                 health.get(g.name)))
+                   .model_copy(update={"verified_revision": outcomes[g.name].verified_revision,
+                                       "verification": outcomes[g.name].verification})
                    for g in want.groups)
     configmaps = observed.of_kind("ConfigMap")
     out.delete_objects([cm for cm in restarts.stale_evidence(spec.health, configmaps, [g.name for g in groups])
@@ -335,29 +361,42 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
         counts[role] = RoleStatus.of(
             desired=spec.role(role).replicas,
             ready=sum(_serving(states[g.name], by_name[g.name]) for g in mine),
-            updated=sum(states[g.name] in (GroupState.READY, GroupState.STARTING) for g in mine),
+            updated=sum(outcomes[g.name].verified for g in mine),
         )
     router_ok = _router_available(spec, observed)
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
-    settled = all(s is GroupState.READY for s in states.values()) and router_ok
+    update_rev = revision.pool_revision(spec)
+    rollout = verification.rollout_verified(want.groups, outcomes, update_rev)
+    settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
+        rollout.status is ConditionStatus.TRUE
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
     degraded = health_status.degraded(groups, failed)
     summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"
                + ("" if router_ok else ", router not available"))
     prev_conds = previous.conditions
-    progressing_reason = "RollingOut" if any(s is GroupState.OUTDATED for s in states.values()) else "Reconciling"
+    progressing_reason = "RollingOut" if any(s is GroupState.OUTDATED for s in states.values()) else \
+        "Verifying" if rollout.status is ConditionStatus.UNKNOWN and not any(
+            s in UNAVAILABLE for s in states.values()) else "Reconciling"
+    stopped = rollout.status is ConditionStatus.FALSE
     conds = [
         status_mod.condition(prev_conds, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
                              generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
                              "GroupsNotReady", summary, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.PROGRESSING, not settled,
-                             "Stable" if settled else progressing_reason, summary, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.PROGRESSING, not settled and not stopped,
+                             "Stable" if settled else rollout.reason if stopped else progressing_reason,
+                             rollout.message if stopped else summary, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
                              degraded.message, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
+                             rollout.message, generation=generation, now=now),
     ]
-    phase = Phase.READY if all_ready else Phase.DEGRADED if degraded.status else Phase.PROGRESSING \
-        if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
+    phase = Phase.FAILED if stopped else Phase.READY if all_ready else Phase.DEGRADED if degraded.status else \
+        Phase.PROGRESSING if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
+    if stopped and not status_mod.holds(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
+                                        rollout.message):
+        # Once per failure: the condition stays False with this message until the spec changes.
+        out.events.append(Event("Warning", "RolloutGateFailed", f"rollout stopped: {rollout.message}"))
     was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
     out.events.extend(health_status.transition_events(previous, groups))
     out.events.extend(health_status.exhausted_events(previous, groups))
@@ -369,7 +408,6 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
         if previous.observed_generation is not None and before != counts[role].desired:
             out.events.append(Event("Normal", "Scaled",
                                     f"scaled {role} from {before} to {counts[role].desired} group(s)"))
-    update_rev = revision.pool_revision(spec)
     return InferencePoolStatus(
         phase=phase,
         observed_generation=generation,

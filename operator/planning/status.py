@@ -29,14 +29,15 @@ def parse_status(raw: Mapping[str, Any] | None) -> InferencePoolStatus:
 def condition(
     previous: Iterable[Condition],
     type_: ConditionType,
-    status: bool,
+    status: bool | ConditionStatus,
     reason: str,
     message: str,
     *,
     generation: int | None,
     now: datetime.datetime,
 ) -> Condition:
-    value = ConditionStatus.TRUE if status else ConditionStatus.FALSE
+    value = status if isinstance(status, ConditionStatus) else ConditionStatus.TRUE if status else \
+        ConditionStatus.FALSE
     before = next((c for c in previous if c.type == type_), None)
     moved = before is None or before.status != value
     return Condition(
@@ -47,6 +48,12 @@ def condition(
         reason=reason,
         message=message,
     )
+
+
+def holds(previous: Iterable[Condition], type_: ConditionType, status: ConditionStatus, reason: str,
+          message: str) -> bool:
+    """The previous conditions already say this (same status, reason and message): nothing new to announce."""
+    return any(c.type == type_ and (c.status, c.reason, c.message) == (status, reason, message) for c in previous)
 
 
 def merge_conditions(previous: Iterable[Condition], updated: Iterable[Condition]) -> tuple[Condition, ...]:

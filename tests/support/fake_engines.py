@@ -45,7 +45,7 @@ class _Server:
         self.routes(app)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, 0)
+        site = web.TCPSite(self._runner, self.host, self.port)  # 0 unless set: any free port
         await site.start()
         self.port = self._runner.addresses[0][1]
         return self.port
@@ -152,3 +152,17 @@ class FakeRouter(_Server):
         self.register(body["url"], body.get("worker_type", "regular"),
                       **({"bootstrap_port": body["bootstrap_port"]} if "bootstrap_port" in body else {}))
         return web.json_response({"status": "added"})
+
+
+class FakeEngine(_Server):
+    """An SGLang engine's `GET /server_info`: `args` stands for its resolved ServerArgs fields."""
+
+    def __init__(self, host: str, args: Body | None = None) -> None:
+        super().__init__(host)
+        self.args: Body = dict(args or {})
+
+    def routes(self, app: web.Application) -> None:
+        app.router.add_get("/server_info", self._server_info)
+
+    async def _server_info(self, _: web.Request) -> web.Response:
+        return web.json_response({**self.args, "version": "0.5.23", "internal_states": [{}]})

@@ -14,6 +14,7 @@ from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.render import labels
+from tests.support import verified_engines
 from tests.support.pools import pool_body
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
@@ -24,10 +25,13 @@ class FakeCluster:
     """Applies plans the way the apiserver, kwok and the controllers would, instantly: pods become Ready,
     deletions complete, status is stored. Enough to walk the planner through a whole life."""
 
-    def __init__(self, pool: Body) -> None:
+    def __init__(self, pool: Body, *, engines: bool = True) -> None:
         self.pool = pool
         self.owned: dict[tuple[str, str], Body] = {}
         self.writes = 0
+        self.engines = engines  # Ready engines answer the verification gates as rendered
+        self.loops: dict[str, str] = {}  # group -> the loop its ranks report instead
+        self.server_args: dict[str, Body] = {}  # group -> /server_info fields its leader reports instead
 
     def observed(self) -> Observed:
         return Observed(pool=copy.deepcopy(self.pool), owned=copy.deepcopy(self.owned))
@@ -38,7 +42,8 @@ class FakeCluster:
             obj = copy.deepcopy(obj)
             obj["metadata"]["uid"] = f"uid-{obj['metadata']['name']}"
             if obj["kind"] == "Pod":
-                obj["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+                obj["status"] = {"phase": "Running", "conditions": [
+                    {"type": "Ready", "status": "True", "lastTransitionTime": NOW.strftime("%Y-%m-%dT%H:%M:%SZ")}]}
             if obj["kind"] == "Deployment":
                 obj["status"] = {"availableReplicas": obj["spec"]["replicas"]}
             self.owned[(obj["kind"], obj["metadata"]["name"])] = obj
@@ -49,8 +54,15 @@ class FakeCluster:
             self.writes += 1
             self.pool["status"] = plan.status
 
-    def step(self) -> Plan:
-        plan = reconcile.plan(self.pool, self.observed(), now=NOW)
+    def answers(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        if not self.engines:
+            return {}, {}
+        pods = [o for (kind, _), o in self.owned.items() if kind == "Pod"]
+        return verified_engines.answers(self.pool, pods, loops=self.loops, server_args=self.server_args)
+
+    def step(self, now: datetime.datetime = NOW) -> Plan:
+        health, engines = self.answers()
+        plan = reconcile.plan(self.pool, self.observed(), now=now, health=health, engines=engines)
         self.apply(plan)
         return plan
 

@@ -1,0 +1,300 @@
+"""Verification gates: what a group of a new revision must show before it counts as updated. Pure.
+
+A group is judged once every pod of it runs the revision it should and is Ready (`GroupState.READY`). Each
+enabled gate (`spec.rollout.verification`) then reads what the engines say of themselves:
+
+- eventLoop: every rank reports the scheduler loop the spec implies (`expected_event_loop`), from the rank
+  agents (`rank_health.GroupHealth.event_loop`);
+- serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the operator rendered for
+  that pod (`expected_server_args`), not every default.
+
+Everything the gates read is tied to the pods it is about (`EngineFacts.pods`, by uid), so what was seen of a
+group's old pods is never taken for its new ones. The results live in `status.groups[].verification` and
+`verifiedRevision`: a failed gate stays failed for its revision (the rollout holds until the spec changes) and a
+passed one stays passed while the group's pods run the revision they were verified at. Nothing is kept only in
+memory, so an operator restarted at any moment judges the same.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pdfleet.operator.api.conditions import ConditionStatus
+from pdfleet.operator.api.engine import Switch
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.rollout import VerificationSpec
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import GateResult, GateState, GroupStatus, GroupVerification
+from pdfleet.operator.planning.groups import parse_time
+from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.render import labels
+from pdfleet.operator.render.desired import DesiredGroup
+from pdfleet.runtime.health import phases
+
+Body = dict[str, Any]
+
+EVENT_LOOP = "eventLoop"
+SERVER_ARGS = "serverArgs"
+STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
+
+# Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
+# there (`bool`: a store_true flag). Checked against the installed SGLang in tests/unit/test_verification.py.
+SERVER_ARG_FIELDS: dict[str, tuple[str, type]] = {
+    "--model-path": ("model_path", str),
+    "--served-model-name": ("served_model_name", str),
+    "--tool-call-parser": ("tool_call_parser", str),
+    "--reasoning-parser": ("reasoning_parser", str),
+    "--chat-template": ("chat_template", str),
+    "--trust-remote-code": ("trust_remote_code", bool),
+    "--port": ("port", int),
+    "--tp-size": ("tp_size", int),
+    # Rendered only with --enable-dp-attention, under which SGLang 0.5.23 resolves the size into attn_dp_size
+    # (and leaves dp_size at 1).
+    "--dp-size": ("attn_dp_size", int),
+    "--enable-dp-attention": ("enable_dp_attention", bool),
+    "--nnodes": ("nnodes", int),
+    "--node-rank": ("node_rank", int),
+    "--dist-init-addr": ("dist_init_addr", str),
+    "--disaggregation-mode": ("disaggregation_mode", str),
+    "--disaggregation-bootstrap-port": ("disaggregation_bootstrap_port", int),
+    "--disaggregation-transfer-backend": ("disaggregation_transfer_backend", str),
+    "--disaggregation-ib-device": ("disaggregation_ib_device", str),
+    "--disable-overlap-schedule": ("disable_overlap_schedule", bool),
+    "--disable-tokenizer-batch-decode": ("disable_tokenizer_batch_decode", bool),
+    "--enable-metrics": ("enable_metrics", bool),
+}
+# Managed flags not compared, and why (every other managed flag is in SERVER_ARG_FIELDS).
+NOT_COMPARED: dict[str, str] = {
+    "--host": "a bind address: the pod's runtime may narrow 0.0.0.0 to the pod's IP",
+    "--model": "an alias the renderer never writes",
+    "--tensor-parallel-size": "an alias the renderer never writes",
+    "--data-parallel-size": "an alias the renderer never writes",
+    "--pp-size": "refused: pipeline parallelism is not supported",
+    "--pipeline-parallel-size": "refused: pipeline parallelism is not supported",
+}
+# Flags the operator owns through a Switch: their absence is rendered on purpose (the switch is Enabled), so
+# the engine must show them off, too.
+SWITCHED = ("--disable-overlap-schedule", "--disable-tokenizer-batch-decode")
+SERVER_INFO_FIELDS = frozenset(field for field, _ in SERVER_ARG_FIELDS.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineFacts:
+    """What the health monitor saw of one group's engines in the poll that judged its health: the input
+    `reconcile.plan` takes per group name, next to `health`."""
+
+    pods: frozenset[str]  # uids of the pods the poll (and so the group's GroupHealth) was about
+    server_info: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # by pod uid
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """A group's verification after this reconcile."""
+
+    revision: str  # the revision the group should run
+    verified_revision: str | None
+    verification: GroupVerification | None
+    deadline: datetime.datetime | None = None  # when a waiting gate times out
+
+    @property
+    def verified(self) -> bool:
+        return self.verified_revision == self.revision
+
+    @property
+    def stopped(self) -> GateResult | None:
+        """The gate that failed or timed out at the revision the group should run, if one did: the rollout
+        holds."""
+        if self.verification is None or self.verification.revision != self.revision:
+            return None
+        return next((g for g in self.verification.gates if g.state in STOPPED), None)
+
+
+def expected_event_loop(spec: InferencePoolSpec, role: Role) -> str:
+    """The loop SGLang's `_dispatch_event_loop_once` picks for a PD engine of `role` rendered from `spec`:
+    `event_loop_overlap_disagg_<role>` unless --disable-overlap-schedule (overlapSchedule: Disabled), then
+    `event_loop_normal_disagg_<role>` (pipeline parallelism, the third choice, is refused by the API)."""
+    kind = "normal" if spec.engine.overlap_schedule is Switch.DISABLED else "overlap"
+    loop = phases.LoopName.from_method(f"event_loop_{kind}_disagg_{role}")
+    assert loop is not phases.LoopName.UNKNOWN, f"no SGLang loop for {kind} {role}"
+    return loop.method
+
+
+def engine_command(pod: Body) -> list[str]:
+    """The SGLang arguments rendered into an engine pod (after the launcher's `--`)."""
+    for container in pod["spec"]["containers"]:
+        args = list(container.get("args") or [])
+        if "--" in args:
+            return args[args.index("--") + 1:]
+    return []
+
+
+def expected_server_args(command: Sequence[str]) -> dict[str, Any]:
+    """ServerArgs field -> value for every operator-owned flag in an engine's command line, typed as
+    /server_info reports it. Switch flags the operator left out are expected off."""
+    out: dict[str, Any] = {}
+    args = list(command)
+    for i, arg in enumerate(args):
+        name, eq, inline = arg.partition("=")
+        if name not in SERVER_ARG_FIELDS:
+            continue
+        field, kind = SERVER_ARG_FIELDS[name]
+        if kind is bool:
+            out[field] = True
+        else:
+            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
+            out[field] = kind(raw)
+    for flag in SWITCHED:
+        out.setdefault(SERVER_ARG_FIELDS[flag][0], False)
+    return out
+
+
+def _seen(value: Any, kind: type) -> Any:
+    try:
+        return value if value is None else kind(value)
+    except (TypeError, ValueError):
+        return value
+
+
+def server_args_mismatches(expected: Mapping[str, Any], seen: Mapping[str, Any]) -> list[str]:
+    """'field: expected X, seen Y' for each expected field the engine shows otherwise."""
+    kinds = dict(SERVER_ARG_FIELDS.values())
+    out = []
+    for field, want in expected.items():
+        got = _seen(seen.get(field), kinds.get(field, str))
+        if field not in seen:
+            out.append(f"{field}: expected {want!r}, not reported")
+        elif got != want:
+            out.append(f"{field}: expected {want!r}, seen {got!r}")
+    return out
+
+
+def ready_since(pods: Sequence[Body]) -> datetime.datetime | None:
+    """When the last of the pods became Ready (their Ready condition's transition, which kubelet always sets),
+    None when a pod does not say: then nothing times out."""
+    times = []
+    for pod in pods:
+        cond = next((c for c in (pod.get("status") or {}).get("conditions") or [] if c.get("type") == "Ready"), {})
+        moment = parse_time(cond.get("lastTransitionTime"))
+        if moment is None:
+            return None
+        times.append(moment)
+    return max(times) if times else None
+
+
+def _live(pods: Sequence[Body]) -> list[Body]:
+    return [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+
+
+def _running(pods: Sequence[Body]) -> str | None:
+    """The one revision every live pod of the group runs, or None."""
+    revisions = {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in _live(pods)}
+    return revisions.pop() if len(revisions) == 1 else None
+
+
+def _leader(pods: Sequence[Body]) -> Body | None:
+    return next((p for p in pods if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
+
+
+def _event_loop_gate(expected: str, health: GroupHealth | None, current: bool) -> GateResult:
+    if health is None or not current:
+        return GateResult(name=EVENT_LOOP, state=GateState.WAITING,
+                          message=f"expected {expected}: no rank agent of the group's current pods judged yet")
+    if health.event_loop is None:
+        return GateResult(name=EVENT_LOOP, state=GateState.WAITING,
+                          message=f"expected {expected}: the ranks do not all report one loop yet "
+                                  f"({health.ranks} reporting)")
+    if health.event_loop == expected:
+        return GateResult(name=EVENT_LOOP, state=GateState.PASSED, message=f"every rank runs {expected}")
+    return GateResult(name=EVENT_LOOP, state=GateState.FAILED,
+                      message=f"expected {expected}, seen {health.event_loop}")
+
+
+def _server_args_gate(want_leader: Body | None, leader: Body | None, facts: EngineFacts | None) -> GateResult:
+    name = leader["metadata"]["name"] if leader is not None else "the leader pod"
+    seen = facts.server_info.get(leader["metadata"].get("uid", "")) if facts and leader is not None else None
+    if seen is None or want_leader is None:
+        return GateResult(name=SERVER_ARGS, state=GateState.WAITING,
+                          message=f"waiting for /server_info of {name}")
+    expected = expected_server_args(engine_command(want_leader))
+    wrong = server_args_mismatches(expected, seen)
+    if wrong:
+        return GateResult(name=SERVER_ARGS, state=GateState.FAILED, message=f"{name}: {'; '.join(wrong)}")
+    return GateResult(name=SERVER_ARGS, state=GateState.PASSED,
+                      message=f"{name} shows the {len(expected)} operator-owned arg(s) it was rendered with")
+
+
+def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready: bool,
+           want_pods: Sequence[Body], pods: Sequence[Body], before: GroupStatus | None,
+           health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime) -> Outcome:
+    """One group's verification. `revision`: the one it should run; `ready`: every pod of it runs that
+    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status."""
+    last = before.verification if before else None
+    running = _running(pods)
+    if last is not None and last.revision == revision and any(g.state in STOPPED for g in last.gates):
+        return Outcome(revision, None, last)  # a failure holds for its revision: the spec must change
+    kept = last if last is not None and last.revision == running else None
+    if before is not None and before.verified_revision is not None and before.verified_revision == running:
+        return Outcome(revision, running, kept)  # verified, and still the pods it was verified on
+    if not ready:
+        return Outcome(revision, None, kept)
+    live = _live(pods)
+    current = facts is not None and facts.pods == frozenset(p["metadata"].get("uid") for p in live)
+    gates = [
+        _event_loop_gate(expected_loop, health, current) if policy.event_loop
+        else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
+        _server_args_gate(_leader(want_pods), _leader(live), facts if current else None) if policy.server_args
+        else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
+    ]
+    deadline = None
+    if any(g.state is GateState.WAITING for g in gates):
+        since = ready_since(live)
+        timeout = parse_duration(policy.timeout)
+        deadline = since + timeout if since is not None else None
+        if deadline is not None and deadline <= now:
+            gates = [GateResult(name=g.name, state=GateState.TIMED_OUT,
+                                message=f"not passed within {policy.timeout} of the group's pods being Ready: "
+                                        f"{g.message}")
+                     if g.state is GateState.WAITING else g for g in gates]
+            deadline = None
+    verification = GroupVerification(revision=revision, gates=tuple(gates))
+    passed = all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates)
+    return Outcome(revision, revision if passed else None, verification, deadline)
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutVerified:
+    """The pool's RolloutVerified condition, from its groups' outcomes."""
+
+    status: ConditionStatus
+    reason: str
+    message: str
+
+
+def rollout_verified(groups: Sequence[DesiredGroup], outcomes: Mapping[str, Outcome],
+                     update_revision: str) -> RolloutVerified:
+    """True when every group runs its revision verified; False (GateFailed, GateTimedOut) when a gate of one
+    stopped the rollout, naming the gate, the group and what it expected and saw; Unknown (Verifying) else."""
+    for group in groups:
+        gate = outcomes[group.name].stopped
+        if gate is not None:
+            reason = "GateTimedOut" if gate.state is GateState.TIMED_OUT else "GateFailed"
+            return RolloutVerified(ConditionStatus.FALSE, reason,
+                                   f"gate {gate.name} failed for {group.id.role} group {group.name} at revision "
+                                   f"{group.revision}: {gate.message}")
+    pending = [g for g in groups if not outcomes[g.name].verified]
+    if not pending:
+        return RolloutVerified(ConditionStatus.TRUE, "AllGroupsVerified",
+                               f"every group of revision {update_revision} passed verification")
+    judged = [g for g in pending if (v := outcomes[g.name].verification) is not None and v.revision == g.revision]
+    first = (judged or pending)[0]
+    waiting = outcomes[first.name].verification
+    gates = [f"{g.name}: {g.message}" for g in waiting.gates if g.state is GateState.WAITING] if judged and \
+        waiting is not None else []
+    what = "; ".join(gates) if gates else "its pods do not all run that revision and are Ready yet"
+    return RolloutVerified(ConditionStatus.UNKNOWN, "Verifying",
+                           f"{len(groups) - len(pending)}/{len(groups)} group(s) verified at revision "
+                           f"{update_revision}; waiting for {first.name}: {what}")

@@ -1,0 +1,91 @@
+"""The health monitor's part in verification: it fetches each update-revision group leader's /server_info once per
+pod (real HTTP on loopback, `tests.support.fake_engines.FakeEngine`), ties what it saw to the pods it judged
+(`EngineFacts`), and the reconcile turns that into the groups' verification gates."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from pdfleet.operator.planning import verification
+from pdfleet.runtime.health import phases
+from tests.support.fake_engines import FakeEngine, rank
+from tests.support.fake_fleet import DECODE, IPS, KEY, PODS, PREFILL, Fleet, fake_fleet
+
+LOOPS = {PREFILL: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_PREFILL,
+         DECODE: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
+
+
+@pytest.fixture
+async def engines() -> AsyncIterator[dict[str, FakeEngine]]:
+    servers = {group: FakeEngine(ip) for group, ip in IPS.items()}
+    port = await servers[PREFILL].start()
+    servers[DECODE].port = port  # one port for both roles, as a pool with a router has it
+    await servers[DECODE].start()
+    yield servers
+    for server in servers.values():
+        await server.close()
+
+
+@pytest.fixture
+async def fleet(engines: dict[str, FakeEngine]) -> AsyncIterator[Fleet]:
+    async with fake_fleet(health={"heartbeatPeriod": "20s"}, prefill__port=engines[PREFILL].port,
+                          decode__port=engines[DECODE].port) as fleet:
+        for group, agent in fleet.agents.items():  # ranks on the loop the spec implies
+            agent.ranks = [rank(n, loop=LOOPS[group]) for n in range(len(agent.ranks))]
+        for group, engine in engines.items():  # engines that show what they were rendered with
+            pod = fleet.kube.get("Pod", KEY[0], PODS[group])
+            assert pod is not None
+            engine.args = verification.expected_server_args(verification.engine_command(pod))
+        yield fleet
+
+
+def server_info_requests(engine: FakeEngine) -> int:
+    return sum(1 for method, path, _ in engine.requests if (method, path) == ("GET", "/server_info"))
+
+
+def gates(fleet: Fleet, group: str) -> dict[str, str]:
+    pool = fleet.kube.get("InferencePool", *KEY)
+    assert pool is not None
+    found: dict[str, Any] = next(g for g in pool["status"]["groups"] if g["name"] == group)
+    return {g["name"]: g["state"] for g in found["verification"]["gates"]}
+
+
+async def test_server_info_is_fetched_once_per_pod_and_handed_to_the_planner(
+        fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
+    await fleet.monitor.poll(KEY)
+    await fleet.monitor.poll(KEY)
+    assert [server_info_requests(engines[g]) for g in (PREFILL, DECODE)] == [1, 1]
+    facts = fleet.monitor.facts(KEY)
+    decode_pod = fleet.kube.get("Pod", KEY[0], PODS[DECODE])
+    assert decode_pod is not None
+    uid = decode_pod["metadata"]["uid"]
+    assert facts[DECODE].pods == frozenset({uid})
+    assert facts[DECODE].server_info[uid]["tp_size"] == 2
+    assert "version" not in facts[DECODE].server_info[uid], "only the compared fields are kept"
+
+    fleet.controller._engines = fleet.monitor.facts  # as handlers.startup wires it
+    await fleet.controller.reconcile(KEY)
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed"}
+    assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed"}
+
+
+async def test_an_engine_showing_other_args_fails_the_server_args_gate(
+        fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
+    engines[DECODE].args["disable_overlap_schedule"] = True  # the wrong-server-args fault
+    fleet.controller._engines = fleet.monitor.facts
+    await fleet.monitor.poll(KEY)
+    await fleet.controller.reconcile(KEY)
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed"}
+    [warning] = fleet.events("RolloutGateFailed")
+    assert warning["type"] == "Warning"
+    assert "disable_overlap_schedule: expected False, seen True" in warning["message"]
+
+
+async def test_groups_not_at_the_update_revision_are_not_asked(fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
+    fleet.kube.update("InferencePool", *KEY, lambda p: p["spec"]["engine"].update(overlapSchedule="Disabled"))
+    await fleet.monitor.poll(KEY)
+    assert [server_info_requests(engines[g]) for g in (PREFILL, DECODE)] == [0, 0]
+    assert fleet.monitor.facts(KEY)[DECODE].server_info == {}
