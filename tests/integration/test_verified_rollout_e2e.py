@@ -1,0 +1,95 @@
+"""End to end: verified rollouts on the local cluster. The operator runs as in `test_operator_e2e.py`, `pdfleet-sim`
+plays every pod, and the engine simulator's ranks report their event loop through the real rank agents and its
+/server_info is SGLang's own resolved ServerArgs: the gates read what a real engine would show.
+
+A wrong engine is asked for the way a new revision would bring one: `PDFLEET_SIM_FAULT=wrong-event-loop` in
+`spec.engine.env` is part of the revision, so only the replacing pods report the other loop (faults.py).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.support import fleet
+from tests.support.cluster import Cluster, wait_for
+from tests.support.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+POOL = "verified"
+ONE_AND_ONE = {"prefill": {"replicas": 1}, "decode": {"replicas": 1}}
+
+
+def status(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return fleet.pool(cluster, namespace, POOL).get("status") or {}
+
+
+def verified(cluster: Cluster, namespace: str) -> dict[str, Any]:
+    return fleet.conditions(cluster, namespace, POOL).get("RolloutVerified") or {}
+
+
+def wait_verified(cluster: Cluster, namespace: str, *, revision_not: str | None = None) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        now = status(cluster, namespace)
+        ok = verified(cluster, namespace).get("status") == "True" and now.get("currentRevision") and \
+            now.get("currentRevision") == now.get("updateRevision") != revision_not
+        return now if ok else None
+    return wait_for("the pool's rollout verified", done, timeout=180, interval=0.5)
+
+
+def patch_engine(cluster: Cluster, namespace: str, engine: dict[str, Any]) -> None:
+    cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
+                    json.dumps({"spec": {"engine": engine}}))
+
+
+def loops(now: dict[str, Any]) -> dict[str, str | None]:
+    return {g["role"]: g.get("eventLoop") for g in now["groups"]}
+
+
+def test_a_pool_is_verified_then_rolls_out_verified_to_the_normal_loop_and_stops_at_a_wrong_one(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    fleet.apply_pool(cluster, namespace, POOL, **ONE_AND_ONE)
+    first = wait_verified(cluster, namespace)
+    assert first["phase"] == "Ready"
+    assert loops(first) == {"prefill": "event_loop_overlap_disagg_prefill",
+                            "decode": "event_loop_overlap_disagg_decode"}
+    for group in first["groups"]:
+        assert group["verifiedRevision"] == group["revision"]
+        assert {g["name"]: g["state"] for g in group["verification"]["gates"]} == \
+            {"eventLoop": "Passed", "serverArgs": "Passed"}
+
+    patch_engine(cluster, namespace, {"overlapSchedule": "Disabled"})
+    second = wait_verified(cluster, namespace, revision_not=first["currentRevision"])
+    assert loops(second) == {"prefill": "event_loop_normal_disagg_prefill",
+                             "decode": "event_loop_normal_disagg_decode"}
+    assert fleet.events(cluster, namespace, POOL, "RolloutGateFailed") == []
+
+    # The next revision's engines report the other loop: decode (replaced first) fails its gate.
+    prefill_pods = {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL, role="prefill")}
+    patch_engine(cluster, namespace, {"env": [{"name": "PDFLEET_SIM_FAULT", "value": "wrong-event-loop"}]})
+
+    def failed() -> dict[str, Any] | None:
+        cond = verified(cluster, namespace)
+        return cond if cond.get("status") == "False" else None
+    cond = wait_for("RolloutVerified False", failed, timeout=180, interval=0.5)
+    assert cond["reason"] == "GateFailed"
+    assert "gate eventLoop failed for decode group verified-decode-0" in cond["message"]
+    assert "expected event_loop_normal_disagg_decode, seen event_loop_overlap_disagg_decode" in cond["message"]
+    now = status(cluster, namespace)
+    assert now["phase"] == "Failed"
+    assert now["currentRevision"] == second["currentRevision"], "currentRevision stays at the last verified one"
+
+    # The rollout holds: the prefill group keeps its pods, and the failure is announced once.
+    wait_for("one RolloutGateFailed Warning",
+             lambda: len(fleet.events(cluster, namespace, POOL, "RolloutGateFailed")) == 1, timeout=30)
+    # The failed group is left serving: judged Healthy on the loop it runs, not restarted.
+    wait_for("the failed decode group judged Healthy", lambda: fleet.group_status(
+        cluster, namespace, POOL, "verified-decode-0").get("verdict") == "Healthy", timeout=30, interval=0.5)
+    assert {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL, role="prefill")} == \
+        prefill_pods
+    [warning] = fleet.events(cluster, namespace, POOL, "RolloutGateFailed")
+    assert warning["type"] == "Warning" and warning["count"] == 1
+    assert status(cluster, namespace)["phase"] == "Failed"
