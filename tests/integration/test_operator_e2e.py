@@ -36,9 +36,10 @@ def pool_status(cluster: Cluster, namespace: str, name: str = "tiny") -> dict:
 def wait_pool_ready(cluster: Cluster, namespace: str, *, decode: int, name: str = "tiny") -> dict:
     def ready() -> dict | None:
         status = pool_status(cluster, namespace, name)
-        ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode
+        verified = any(c["type"] == "RolloutVerified" and c["status"] == "True" for c in status.get("conditions", []))
+        ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode and verified
         return status if ok else None
-    return wait_for(f"pool {name} Ready with {decode} decode group(s)", ready, timeout=120)
+    return wait_for(f"pool {name} Ready and verified with {decode} decode group(s)", ready, timeout=120)
 
 
 def owned(cluster: Cluster, namespace: str, name: str = "tiny") -> list[dict]:
@@ -63,7 +64,9 @@ def test_a_pool_goes_ready_on_fake_gpu_nodes_scales_and_leaves_nothing_behind(
     status = wait_pool_ready(cluster, namespace, decode=1)
     assert status["prefill"]["summary"] == "1/1"
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
-    assert conditions == {"Accepted": "True", "Ready": "True", "Progressing": "False", "Degraded": "False"}
+    assert conditions == {"Accepted": "True", "Ready": "True", "Progressing": "False", "Degraded": "False",
+                          "RolloutVerified": "True"}
+    assert status["currentRevision"] == status["updateRevision"]
 
     pods = cluster.get("pods", "-n", namespace, "-l", "pdfleet.dev/pool=tiny,app.kubernetes.io/component!=router")
     assert len(pods["items"]) == 2
