@@ -5,10 +5,13 @@ periodic resync all run the same code, and planning again right after applying a
 
 Engine groups live and die as units. A group rendered from an older spec is replaced whole, at most
 `rollout.maxUnavailable` groups of a role at a time, one role after the other in `rollout.order`: the second role
-keeps its old groups until every group of the first runs the new revision and is Ready (so a revision that fails
-to start stops at the first role); groups beyond `replicas` are deleted from the highest index down. A group is
-restarted whole (deleted and recreated) for one of the causes `restarts` decides on, with backoff and within a
-budget: a pod of it ended, or its ranks are in Desync, Hang or Dead.
+keeps its old groups until every group of the first runs the new revision, is Ready and is verified (so a
+revision that fails to start stops at the first role). A replaced group counts against `maxUnavailable` until it
+passed `rollout.verification`'s gates (`verification`, whose inputs are `health` and `engines`, what the monitor
+saw of each group's engines); a failed gate holds every further replacement until the spec changes. Groups
+beyond `replicas` are deleted from the highest index down. A group is restarted whole (deleted and recreated)
+for one of the causes `restarts` decides on, with backoff and within a budget: a pod of it ended, or its ranks
+are in Desync, Hang or Dead.
 
 Rank health is an input like the observed objects: `health` maps a group name to what the operator last
 judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when

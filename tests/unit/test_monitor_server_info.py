@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.operator.controller import Controller
 from pdfleet.operator.planning import verification
 from pdfleet.runtime.health import phases
 from tests.support.fake_engines import FakeEngine, rank
@@ -42,6 +43,12 @@ async def fleet(engines: dict[str, FakeEngine]) -> AsyncIterator[Fleet]:
         yield fleet
 
 
+def wired(fleet: Fleet) -> Controller:
+    """An executor reading the monitor's engine facts, as `handlers.startup` wires it."""
+    return Controller(client=fleet.kube, cache=fleet.kube.cache(), health=fleet.monitor.health,
+                      engines=fleet.monitor.facts)
+
+
 def server_info_requests(engine: FakeEngine) -> int:
     return sum(1 for method, path, _ in engine.requests if (method, path) == ("GET", "/server_info"))
 
@@ -66,8 +73,7 @@ async def test_server_info_is_fetched_once_per_pod_and_handed_to_the_planner(
     assert facts[DECODE].server_info[uid]["tp_size"] == 2
     assert "version" not in facts[DECODE].server_info[uid], "only the compared fields are kept"
 
-    fleet.controller._engines = fleet.monitor.facts  # as handlers.startup wires it
-    await fleet.controller.reconcile(KEY)
+    await wired(fleet).reconcile(KEY)
     assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed"}
     assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed"}
 
@@ -75,9 +81,8 @@ async def test_server_info_is_fetched_once_per_pod_and_handed_to_the_planner(
 async def test_an_engine_showing_other_args_fails_the_server_args_gate(
         fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
     engines[DECODE].args["disable_overlap_schedule"] = True  # the wrong-server-args fault
-    fleet.controller._engines = fleet.monitor.facts
     await fleet.monitor.poll(KEY)
-    await fleet.controller.reconcile(KEY)
+    await wired(fleet).reconcile(KEY)
     assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed"}
     [warning] = fleet.events("RolloutGateFailed")
     assert warning["type"] == "Warning"
