@@ -137,6 +137,11 @@ def inject_once(api: Api, namespace: str, group: str, pods_dir: Path, shots: lis
                 trail.append(f"{g.get('verdict')} at {now - t0:.1f} s ({g.get('message', '')[:100]})")
             if g.get("verdict") == "Desync":
                 shot.desync_s = shot.acted_s = time.monotonic() - t0
+            elif g.get("restarts", 0) > restarts and g.get("restartCause") == "Desync":
+                # Status says Desync as the cause of the restart it already made (the reconcile that restarted
+                # the group wrote its status too): detected, timed no earlier than the restart.
+                shot.desync_s = shot.acted_s = time.monotonic() - t0
+                shot.note = "Desync seen as the restart's cause"
             elif g.get("restarts", 0) > restarts:
                 # The operator acted on a verdict status never showed us: one reconcile both restarted the
                 # group and wrote its status (Terminating reads Unknown), or Desync held for under 50 ms.

@@ -274,6 +274,10 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
     pods_message = f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready"
     if state not in _JUDGED:  # starting, restarting or going: whatever was judged of its ranks is over
         verdict, event_loop, ranks, message = Verdict.UNKNOWN, None, 0, pods_message
+        if before is not None and before.restart_cause is not None and before.next_restart_time is None and \
+                state in (GroupState.TERMINATING, GroupState.MISSING):
+            # Its ranks are no longer judged, but why it is going is what a person looking now needs to read.
+            message = f"restarting after {before.restart_cause} (restart {before.restarts}): {pods_message}"
     elif judged is None:  # not polled yet (the operator just started): the last status is the best news
         verdict = before.verdict if before else Verdict.UNKNOWN
         event_loop = before.event_loop if before else None

@@ -428,3 +428,17 @@ def test_the_exit_is_the_first_failed_container_then_the_last_state_then_the_pod
     assert (refused.container, refused.reason, refused.message) == (None, "UnexpectedAdmissionError", "no GPUs left")
     assert restarts.exit_summary(refused) == "pod b-0 ended (UnexpectedAdmissionError): no GPUs left"
     assert ended_exit([running]) is None
+
+
+def test_while_a_restarted_group_comes_back_its_status_says_why_it_went() -> None:
+    cluster = cluster_with()
+    step(cluster, DESYNC, at(0))
+    assert pods_deleted(step(cluster, DESYNC, at(1))) == ["tiny-decode-0-0"]
+
+    step(cluster, HEALTHY, at(2))  # the pods are gone; the new ones are created
+
+    status = group(cluster)
+    assert status["verdict"] == "Unknown", "its ranks are not judged while it comes back"
+    assert status["message"] == "restarting after Desync (restart 1): Missing: 0/1 pod(s) ready"
+    cluster.converge()
+    assert not group(cluster)["message"].startswith("restarting")
