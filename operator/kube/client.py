@@ -1,8 +1,9 @@
 """The operator's only door to the Kubernetes API.
 
-Everything the operator writes goes through `KubeClient.request`: one method, so every call is counted (by
-verb, resource and status code) and every third-party error is translated here into `KubeError`. Code above
-this module deals in plain dicts and never sees aiohttp or kubernetes_asyncio.
+Everything the operator writes goes through `KubeClient.request` (and what `pdfleet rollout status --watch`
+follows, through `KubeClient.watch`), so every call is counted (by verb, resource and status code) and every
+third-party error is translated here into `KubeError`. Code above this module deals in plain dicts and never sees
+aiohttp or kubernetes_asyncio.
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import aiohttp
@@ -43,6 +44,16 @@ class KubeError(Exception):
     @property
     def conflict(self) -> bool:
         return self.status == 409
+
+
+def _refusal(status: int, raw: bytes) -> KubeError:
+    """The apiserver's answer other than 2xx: its Status object's reason and message when it sent one."""
+    try:
+        data = json.loads(raw) if raw else {}
+    except ValueError:
+        data = {}
+    data = data if isinstance(data, dict) else {}
+    return KubeError(status, data.get("reason", "Unknown"), data.get("message", raw.decode(errors="replace")))
 
 
 async def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration:
@@ -89,10 +100,47 @@ class KubeClient:
             metrics.KUBE_REQUESTS.labels(verb=method, resource=resource, code="error").inc()
             raise KubeError(0, "ConnectionError", f"{method} {path}: {e}") from e
         metrics.KUBE_REQUESTS.labels(verb=method, resource=resource, code=str(status)).inc()
-        data: Body = json.loads(raw) if raw else {}
         if not 200 <= status < 300:
-            raise KubeError(status, data.get("reason", "Unknown"), data.get("message", raw.decode(errors="replace")))
-        return data
+            raise _refusal(status, raw)
+        return json.loads(raw) if raw else {}
+
+    async def watch(self, path: str, *, query: Mapping[str, str] | None = None,
+                    timeout: float = 330) -> AsyncIterator[Body]:
+        """The events of a watch on the list `path` (`watch=1` is added), each {"type", "object"}, as they come,
+        until the apiserver ends the watch (its `timeoutSeconds`) or `timeout` passes. An ERROR event (410 Gone:
+        the resourceVersion is too old to watch from) is raised as the KubeError it carries."""
+        resource = resources.resource_of(path)
+        response = None
+        try:
+            response = await self._api.call_api(
+                path, "GET",
+                query_params=[*(query or {}).items(), ("watch", "1")],
+                header_params={"Accept": "application/json"},
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+            metrics.KUBE_REQUESTS.labels(verb="WATCH", resource=resource, code=str(response.status)).inc()
+            if not 200 <= response.status < 300:
+                raise _refusal(response.status, await response.read())
+            pending = b""
+            # Chunks, not readline: one event is a whole object, which can outgrow aiohttp's line limit.
+            async for chunk in response.content.iter_any():
+                *lines, pending = (pending + chunk).split(b"\n")
+                for line in lines:
+                    if not line.strip():
+                        continue
+                    event = json.loads(line)
+                    if event.get("type") == "ERROR":
+                        obj = event.get("object") or {}
+                        raise KubeError(obj.get("code", 500), obj.get("reason", "Unknown"), obj.get("message", ""))
+                    yield event
+        except (aiohttp.ClientError, TimeoutError, ApiException) as e:
+            metrics.KUBE_REQUESTS.labels(verb="WATCH", resource=resource, code="error").inc()
+            raise KubeError(0, "ConnectionError", f"WATCH {path}: {e}") from e
+        finally:
+            if response is not None:
+                response.release()
 
     async def apply(self, obj: Mapping[str, Any], *, force: bool = True) -> Body:
         """Server-side apply with pdfleet's single field manager."""
