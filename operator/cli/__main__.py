@@ -1,0 +1,162 @@
+"""`pdfleet` (and `kubectl-pdfleet`, so `kubectl pdfleet ...` works as a kubectl plugin): a pool's status and its
+rollout, for people. Wiring only: the reads are in `cli/kube.py`, what is printed and the exit code in
+`cli/report.py`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import shutil
+import sys
+from typing import TextIO
+
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.cli import report
+from pdfleet.operator.cli.kube import Body, CliError, PoolReader, connect, default_namespace
+from pdfleet.operator.cli.report import Exit
+
+EPILOG = """exit codes of `rollout status`: 0 the rollout completed verified (RolloutVerified=True and
+currentRevision == updateRevision); 1 it failed (a verification gate failed or timed out, phase Failed, the spec
+was rejected), the pool was deleted, or --timeout passed; 2 usage, kubeconfig, connection or permission errors,
+or the pool does not exist; 3 still in progress (without --watch)."""
+
+
+def _timeout(text: str) -> float | None:
+    """kubectl's --timeout: a duration (30s, 5m, 1h30m); 0 waits forever."""
+    if text.strip() in ("0", "0s"):
+        return None
+    try:
+        seconds = parse_duration(text).total_seconds()
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return seconds or None
+
+
+def parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("pool", metavar="POOL", help="the InferencePool's name")
+    common.add_argument("-n", "--namespace", help="its namespace (default: the kubeconfig context's, or default)")
+    common.add_argument("--kubeconfig", help="the kubeconfig to use (default: KUBECONFIG, then ~/.kube/config)")
+
+    top = argparse.ArgumentParser(prog="pdfleet", description="Follow pdfleet InferencePools: their status and "
+                                  "their verified rollouts.", epilog=EPILOG)
+    commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser("status", parents=[common], help="phase, revisions, groups per role, conditions that are "
+                        "not fine, the last incident",
+                        description="The pool's phase and revisions, per role its groups (revision, verdict, "
+                                    "Ready pods, verified or the gate waited on, restarts), the conditions that "
+                                    "are not fine, and the last incident (the newest Warning Event and evidence "
+                                    "ConfigMap).")
+    rollout = commands.add_parser("rollout", help="the pool's rollout").add_subparsers(
+        dest="rollout_command", required=True, metavar="COMMAND")
+    status = rollout.add_parser("status", parents=[common], epilog=EPILOG,
+                                help="steps done/total, the gate waited on; exits like kubectl rollout status",
+                                description="Steps done/total (groups of the update revision verified / groups "
+                                            "desired), a progress bar on a terminal, the gate being waited on.")
+    status.add_argument("-w", "--watch", action="store_true",
+                        help="follow the pool until the rollout completes verified or fails")
+    status.add_argument("--timeout", type=_timeout, default=None, metavar="DURATION",
+                        help="with --watch: give up after this long (30s, 5m, 1h30m; 0, the default, waits "
+                             "forever)")
+    return top
+
+
+async def show_status(reader: PoolReader, out: TextIO) -> int:
+    pool = await reader.pool()
+    pods, events, evidence = await asyncio.gather(reader.pods(), reader.warnings(), reader.evidence())
+    now = datetime.datetime.now(datetime.UTC)
+    for line in report.status_lines(pool, pods=pods, events=events, evidence=evidence, now=now):
+        print(line, file=out)
+    return 0
+
+
+class Printer:
+    """Prints a rollout line when it changes: on a terminal one line rewritten in place, else one line each."""
+
+    def __init__(self, out: TextIO, tty: bool) -> None:
+        self.out, self.tty, self.last, self.open = out, tty, "", False
+
+    def show(self, line: str, *, final: bool) -> None:
+        if line == self.last:
+            return
+        self.last = line
+        if self.tty:
+            # A line longer than the terminal would wrap, and only its last row be rewritten: cut it until the end.
+            width = shutil.get_terminal_size().columns - 1
+            self.out.write("\r\033[K" + (line if final or len(line) <= width else line[:width - 1] + "…"))
+            self.open = True
+        else:
+            self.out.write(line + "\n")
+        self.out.flush()
+
+    def end(self) -> None:
+        if self.open:
+            self.out.write("\n")
+            self.out.flush()
+            self.open = False
+
+
+async def follow(reader: PoolReader, printer: Printer, *, watch: bool) -> int:
+    """Prints the rollout's state, and with `watch` follows the pool's watch until it completes or fails."""
+    def show(pool: Body) -> report.Rollout:
+        state = report.rollout(pool)
+        printer.show(report.rollout_line(pool, state, tty=printer.tty), final=state.outcome is not Exit.IN_PROGRESS)
+        return state
+
+    pool = await reader.pool()
+    state = show(pool)
+    while watch and state.outcome is Exit.IN_PROGRESS:
+        async for event in reader.watch(pool["metadata"]["resourceVersion"]):
+            if event.get("type") == "DELETED":
+                printer.end()
+                print(f"error: InferencePool {reader.namespace}/{reader.name} was deleted", file=sys.stderr)
+                return Exit.FAILED
+            if event.get("type") not in ("ADDED", "MODIFIED"):
+                continue
+            pool = event["object"]
+            state = show(pool)
+            if state.outcome is not Exit.IN_PROGRESS:
+                break
+        else:  # the apiserver ended the watch (or the version was too old to watch from): read afresh
+            pool = await reader.pool()
+            state = show(pool)
+    printer.end()
+    return state.outcome
+
+
+async def run(args: argparse.Namespace, out: TextIO) -> int:
+    namespace = args.namespace or default_namespace(args.kubeconfig)
+    client, host = await connect(args.kubeconfig)
+    try:
+        reader = PoolReader(client, host, namespace, args.pool)
+        if args.command == "status":
+            return await show_status(reader, out)
+        printer = Printer(out, tty=out.isatty())
+        try:
+            async with asyncio.timeout(args.timeout if args.watch else None):
+                return await follow(reader, printer, watch=args.watch)
+        except TimeoutError:
+            printer.end()
+            print(f"error: timed out after {args.timeout:g}s waiting for the rollout of InferencePool "
+                  f"{namespace}/{args.pool}", file=sys.stderr)
+            return Exit.FAILED
+    finally:
+        await client.close()
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return asyncio.run(run(args, out or sys.stdout))
+    except (CliError, report.Unreadable) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.ERROR
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(BrokenPipeError):
+        sys.exit(main())

@@ -1,0 +1,258 @@
+"""What `pdfleet status` and `pdfleet rollout status` print, and the exit code, from a pool as the API returns it
+(plus its pods, Events and evidence ConfigMaps). Pure: no I/O, time comes in as `now`, so the output is a function
+of recorded JSON (`tests/unit/test_cli_report.py`).
+
+The status is read with the API models, so the CLI reads exactly what the operator writes; a status this
+pdfleet cannot read is an error (`Unreadable`), never guessed at.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import ValidationError
+
+from pdfleet.operator.api import checks
+from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase
+from pdfleet.operator.planning.groups import parse_time, pod_ready, pods_by_group
+from pdfleet.operator.planning.restarts import EVIDENCE_TIME
+from pdfleet.operator.render import revision
+
+Body = dict[str, Any]
+BAR_WIDTH = 24
+# Conditions whose status says all is well; any other (type, status) is shown by `pdfleet status`.
+FINE = {(ConditionType.ACCEPTED, ConditionStatus.TRUE), (ConditionType.READY, ConditionStatus.TRUE),
+        (ConditionType.PROGRESSING, ConditionStatus.FALSE), (ConditionType.DEGRADED, ConditionStatus.FALSE),
+        (ConditionType.ROLLOUT_VERIFIED, ConditionStatus.TRUE)}
+
+
+class Unreadable(ValueError):
+    """The pool's status does not parse with this pdfleet's API models (an operator of another version)."""
+
+
+class Exit(enum.IntEnum):
+    """Exit codes, as `kubectl rollout status` has them, plus one for a rollout still going without --watch."""
+
+    COMPLETE = 0  # the rollout completed verified
+    FAILED = 1  # a gate failed or timed out, the spec was rejected, the pool went away, or --timeout passed
+    ERROR = 2  # usage, kubeconfig, connection, permission, pool not found
+    IN_PROGRESS = 3  # still rolling out (only without --watch)
+
+
+@dataclasses.dataclass(frozen=True)
+class Rollout:
+    """Where a pool's rollout stands."""
+
+    outcome: Exit
+    done: int  # groups at the update revision that passed verification
+    total: int  # groups the spec asks for
+    revision: str | None  # the update revision
+    detail: str  # why it failed, what it waits for, or that it is done
+
+
+def read_status(pool: Mapping[str, Any]) -> InferencePoolStatus:
+    try:
+        return InferencePoolStatus.model_validate(pool.get("status") or {})
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise Unreadable(f"the status of InferencePool {name_of(pool)} does not parse with this pdfleet's API "
+                         f"(an operator of another version?): status.{where}: {first['msg']}") from None
+
+
+def name_of(pool: Mapping[str, Any]) -> str:
+    meta = pool.get("metadata") or {}
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _condition(status: InferencePoolStatus, type_: ConditionType) -> Condition | None:
+    return next((c for c in status.conditions if c.type == type_), None)
+
+
+def _verified(group: GroupStatus) -> bool:
+    return group.verified_revision is not None and group.verified_revision == group.revision
+
+
+def waiting_gate(status: InferencePoolStatus) -> str | None:
+    """The first verification gate a group of the pool waits on (status order: roles in rollout order), as
+    'gate G of ROLE group NAME: message'; None when no group waits on a gate."""
+    for group in status.groups:
+        if _verified(group) or group.verification is None or group.verification.revision != group.revision:
+            continue
+        for gate in group.verification.gates:
+            if gate.state is GateState.WAITING:
+                return f"gate {gate.name} of {group.role} group {group.name}: {gate.message}"
+    return None
+
+
+def rollout(pool: Mapping[str, Any]) -> Rollout:
+    """The rollout's outcome and progress. Complete: the operator has seen the latest spec, RolloutVerified is
+    True and currentRevision == updateRevision. Failed: RolloutVerified False (GateFailed, GateTimedOut), phase
+    Failed, or the spec rejected (Accepted False). Anything older than the spec's generation is not trusted."""
+    status = read_status(pool)
+    total = status.prefill.desired + status.decode.desired
+    done = status.prefill.updated + status.decode.updated
+    update = status.update_revision
+    generation = (pool.get("metadata") or {}).get("generation")
+
+    def at(outcome: Exit, detail: str) -> Rollout:
+        return Rollout(outcome, done, total, update, detail)
+
+    if status.observed_generation is None or (generation is not None and status.observed_generation < generation):
+        seen = "no generation" if status.observed_generation is None else f"generation {status.observed_generation}"
+        return at(Exit.IN_PROGRESS, f"waiting for the operator to observe generation {generation} (status is of "
+                                    f"{seen})")
+    accepted = _condition(status, ConditionType.ACCEPTED)
+    if accepted is not None and accepted.status is ConditionStatus.FALSE:
+        return at(Exit.FAILED, f"spec rejected ({accepted.reason}): {accepted.message}")
+    verified = _condition(status, ConditionType.ROLLOUT_VERIFIED)
+    if verified is not None and verified.status is ConditionStatus.FALSE:
+        return at(Exit.FAILED, f"{verified.reason}: {verified.message}")
+    if status.phase is Phase.FAILED:
+        return at(Exit.FAILED, f"phase Failed: {verified.message if verified else 'no RolloutVerified condition'}")
+    if verified is not None and verified.status is ConditionStatus.TRUE and status.current_revision is not None \
+            and status.current_revision == update:
+        return at(Exit.COMPLETE, verified.message)
+    gate = waiting_gate(status)
+    if gate is not None:
+        return at(Exit.IN_PROGRESS, f"waiting for {gate}")
+    progressing = _condition(status, ConditionType.PROGRESSING)
+    why = verified or progressing
+    return at(Exit.IN_PROGRESS, f"{why.reason}: {why.message}" if why else "waiting for the operator's first status")
+
+
+def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
+    filled = width if total == 0 else min(width, done * width // total)
+    return "[" + "#" * filled + "-" * (width - filled) + "]"
+
+
+def summary(state: Rollout) -> str:
+    """The revision, the outcome, steps done/total and the detail."""
+    what = {Exit.COMPLETE: "complete", Exit.FAILED: "FAILED", Exit.IN_PROGRESS: "in progress"}[state.outcome]
+    return f"revision {state.revision or '-'} {what}: {state.done}/{state.total} groups verified; {state.detail}"
+
+
+def rollout_line(pool: Mapping[str, Any], state: Rollout, *, tty: bool) -> str:
+    """`pdfleet rollout status`: one line per state, led by a progress bar on a terminal."""
+    line = f"pool {name_of(pool)}: rollout of {summary(state)}"
+    return f"{bar(state.done, state.total)} {line}" if tty else line
+
+
+def age(moment: datetime.datetime | None, now: datetime.datetime) -> str:
+    """kubectl's short age: 42s, 5m, 3h, 2d."""
+    if moment is None:
+        return "?"
+    seconds = max(0, int((now - moment).total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _event_time(event: Mapping[str, Any]) -> datetime.datetime | None:
+    series = (event.get("series") or {}).get("lastObservedTime")
+    for value in (series, event.get("lastTimestamp"), event.get("eventTime"), event.get("firstTimestamp"),
+                  (event.get("metadata") or {}).get("creationTimestamp")):
+        moment = parse_time(value)
+        if moment is not None:
+            return moment
+    return None
+
+
+def last_incident(pool: Mapping[str, Any], events: Sequence[Mapping[str, Any]]) -> Mapping[str, Any] | None:
+    """The newest Warning Event about this pool (this very object: a same-named predecessor's are left out)."""
+    uid = (pool.get("metadata") or {}).get("uid")
+    mine = [e for e in events if e.get("type") == "Warning"
+            and (e.get("involvedObject") or {}).get("kind") == "InferencePool"
+            and (uid is None or (e.get("involvedObject") or {}).get("uid") in (None, uid))]
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+    return max(mine, key=lambda e: _event_time(e) or epoch, default=None)
+
+
+def newest_evidence(configmaps: Sequence[Mapping[str, Any]]) -> str | None:
+    """The name of the newest evidence ConfigMap (by the capture time the operator annotates it with)."""
+    epoch = datetime.datetime.min.replace(tzinfo=datetime.UTC)
+
+    def taken(cm: Mapping[str, Any]) -> datetime.datetime:
+        meta = cm.get("metadata") or {}
+        return parse_time((meta.get("annotations") or {}).get(EVIDENCE_TIME)) or \
+            parse_time(meta.get("creationTimestamp")) or epoch
+    newest = max(configmaps, key=taken, default=None)
+    return newest["metadata"]["name"] if newest is not None else None
+
+
+def role_revisions(pool: Mapping[str, Any], status: InferencePoolStatus) -> dict[Role, str]:
+    """The revision each role's groups should run, from the spec as the operator computes it; {} when that
+    cannot be trusted: a spec that does not validate, or whose pool revision is not the status's (a spec the
+    operator has not handled yet, or an operator of another version)."""
+    spec, problems = checks.validate_pool(pool)
+    if spec is None or problems or revision.pool_revision(spec) != status.update_revision:
+        return {}
+    return {role: revision.role_revision(spec, role) for role in Role}
+
+
+def _verification(group: GroupStatus) -> str:
+    """'yes', or the gate the group is stopped at or waits on, or '-' while nothing was judged at its revision."""
+    if _verified(group):
+        return "yes"
+    if group.verification is None or group.verification.revision != group.revision:
+        return "-"
+    for state in (GateState.FAILED, GateState.TIMED_OUT, GateState.WAITING):
+        gate = next((g for g in group.verification.gates if g.state is state), None)
+        if gate is not None:
+            return f"{state.lower().replace('timedout', 'timed out')}: {gate.name}"
+    return "-"
+
+
+def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: Sequence[Mapping[str, Any]] = (),
+                 evidence: Sequence[Mapping[str, Any]] = (), now: datetime.datetime) -> list[str]:
+    """`pdfleet status`: phase, revisions, per role its groups, the conditions that are not fine, and the last
+    incident. `pods` give each group's Ready pods (the status has no per-group readiness)."""
+    status = read_status(pool)
+    state = rollout(pool)
+    current = status.current_revision or "-"
+    revisions = f"current {current}, update {status.update_revision or '-'}"
+    lines = [f"Pool:       {name_of(pool)}", f"Phase:      {status.phase}", f"Revision:   {revisions}",
+             f"Rollout:    {summary(state)}"]
+    by_group = pods_by_group(list(pods))
+    wanted = role_revisions(pool, status)
+    for role in Role:
+        counts = status.prefill if role is Role.PREFILL else status.decode
+        lines.append(f"{role.capitalize()}: {counts.ready}/{counts.desired} ready, {counts.updated} updated "
+                     f"(verified at the update revision)")
+        groups = [g for g in status.groups if g.role is role]
+        if not groups:
+            lines.append("  (no groups)")
+            continue
+        rows = [("GROUP", "REVISION", "VERDICT", "READY", "VERIFIED", "RESTARTS")]
+        for g in groups:
+            mine = [p for p in by_group.get(g.name, []) if not p["metadata"].get("deletionTimestamp")]
+            ready = f"{sum(pod_ready(p) for p in mine)}/{len(mine)}" if pods else "?"
+            restarts = str(g.restarts) + (f" ({g.restart_cause}, budget spent)" if g.budget_exhausted else "")
+            outdated = role in wanted and g.revision != wanted[role]
+            rows.append((g.name, g.revision + (" (outdated)" if outdated else ""), str(g.verdict), ready,
+                         _verification(g), restarts))
+        lines.extend(_table(rows))
+    bad = [c for c in status.conditions if (c.type, c.status) not in FINE]
+    lines.append("Conditions: all fine" if not bad else "Conditions not fine:")
+    lines.extend(f"  {c.type}={c.status} {c.reason}: {c.message}" for c in bad)
+    incident = last_incident(pool, events)
+    if incident is None:
+        lines.append("Last incident: none (no Warning Event)")
+    else:
+        lines.append(f"Last incident: {age(_event_time(incident), now)} ago {incident.get('reason')}: "
+                     f"{incident.get('message', '')}")
+    newest = newest_evidence(evidence)
+    lines.append(f"Evidence:   {newest or 'none'}")
+    return lines
