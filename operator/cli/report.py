@@ -105,9 +105,10 @@ def rollout(pool: Mapping[str, Any]) -> Rollout:
         return Rollout(outcome, done, total, update, detail)
 
     if status.observed_generation is None or (generation is not None and status.observed_generation < generation):
+        # The revision and counts are of an older spec: none of it is progress towards this one.
         seen = "no generation" if status.observed_generation is None else f"generation {status.observed_generation}"
-        return at(Exit.IN_PROGRESS, f"waiting for the operator to observe generation {generation} (status is of "
-                                    f"{seen})")
+        return Rollout(Exit.IN_PROGRESS, 0, total, None, f"waiting for the operator to observe generation "
+                                                         f"{generation} (status is of {seen})")
     accepted = _condition(status, ConditionType.ACCEPTED)
     if accepted is not None and accepted.status is ConditionStatus.FALSE:
         return at(Exit.FAILED, f"spec rejected ({accepted.reason}): {accepted.message}")
@@ -133,14 +134,16 @@ def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
 
 
 def summary(state: Rollout) -> str:
-    """The revision, the outcome, steps done/total and the detail."""
+    """The update revision (unless the status is older than the spec), the outcome, steps done/total and the
+    detail."""
     what = {Exit.COMPLETE: "complete", Exit.FAILED: "FAILED", Exit.IN_PROGRESS: "in progress"}[state.outcome]
-    return f"revision {state.revision or '-'} {what}: {state.done}/{state.total} groups verified; {state.detail}"
+    of = f"revision {state.revision} " if state.revision else ""
+    return f"{of}{what}: {state.done}/{state.total} groups verified; {state.detail}"
 
 
 def rollout_line(pool: Mapping[str, Any], state: Rollout, *, tty: bool) -> str:
     """`pdfleet rollout status`: one line per state, led by a progress bar on a terminal."""
-    line = f"pool {name_of(pool)}: rollout of {summary(state)}"
+    line = f"pool {name_of(pool)}: rollout {'of ' if state.revision else ''}{summary(state)}"
     return f"{bar(state.done, state.total)} {line}" if tty else line
 
 

@@ -142,8 +142,10 @@ def test_a_status_older_than_the_spec_is_not_trusted_either_way() -> None:
         pool = recorded(cluster)
         pool["metadata"]["generation"] = 2  # edited since the operator last wrote status
         state = report.rollout(pool)
-        assert state.outcome is Exit.IN_PROGRESS
-        assert state.detail == "waiting for the operator to observe generation 2 (status is of generation 1)"
+        assert (state.outcome, state.done, state.total, state.revision) == (Exit.IN_PROGRESS, 0, 3, None)
+        assert report.rollout_line(pool, state, tty=False) == (
+            "pool ns/tiny: rollout in progress: 0/3 groups verified; waiting for the operator to observe "
+            "generation 2 (status is of generation 1)")
 
 
 def test_a_rejected_spec_fails_the_rollout() -> None:
