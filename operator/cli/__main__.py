@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime
+import os
 import shutil
 import sys
 from typing import TextIO
@@ -155,8 +155,11 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         return Exit.ERROR
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went (`| head`): say nothing more, and keep Python from failing to flush at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return Exit.ERROR
 
 
 if __name__ == "__main__":
-    with contextlib.suppress(BrokenPipeError):
-        sys.exit(main())
+    sys.exit(main())

@@ -248,7 +248,8 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
                          _verification(g), restarts))
         lines.extend(_table(rows))
     bad = [c for c in status.conditions if (c.type, c.status) not in FINE]
-    lines.append("Conditions: all fine" if not bad else "Conditions not fine:")
+    lines.append("Conditions: none yet" if not status.conditions else "Conditions: all fine" if not bad else
+                 "Conditions not fine:")
     lines.extend(f"  {c.type}={c.status} {c.reason}: {c.message}" for c in bad)
     incident = last_incident(pool, events)
     if incident is None:
