@@ -59,6 +59,7 @@ class GroupHealth:
     ranks: int  # ranks reporting, alive
     answered: bool = False  # some agent of the group's current pods answered this poll
     held_seconds: float = 0.0  # how long the ranks had been frozen as judged (Desync, Hang: the time to detect)
+    pods: frozenset[str] = frozenset()  # uids of the pods whose agents this verdict is about (none: no agent asked)
 
     def same_as(self, other: GroupHealth | None) -> bool:
         """Equal in everything but the wording: evidence ages change every poll, the verdict does not."""
@@ -122,7 +123,20 @@ def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, 
     mapped = _VERDICTS[judged.health]
     reporting = [v for v in views if v.status is verdict.RankStatus.REPORTING]
     return GroupHealth(mapped, _event_loop(reporting, tp), _message(mapped, judged, tp), len(reporting),
-                       answered=bool(reports), held_seconds=judged.held_ns / 1e9)
+                       answered=bool(reports), held_seconds=judged.held_ns / 1e9,
+                       pods=frozenset(p["metadata"].get("uid", "") for p in live))
+
+
+def current(health: Mapping[str, GroupHealth], pods: Mapping[str, Sequence[Body]]) -> dict[str, GroupHealth]:
+    """The verdicts still about their groups' pods. A verdict on pods a group no longer has (judged before a
+    restart, planned from after it: the monitor has not polled the new pods yet) is dropped, so that a Desync of
+    the old pods is never taken for the new ones, captured again and restarted again."""
+    out = {}
+    for name, judged in health.items():
+        live = {p["metadata"].get("uid", "") for p in pods.get(name, ()) if not p["metadata"].get("deletionTimestamp")}
+        if not judged.pods or judged.pods == live:
+            out[name] = judged
+    return out
 
 
 def _event_loop(reporting: list[verdict.RankView], tp: int) -> str | None:

@@ -35,7 +35,7 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status, restarts, verification
+from pdfleet.operator.planning import health_status, rank_health, restarts, verification
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -88,7 +88,7 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
          health: Mapping[str, GroupHealth] | None = None,
          engines: Mapping[str, EngineFacts] | None = None) -> Plan:
     expect = expect or Expectations()
-    health = health or {}
+    health = rank_health.current(health or {}, pods_by_group(observed.of_kind("Pod")))
     now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
     generation = pool["metadata"].get("generation")
     previous = status_mod.parse_status(pool.get("status"))

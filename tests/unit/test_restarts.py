@@ -4,6 +4,7 @@ with backoff, within a budget; past it, the group is left for a person. Pure: no
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 from typing import Any
 
@@ -442,3 +443,17 @@ def test_while_a_restarted_group_comes_back_its_status_says_why_it_went() -> Non
     assert status["message"] == "restarting after Desync (restart 1): Missing: 0/1 pod(s) ready"
     cluster.converge()
     assert not group(cluster)["message"].startswith("restarting")
+
+
+def test_a_verdict_on_pods_the_group_no_longer_has_is_never_acted_on() -> None:
+    # The monitor judged the group's previous pods; the planner runs before it has polled the new ones.
+    cluster = cluster_with()
+    uid = cluster.owned[("Pod", "tiny-decode-0-0")]["metadata"]["uid"]
+    stale = dataclasses.replace(DESYNC, pods=frozenset({"uid-of-the-pod-it-had-before"}))
+
+    plan = step(cluster, stale, at(0))
+
+    assert plan.capture == () and pods_deleted(plan) == []
+    assert group(cluster)["verdict"] != "Desync"
+    assert step(cluster, dataclasses.replace(DESYNC, pods=frozenset({uid})), at(1)).capture, \
+        "the same verdict on its current pods is acted on"
