@@ -138,12 +138,13 @@ class Controller:
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return "deleted"  # owner references let the garbage collector remove everything else
-        written = self._written.pop(key, None)
-        if written is not None and written[0] == pool["metadata"].get("resourceVersion"):
+        replaced, stored = self._written.get(key, (None, None))
+        if stored is not None and replaced == pool["metadata"].get("resourceVersion"):
             # The watch has not shown our last status write yet: plan from what the write returned.
-            self._written[key] = written
-            observed = dataclasses.replace(observed, pool=written[1])
-            pool = observed.pool
+            observed = dataclasses.replace(observed, pool=stored)
+            pool = stored
+        else:
+            self._written.pop(key, None)  # the watch has caught up (or someone else wrote): the cache is news
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
         plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image,
