@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 import aiohttp
@@ -78,7 +78,7 @@ class KubeClient:
         method: str,
         path: str,
         *,
-        body: Mapping[str, Any] | None = None,
+        body: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
         query: Mapping[str, str] | None = None,
         content_type: str = "application/json",
         timeout: float = 30,
@@ -89,7 +89,8 @@ class KubeClient:
                 path, method,
                 query_params=list((query or {}).items()),
                 header_params={"Content-Type": content_type, "Accept": "application/json"},
-                body=dict(body) if body is not None else None,
+                # A JSON Patch (application/json-patch+json) is a list of operations; every other body an object.
+                body=None if body is None else dict(body) if isinstance(body, Mapping) else [dict(o) for o in body],
                 auth_settings=["BearerToken"],
                 _preload_content=False,
                 _request_timeout=timeout,
