@@ -3,7 +3,8 @@
 A change to anything that shapes the engine process is a new revision. Groups of the old revision are replaced
 whole, a role at a time in `order`, at most `maxUnavailable` groups of a role out of service at once; a group
 counts as replaced once every pod of the new revision is Ready and the group passed every enabled
-`verification` gate. A failed gate stops the rollout until the spec changes.
+`verification` gate. A failed gate stops the rollout until the spec changes, or, with `autoRollback`, returns
+the pool to its last verified revision. `paused` holds further replacements.
 """
 
 from __future__ import annotations
@@ -54,3 +55,16 @@ class RolloutSpec(ApiModel):
     order: RolloutOrder = Field(default=RolloutOrder.DECODE_FIRST, description="Which role is replaced first.")
     verification: VerificationSpec = Field(default_factory=VerificationSpec,
                                            description="What a replaced group must show before it counts.")
+    auto_rollback: bool = Field(
+        default=False,
+        description="When a verification gate fails or times out, patch the engine-shaping part of the spec back "
+                    "to the last verified revision (annotation pdfleet.dev/verified-spec) and roll that out "
+                    "through the same verified path; the operator records why in the annotation "
+                    "pdfleet.dev/rolled-back and a RolloutRolledBack Warning. Off: the pool holds (phase Failed) "
+                    "until the spec changes.",
+    )
+    paused: bool = Field(
+        default=False,
+        description="No new group replacement starts while true (replacements already started finish and are "
+                    "verified); the Progressing condition says Paused. `pdfleet rollout pause|resume` set it.",
+    )

@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pdfleet.operator.planning.spec_change import SpecChange
+
 Body = dict[str, Any]
 
 
@@ -50,7 +52,11 @@ class Plan:
     restarted: tuple[Restart, ...] = ()
     # Seconds until a group's restart backoff is over: plan again then (no watch event will come to say so).
     requeue_after: float | None = None
+    # Changes to the pool's own object (its spec, its annotations), sent after the status; an Event whose `about`
+    # names the pool ("InferencePool", name) is not posted if one of them is refused (the spec moved on).
+    pool_changes: tuple[SpecChange, ...] = ()
 
     @property
     def empty(self) -> bool:
-        return not (self.apply or self.delete or self.status is not None or self.events or self.capture)
+        return not (self.apply or self.delete or self.status is not None or self.events or self.capture
+                    or self.pool_changes)

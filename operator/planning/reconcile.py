@@ -35,7 +35,7 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status, rank_health, restarts, verification
+from pdfleet.operator.planning import health_status, rank_health, restarts, rollback, verification
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -48,6 +48,7 @@ from pdfleet.operator.planning.groups import (
 )
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
+from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext
@@ -70,6 +71,7 @@ class _Builder:
     events: list[Event] = dataclasses.field(default_factory=list)
     capture: list[restarts.EvidenceRequest] = dataclasses.field(default_factory=list)
     restarted: list[Restart] = dataclasses.field(default_factory=list)
+    pool_changes: list[SpecChange] = dataclasses.field(default_factory=list)
 
     def delete_objects(self, objects: list[Body], *, grace_period_seconds: int | None = None) -> None:
         for obj in objects:
@@ -107,14 +109,17 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     outcomes = _verify(spec, want, states, pods, previous, health, engines or {}, now)
     _plan_groups(spec, want, observed, states, outcomes, expect, out)
     _plan_removals(want, observed, expect, out)
-    new_status = _status(spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
+    new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
                          outcomes)
+    if (verified := rollback.record(pool, new_status)) is not None:
+        out.pool_changes.append(verified)
     waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None] + \
         [o.deadline for o in outcomes.values() if o.deadline is not None]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
-                requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None)
+                requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None,
+                pool_changes=tuple(out.pool_changes))
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
@@ -194,7 +199,7 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
     earlier_unsettled = False  # a role earlier in `rollout.order` still rolling: later roles keep their groups
     for role in _role_order(spec):
         groups = [g for g in want.groups if g.id.role is role]
-        budget = 0 if earlier_unsettled or halted else \
+        budget = 0 if earlier_unsettled or halted or spec.rollout.paused else \
             _max_unavailable(spec, role) - sum(out_of_service(g) for g in groups)
         earlier_unsettled = earlier_unsettled or \
             any(out_of_service(g) or states[g.name] is GroupState.OUTDATED for g in groups)
@@ -347,7 +352,7 @@ def _serving(state: GroupState, group: GroupStatus) -> bool:
     return state is GroupState.READY and group.verdict not in NOT_SERVING
 
 
-def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
+def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
             out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
             expect: Expectations, outcomes: Mapping[str, Outcome]) -> InferencePoolStatus:
@@ -374,6 +379,13 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
     update_rev = revision.pool_revision(spec)
     rollout = verification.rollout_verified(want.groups, outcomes, update_rev)
+    after = rollback.decide(pool, spec, previous, rollout, now)
+    if after.note:
+        rollout = dataclasses.replace(rollout, message=f"{rollout.message}; {after.note}")
+    if after.change is not None:
+        out.pool_changes.append(after.change)
+    if after.event is not None:
+        out.events.append(after.event)
     settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
         rollout.status is ConditionStatus.TRUE
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
@@ -385,14 +397,17 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
         "Verifying" if rollout.status is ConditionStatus.UNKNOWN and not any(
             s in UNAVAILABLE for s in states.values()) else "Reconciling"
     stopped = rollout.status is ConditionStatus.FALSE
+    paused = spec.rollout.paused and not settled and not stopped
     conds = [
         status_mod.condition(prev_conds, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
                              generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
                              "GroupsNotReady", summary, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.PROGRESSING, not settled and not stopped,
-                             "Stable" if settled else rollout.reason if stopped else progressing_reason,
-                             rollout.message if stopped else summary, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.PROGRESSING,
+                             ConditionStatus.UNKNOWN if paused else not settled and not stopped,
+                             "Stable" if settled else rollout.reason if stopped else "Paused" if paused else
+                             progressing_reason, rollout.message if stopped else _paused_message(states, summary)
+                             if paused else summary, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
                              degraded.message, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
@@ -425,6 +440,12 @@ def _status(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
         groups=groups,
         conditions=status_mod.merge_conditions(prev_conds, conds),
     )
+
+
+def _paused_message(states: Mapping[str, GroupState], summary: str) -> str:
+    waiting = sum(s is GroupState.OUTDATED for s in states.values())
+    return f"rollout paused (spec.rollout.paused): {waiting} group(s) of an older revision wait to be replaced; " \
+           f"replacements already started finish and are verified ({summary}); `pdfleet rollout resume` continues"
 
 
 def _router_available(spec: InferencePoolSpec, observed: Observed) -> bool:

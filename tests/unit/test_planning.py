@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning import reconcile, spec_change
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.render import labels
@@ -53,6 +53,15 @@ class FakeCluster:
         if plan.status is not None:
             self.writes += 1
             self.pool["status"] = plan.status
+        for change in plan.pool_changes:  # after the status, as the executor sends them
+            self.writes += 1
+            try:
+                changed = spec_change.apply(self.pool, change)
+            except ValueError:
+                continue  # the apiserver refuses a patch whose generation test fails
+            if changed["spec"] != self.pool["spec"]:
+                changed["metadata"]["generation"] = changed["metadata"].get("generation", 0) + 1
+            self.pool = changed
 
     def answers(self) -> tuple[dict[str, Any], dict[str, Any]]:
         if not self.engines:

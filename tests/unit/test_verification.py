@@ -248,7 +248,8 @@ def test_a_group_on_the_wrong_loop_stops_the_rollout_once_and_keeps_serving_unti
     assert (verified["status"], verified["reason"]) == ("False", "GateFailed")
     assert verified["message"] == (f"gate eventLoop failed for decode group tiny-decode-0 at revision "
                                    f"{group(cluster, 'tiny-decode-0')['revision']}: expected {NORMAL_DECODE}, "
-                                   f"seen {OVERLAP_DECODE}")
+                                   f"seen {OVERLAP_DECODE}; holding until the spec changes "
+                                   f"(spec.rollout.autoRollback is off)")
     assert condition(cluster, "Progressing")["status"] == "False"
     [warning] = events(plans, "RolloutGateFailed")
     assert warning == f"rollout stopped: {verified['message']}"

@@ -1,0 +1,216 @@
+"""The last verified revision, kept on the pool, and going back to it. Pure: decisions and patches
+(`spec_change.SpecChange`); the executor sends them.
+
+The record is an annotation on the pool, `pdfleet.dev/verified-spec`: the engine-shaping part of the spec (model,
+engine, transfer, each role's section but its replicas: exactly what `render.revision` hashes) as JSON, with its
+revision, written once `currentRevision` moves to a revision whose every group passed verification. It lives in
+the cluster, next to the spec it can restore, so an operator restarted at any moment (or another replica taking
+the lease) finds it; nothing of it is kept in memory.
+
+Going back patches those sections of the spec to the record (`kubectl rollout undo`'s way), and the new spec
+rolls out like any other: group by group, each verified. Replicas and every policy (rollout, health, router)
+stay as they are. Why the spec changed is recorded next to it, in `pdfleet.dev/rolled-back`, and said by a
+Warning Event `RolloutRolledBack`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import enum
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.spec_change import REMOVE, SpecChange
+from pdfleet.operator.planning.verification import RolloutVerified
+from pdfleet.operator.render import labels, revision
+
+Body = dict[str, Any]
+VERIFIED_SPEC = f"{labels.PREFIX}/verified-spec"
+ROLLED_BACK = f"{labels.PREFIX}/rolled-back"
+SHAPING = ("model", "engine", "transfer")  # sections of the spec that shape every engine (render.revision)
+ROLES = ("prefill", "decode")
+NOT_SHAPING = {"replicas"}  # the one field of a role's section that does not (revision's own exclusion)
+UNDO = "Undo"  # the cause `pdfleet rollout undo` records; automatic rollbacks record the gate's reason
+
+
+class VerifiedSpec(BaseModel):
+    """The content of `pdfleet.dev/verified-spec`."""
+
+    revision: str
+    generation: int | None = None
+    spec: Body
+
+
+class RolledBack(BaseModel):
+    """The content of `pdfleet.dev/rolled-back`: the last time the spec was patched back, and why."""
+
+    cause: str  # GateFailed, GateTimedOut, or Undo
+    from_revision: str
+    to_revision: str
+    generation: int | None  # the generation the patch produced (the spec it wrote)
+    message: str
+    at: str
+
+
+def shaping(spec: Mapping[str, Any]) -> Body:
+    """The engine-shaping sections of a spec as stored (wire names)."""
+    out: Body = {k: spec[k] for k in SHAPING if k in spec}
+    for role in ROLES:
+        if role in spec:
+            out[role] = {k: v for k, v in spec[role].items() if k not in NOT_SHAPING}
+    return json.loads(json.dumps(out))
+
+
+def _annotation(pool: Mapping[str, Any], key: str) -> str | None:
+    return ((pool.get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def recorded(pool: Mapping[str, Any]) -> VerifiedSpec | None:
+    """The last verified spec, or None (never verified, or an annotation this pdfleet cannot read)."""
+    raw = _annotation(pool, VERIFIED_SPEC)
+    try:
+        return VerifiedSpec.model_validate_json(raw) if raw else None
+    except ValidationError:
+        return None
+
+
+def latest_rollback(pool: Mapping[str, Any]) -> RolledBack | None:
+    """The last rollback (or undo) recorded on the pool, however old."""
+    raw = _annotation(pool, ROLLED_BACK)
+    try:
+        return RolledBack.model_validate_json(raw) if raw else None
+    except ValidationError:
+        return None
+
+
+def rolled_back(pool: Mapping[str, Any]) -> RolledBack | None:
+    """The last rollback recorded on the pool, if it produced the spec the pool has now (a later change of the
+    spec by anyone makes it history)."""
+    record = latest_rollback(pool)
+    generation = (pool.get("metadata") or {}).get("generation")
+    return record if record is not None and record.generation == generation else None
+
+
+def record(pool: Mapping[str, Any], status: InferencePoolStatus) -> SpecChange | None:
+    """Records the pool's spec as the last verified one once every group of its revision passed verification
+    (RolloutVerified True and currentRevision == updateRevision, at the spec's generation); None when the
+    record already says so or the rollout has not completed."""
+    generation = (pool.get("metadata") or {}).get("generation")
+    verified = next((c for c in status.conditions if c.type == ConditionType.ROLLOUT_VERIFIED), None)
+    if verified is None or verified.status is not ConditionStatus.TRUE or status.observed_generation != generation \
+            or status.current_revision is None or status.current_revision != status.update_revision:
+        return None
+    before = recorded(pool)
+    if before is not None and before.revision == status.current_revision:
+        return None
+    value = VerifiedSpec(revision=status.current_revision, generation=generation,
+                         spec=shaping(pool.get("spec") or {})).model_dump_json()
+    return spec_change.patch(pool, {}, annotations={VERIFIED_SPEC: value},
+                             why=f"recorded revision {status.current_revision} as the last verified one")
+
+
+def restore(pool: Mapping[str, Any], target: VerifiedSpec, *, cause: str, message: str,
+            now: datetime.datetime) -> SpecChange | None:
+    """The patch that puts the recorded engine-shaping sections back (each role keeps its replicas) and records
+    why; None when the spec already has them."""
+    spec = pool.get("spec") or {}
+    changes: dict[spec_change.Path, Any] = {("spec", k): target.spec.get(k, REMOVE) for k in SHAPING}
+    for role in ROLES:
+        section = dict(target.spec.get(role) or {})
+        for field in NOT_SHAPING:
+            if field in (spec.get(role) or {}):
+                section[field] = spec[role][field]
+        changes[("spec", role)] = section
+    if spec_change.patch(pool, changes, why="") is None:
+        return None
+    generation = (pool.get("metadata") or {}).get("generation")
+    why = RolledBack(cause=cause, from_revision=_revision_of(pool) or "?", to_revision=target.revision,
+                     generation=None if generation is None else generation + 1, message=message,
+                     at=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    return spec_change.patch(pool, changes, annotations={ROLLED_BACK: why.model_dump_json()},
+                             why=f"{cause}: back to revision {target.revision}")
+
+
+def _revision_of(pool: Mapping[str, Any]) -> str | None:
+    try:
+        return revision.pool_revision(InferencePoolSpec.model_validate(pool.get("spec") or {}))
+    except ValidationError:
+        return None
+
+
+class Action(enum.StrEnum):
+    NONE = "None"  # the rollout did not fail
+    HOLD = "Hold"  # it failed, and the pool holds until the spec changes
+    WAIT = "Wait"  # it failed and will roll back once the failure is in the status (next reconcile)
+    ROLL_BACK = "RollBack"
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    action: Action
+    note: str = ""  # appended to the RolloutVerified condition's message: what happens next
+    change: SpecChange | None = None
+    event: Event | None = None
+
+
+def decide(pool: Mapping[str, Any], spec: InferencePoolSpec, previous: InferencePoolStatus,
+           rollout: RolloutVerified, now: datetime.datetime) -> Decision:
+    """What follows a rollout's verification: nothing, hold, or return to the last verified revision.
+
+    The rollback is planned only once the status already says the rollout failed (the same RolloutVerified
+    False at this generation), so the failure is on record and announced (RolloutGateFailed) before the spec
+    is patched. `rollout.message` is the condition's message without the note."""
+    if rollout.status is not ConditionStatus.FALSE:
+        return Decision(Action.NONE)
+    if not spec.rollout.auto_rollback:
+        return Decision(Action.HOLD, "holding until the spec changes (spec.rollout.autoRollback is off)")
+    target = recorded(pool)
+    update = revision.pool_revision(spec)
+    if target is None:
+        return Decision(Action.HOLD, "autoRollback: no verified revision to return to (the pool never completed a "
+                                     "verified rollout); holding until the spec changes")
+    if target.revision == update:
+        return Decision(Action.HOLD, f"autoRollback: revision {update} is itself the last verified one, nothing "
+                                     f"older is recorded; holding until the spec changes")
+    note = f"autoRollback: returning to the last verified revision {target.revision}"
+    generation = (pool.get("metadata") or {}).get("generation")
+    on_record = any(c.type == ConditionType.ROLLOUT_VERIFIED and c.status is ConditionStatus.FALSE
+                    and c.observed_generation == generation and c.message == f"{rollout.message}; {note}"
+                    for c in previous.conditions)
+    if not on_record:
+        return Decision(Action.WAIT, note)
+    message = f"rolled back from revision {update} to the last verified revision {target.revision}: " \
+              f"{rollout.message}"
+    change = restore(pool, target, cause=rollout.reason, message=rollout.message, now=now)
+    name = (pool.get("metadata") or {}).get("name", "")
+    event = Event("Warning", "RolloutRolledBack", message, about=(("InferencePool", name),))
+    return Decision(Action.ROLL_BACK, note, change, event if change is not None else None)
+
+
+class NothingToUndo(ValueError):
+    """`pdfleet rollout undo` has no verified revision to go back to, or the pool already has it."""
+
+
+def undo(pool: Mapping[str, Any], now: datetime.datetime) -> SpecChange:
+    """`pdfleet rollout undo`: the patch back to the last verified revision."""
+    meta = pool.get("metadata") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    target = recorded(pool)
+    if target is None:
+        raise NothingToUndo(f"InferencePool {name} has no verified revision recorded (annotation {VERIFIED_SPEC}): "
+                            f"it never completed a verified rollout, so there is nothing to go back to")
+    current = _revision_of(pool)
+    change = restore(pool, target, cause=UNDO, message="pdfleet rollout undo", now=now)
+    if change is None or current == target.revision:
+        raise NothingToUndo(f"InferencePool {name} already has the last verified revision {target.revision}: "
+                            f"nothing to undo")
+    return change
