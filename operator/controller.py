@@ -19,12 +19,13 @@ from pdfleet.operator.cache import Cache, ObjectKey, Observed, PoolKey
 from pdfleet.operator.engines import evidence
 from pdfleet.operator.engines.agents import AgentClient
 from pdfleet.operator.kube import events as kube_events
-from pdfleet.operator.kube import resources
+from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import stamp
 from pdfleet.operator.workqueue import Retry
@@ -214,6 +215,7 @@ class Controller:
             raise error
         if status is not None:
             await self._write_status(pool, status)
+        events = await self._change_pool(key, pool, plan.pool_changes, events)
         self._record_summary(key, status if status is not None else pool.get("status"))
         await _all(*(self._post_event(pool, event) for event in events))
         if error is not None:
@@ -257,6 +259,20 @@ class Controller:
         stored = await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
         if isinstance(stored, dict) and stored.get("metadata", {}).get("resourceVersion"):
             self._written[(meta["namespace"], meta["name"])] = (meta["resourceVersion"], stored)
+
+    async def _change_pool(self, key: PoolKey, pool: Mapping[str, Any], changes: tuple[SpecChange, ...],
+                           events: tuple[Event, ...]) -> tuple[Event, ...]:
+        """The plan's changes to the pool's own object, after its status (whose write is guarded by the planned
+        resourceVersion, which they move). One refused for a stale generation is dropped with its Events."""
+        for change in changes:
+            stored = await pool_patch.patch_pool(self._client, pool, change)
+            if stored is None:
+                log.info("%s/%s: not changed, its spec moved on: %s", *key, change.why)
+                events = tuple(e for e in events if ("InferencePool", key[1]) not in e.about)
+                continue
+            log.info("%s/%s: %s", *key, change.why, extra={"pool": key[1], "namespace": key[0]})
+            self._written[key] = (pool["metadata"].get("resourceVersion", ""), stored)
+        return events
 
     async def post_event(self, pool: Mapping[str, Any], event: Event) -> None:
         """An event about `pool` from outside a reconcile (the routers' membership, say)."""
