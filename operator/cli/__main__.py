@@ -12,15 +12,20 @@ import shutil
 import sys
 from typing import TextIO
 
+from pdfleet.operator.api import checks
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.cli import report
 from pdfleet.operator.cli.kube import Body, CliError, PoolReader, connect, default_namespace
 from pdfleet.operator.cli.report import Exit
+from pdfleet.operator.planning import rollback, spec_change
+from pdfleet.operator.planning.spec_change import REMOVE, SpecChange
 
 EPILOG = """exit codes of `rollout status`: 0 the rollout completed verified (RolloutVerified=True and
 currentRevision == updateRevision); 1 it failed (a verification gate failed or timed out, phase Failed, the spec
 was rejected), the pool was deleted, or --timeout passed; 2 usage, kubeconfig, connection or permission errors,
-or the pool does not exist; 3 still in progress (without --watch)."""
+or the pool does not exist; 3 still in progress (without --watch). `rollout undo|pause|resume`: 0 done (or
+already paused / not paused), 1 nothing to undo to (no verified revision recorded, or the pool already has it) or
+the spec changed while the command ran, 2 as above."""
 
 
 def _timeout(text: str) -> float | None:
@@ -60,7 +65,61 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=_timeout, default=None, metavar="DURATION",
                         help="with --watch: give up after this long (30s, 5m, 1h30m; 0, the default, waits "
                              "forever)")
+    rollout.add_parser("undo", parents=[common], epilog=EPILOG,
+                       help="back to the last verified revision (the engine-shaping spec it recorded)",
+                       description="Patches the engine-shaping part of the spec (model, engine, transfer, each "
+                                   "role but its replicas) back to the last revision every group of which passed "
+                                   "verification (annotation pdfleet.dev/verified-spec); the operator rolls it out "
+                                   "verified. Follow it with `pdfleet rollout status POOL --watch`.")
+    rollout.add_parser("pause", parents=[common], epilog=EPILOG,
+                       help="start no new group replacement (spec.rollout.paused: true)",
+                       description="Sets spec.rollout.paused: no new group replacement starts; replacements "
+                                   "already started finish and are verified.")
+    rollout.add_parser("resume", parents=[common], epilog=EPILOG, help="continue a paused rollout",
+                       description="Removes spec.rollout.paused: the rollout continues.")
     return top
+
+
+def _paused(pool: Body) -> bool:
+    spec, _ = checks.validate_pool(pool)
+    return spec is not None and spec.rollout.paused
+
+
+def _plan_change(command: str, pool: Body, name: str) -> SpecChange | str:
+    """The patch a rollout command makes, or what to say instead (str: done already, exit 0), or raises
+    NothingToUndo."""
+    if command == "undo":
+        return rollback.undo(pool, datetime.datetime.now(datetime.UTC))
+    if command == "pause":
+        return f"InferencePool {name} is already paused" if _paused(pool) else \
+            spec_change.patch(pool, {("spec", "rollout", "paused"): True}, why="pdfleet rollout pause") or ""
+    return f"InferencePool {name} is not paused" if not _paused(pool) else \
+        spec_change.patch(pool, {("spec", "rollout", "paused"): REMOVE}, why="pdfleet rollout resume") or ""
+
+
+async def change_rollout(reader: PoolReader, command: str, out: TextIO) -> int:
+    """`pdfleet rollout undo|pause|resume`: one patch of the pool as read, refused if its spec changed since."""
+    pool = await reader.pool()
+    name = f"{reader.namespace}/{reader.name}"
+    try:
+        change = _plan_change(command, pool, name)
+    except rollback.NothingToUndo as e:
+        print(f"error: {e}", file=sys.stderr)
+        return Exit.FAILED
+    if isinstance(change, str):
+        print(change, file=out)
+        return Exit.COMPLETE
+    if await reader.change(pool, change) is None:
+        print(f"error: the spec of InferencePool {name} changed while `rollout {command}` ran: nothing was "
+              f"changed; run it again", file=sys.stderr)
+        return Exit.FAILED
+    target = rollback.recorded(pool)
+    done = {"undo": f"rolled back to revision {target.revision if target else '?'} (the last verified); follow it "
+                    f"with `pdfleet rollout status {reader.name} -n {reader.namespace} --watch`",
+            "pause": "paused: no new group replacement starts; replacements already started finish",
+            "resume": "resumed"}[command]
+    print(f"InferencePool {name} {done}", file=out)
+    return Exit.COMPLETE
 
 
 async def show_status(reader: PoolReader, out: TextIO) -> int:
@@ -133,6 +192,8 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
         reader = PoolReader(client, host, namespace, args.pool)
         if args.command == "status":
             return await show_status(reader, out)
+        if args.rollout_command != "status":
+            return await change_rollout(reader, args.rollout_command, out)
         printer = Printer(out, tty=out.isatty())
         try:
             async with asyncio.timeout(args.timeout if args.watch else None):

@@ -12,9 +12,10 @@ from typing import Any
 from kubernetes_asyncio import config as k8s_config
 
 from pdfleet.operator.api.meta import API_VERSION, KIND
-from pdfleet.operator.kube import resources
+from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError, load_configuration
 from pdfleet.operator.planning.restarts import EVIDENCE
+from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.render import labels
 
 Body = dict[str, Any]
@@ -104,6 +105,14 @@ class PoolReader:
         selector = f"{labels.POOL}={self.name},{EVIDENCE}=true"
         return (await self._get(self._list_path("v1", "ConfigMap"), "the evidence ConfigMaps",
                                 {"labelSelector": selector})).get("items") or []
+
+    async def change(self, pool: Body, change: SpecChange) -> Body | None:
+        """Patches the pool as read (guarded by its generation): the pool as stored, or None when its spec
+        changed since it was read."""
+        try:
+            return await pool_patch.patch_pool(self.client, pool, change)
+        except KubeError as e:
+            raise self._error(e, "a patch") from None
 
     async def watch(self, resource_version: str) -> AsyncIterator[Body]:
         """Watch events ({"type", "object"}) of this pool from `resource_version` until the apiserver ends the

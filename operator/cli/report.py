@@ -20,6 +20,7 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase
+from pdfleet.operator.planning import rollback
 from pdfleet.operator.planning.groups import parse_time, pod_ready, pods_by_group
 from pdfleet.operator.planning.restarts import EVIDENCE_TIME
 from pdfleet.operator.render import revision
@@ -104,6 +105,10 @@ def rollout(pool: Mapping[str, Any]) -> Rollout:
     def at(outcome: Exit, detail: str) -> Rollout:
         return Rollout(outcome, done, total, update, detail)
 
+    back = rollback.rolled_back(pool)
+    if back is not None and back.cause != rollback.UNDO:
+        # The operator replaced the spec this rollout was of: it failed, whatever the rollback's progress.
+        return at(Exit.FAILED, _rolled_back(back, status, generation))
     if status.observed_generation is None or (generation is not None and status.observed_generation < generation):
         # The revision and counts are of an older spec: none of it is progress towards this one.
         seen = "no generation" if status.observed_generation is None else f"generation {status.observed_generation}"
@@ -120,12 +125,26 @@ def rollout(pool: Mapping[str, Any]) -> Rollout:
     if verified is not None and verified.status is ConditionStatus.TRUE and status.current_revision is not None \
             and status.current_revision == update:
         return at(Exit.COMPLETE, verified.message)
+    progressing = _condition(status, ConditionType.PROGRESSING)
+    if progressing is not None and progressing.reason == "Paused":
+        return at(Exit.IN_PROGRESS, f"Paused: {progressing.message}")
     gate = waiting_gate(status)
     if gate is not None:
         return at(Exit.IN_PROGRESS, f"waiting for {gate}")
-    progressing = _condition(status, ConditionType.PROGRESSING)
     why = verified or progressing
     return at(Exit.IN_PROGRESS, f"{why.reason}: {why.message}" if why else "waiting for the operator's first status")
+
+
+def _rolled_back(back: rollback.RolledBack, status: InferencePoolStatus, generation: int | None) -> str:
+    verified = _condition(status, ConditionType.ROLLOUT_VERIFIED)
+    if status.observed_generation != generation or verified is None:
+        progress = "the operator has not observed the rolled-back spec yet"
+    elif verified.status is ConditionStatus.TRUE and status.current_revision == back.to_revision:
+        progress = f"revision {back.to_revision} is verified again"
+    else:
+        progress = f"returning to revision {back.to_revision}: {verified.reason}: {verified.message}"
+    return f"rolled back from revision {back.from_revision} to {back.to_revision} ({back.cause}: {back.message}); " \
+           f"{progress}"
 
 
 def bar(done: int, total: int, width: int = BAR_WIDTH) -> str:
@@ -137,6 +156,8 @@ def summary(state: Rollout) -> str:
     """The update revision (unless the status is older than the spec), the outcome, steps done/total and the
     detail."""
     what = {Exit.COMPLETE: "complete", Exit.FAILED: "FAILED", Exit.IN_PROGRESS: "in progress"}[state.outcome]
+    if state.outcome is Exit.IN_PROGRESS and state.detail.startswith("Paused:"):
+        what = "PAUSED"
     of = f"revision {state.revision} " if state.revision else ""
     return f"{of}{what}: {state.done}/{state.total} groups verified; {state.detail}"
 
@@ -226,8 +247,14 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
     state = rollout(pool)
     current = status.current_revision or "-"
     revisions = f"current {current}, update {status.update_revision or '-'}"
+    recorded = rollback.recorded(pool)
     lines = [f"Pool:       {name_of(pool)}", f"Phase:      {status.phase}", f"Revision:   {revisions}",
+             f"Undo to:    {f'revision {recorded.revision} (the last verified)' if recorded else 'none recorded'}",
              f"Rollout:    {summary(state)}"]
+    back = rollback.latest_rollback(pool)
+    if back is not None:
+        lines.append(f"Rolled back: {age(parse_time(back.at), now)} ago from revision {back.from_revision} to "
+                     f"{back.to_revision} ({back.cause}: {back.message})")
     by_group = pods_by_group(list(pods))
     wanted = role_revisions(pool, status)
     for role in Role:

@@ -158,7 +158,7 @@ current-context: x
     assert cli.default_namespace(str(kubeconfig)) == "team-a", "the context's namespace, like kubectl"
 
 
-@pytest.mark.parametrize("argv", [[], ["rollout"], ["rollout", "undo", "tiny"], ["rollout", "pause", "tiny"],
+@pytest.mark.parametrize("argv", [[], ["rollout"], ["rollout", "undo"], ["rollout", "restart", "tiny"],
                                   ["rollout", "status", "tiny", "--timeout", "soon"]])
 def test_bad_usage_exits_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_:
