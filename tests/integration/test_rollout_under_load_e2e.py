@@ -3,6 +3,9 @@ steady load through the real sglang-router (as in `test_serving_e2e.py`) while `
 out verified (as in `test_verified_rollout_e2e.py`), followed by `pdfleet rollout status --watch` run as people
 run it (as in `test_cli_e2e.py`).
 
+Two loads run at once: short requests at the rate asked for, and long ones (a few seconds each) so that every
+replaced engine holds requests when its pod is deleted: its drain must let them finish.
+
 Each group is replaced exactly once: a `kubectl get pods --watch` records every engine pod uid the rollout
 brings, so a group replaced twice (two uids of its revision) is seen even if the second replacement is over
 before the test looks.
@@ -10,25 +13,31 @@ before the test looks.
 
 from __future__ import annotations
 
+import asyncio
 import collections
+import contextlib
 import json
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 
 import pytest
 
+from pdfleet.podrunner import loadgen
 from tests.integration.test_cli_e2e import pdfleet
-from tests.integration.test_serving_e2e import steady_load
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
+from tests.support.pools import example
 
 pytestmark = pytest.mark.cluster
 
 POOL = "underload"
+MODEL = example("local-fleet")["spec"]["model"]["servedName"]
 MIN_RATE = 20.0  # client requests per second the issue asks the rollout to be run under
 CONCURRENCY = 8
+LONG_TOKENS = 400  # about 4 s at the simulator's 10 ms per decode step
 
 
 def verified_revision(cluster: Cluster, namespace: str) -> str | None:
@@ -59,6 +68,25 @@ class PodWatch:
         return seen
 
 
+@contextlib.contextmanager
+def client_load(url: str) -> Iterator[tuple[loadgen.Load, loadgen.Load]]:
+    """Short and long requests from a thread of their own, stopped (their requests finished) on exit."""
+    short = loadgen.Load(url, model=MODEL, concurrency=CONCURRENCY, timeout_s=10)
+    long = loadgen.Load(url, model=MODEL, concurrency=2, timeout_s=30, max_tokens=LONG_TOKENS)
+    loop = asyncio.new_event_loop()
+
+    async def both() -> None:
+        await asyncio.gather(short.run(), long.run())
+    thread = threading.Thread(target=lambda: loop.run_until_complete(both()), daemon=True)
+    thread.start()
+    try:
+        yield short, long
+    finally:
+        for load in (short, long):
+            loop.call_soon_threadsafe(load.stop)
+        thread.join(timeout=60)
+
+
 def uids(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
     by_group: dict[str, set[str]] = collections.defaultdict(set)
     for pod in fleet.engine_pods(cluster, namespace, POOL):
@@ -86,8 +114,8 @@ def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_
     old_revisions = {g["name"]: g["revision"] for g in fleet.pool(cluster, namespace, POOL)["status"]["groups"]}
 
     watch = PodWatch(cluster, namespace)
-    with steady_load(url, concurrency=CONCURRENCY) as load:
-        wait_for("the load flowing", lambda: load.tally.ok >= 40, timeout=60)
+    with client_load(url) as (load, long):
+        wait_for("the load flowing", lambda: load.tally.ok >= 40 and long.tally.ok >= 2, timeout=60)
         started, sent_at_start = time.monotonic(), load.tally.sent
         cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
                         json.dumps({"spec": {"engine": {"overlapSchedule": "Disabled"}}}))
@@ -95,16 +123,17 @@ def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_
                           timeout=420)
         rollout_s = time.monotonic() - started
         sent_during = load.tally.sent - sent_at_start
-        # Requests sent to the last replaced group's old engine are still finishing: they count too.
     seen = watch.stop()
     tally = load.tally.summary()
     rollout_log.append(f"rollout {rollout_s:.1f}s, {sent_during / rollout_s:.1f} req/s during it; client "
-                       f"requests: {tally}")
+                       f"requests: {tally}; long requests: {long.tally.summary()}")
     rollout_log.append(watched.stdout)
 
     assert watched.returncode == 0, watched.stdout + watched.stderr
     assert load.tally.failed == 0, (tally, fleet.event_lines(cluster, namespace))
-    assert load.tally.in_flight == 0, tally
+    assert long.tally.failed == 0, (long.tally.summary(), fleet.event_lines(cluster, namespace))
+    assert load.tally.in_flight == long.tally.in_flight == 0, (tally, long.tally.summary())
+    assert long.tally.ok >= 6, long.tally.summary()
     assert sent_during / rollout_s >= MIN_RATE, f"only {sent_during / rollout_s:.1f} req/s during the rollout"
     assert tally["ok_by_kind"].keys() == {"generate", "chat", "chat-stream"}, tally
 
