@@ -1,0 +1,183 @@
+"""A verified configuration rollout under client load, through the whole local fleet: what clients feel of it.
+
+A pool of 2 prefill + 2 decode groups (examples/local-fleet.yaml) serves a steady load through the real
+sglang-router (`pdfleet-sim load`'s client: `/generate`, chat and streamed chat in turn, no retries). After a
+baseline window, `overlapSchedule` is switched (Disabled, then Enabled again, ...) and each rollout is followed
+until the pool's status says it is verified: `RolloutVerified=True` and `currentRevision` at the new
+`updateRevision`, read every 100 ms. Reported per rollout and over all of them:
+- the rollout's duration, from the spec patch to that status;
+- client requests sent and failed during it (the goal is zero failed), and the rate achieved;
+- the p99 latency of client requests that completed during the rollouts, as a ratio of the p99 of those that
+  completed in the baseline window before the first one (same process, same load, same pool).
+Needs the local cluster with the pod runner and the engine simulator (`make cluster-up`). About two minutes.
+
+    python benchmarks/bench_rollout.py [--rollouts 2] [--concurrency 8] [--baseline 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import shutil
+import tempfile
+import threading
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import localfleet
+from localfleet import Api, Body
+
+from pdfleet.podrunner import loadgen
+
+POOL = "rollout"
+STATUS_PERIOD_S = 0.1
+
+
+@dataclasses.dataclass
+class Window:
+    """What the load did between two moments: latency indices into the tally, counters at each end."""
+
+    name: str
+    seconds: float
+    sent: int
+    failed: int
+    latencies_s: list[float]
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.seconds if self.seconds else 0.0
+
+    def p99(self) -> float:
+        lat = sorted(self.latencies_s)
+        return lat[min(len(lat) - 1, int(len(lat) * 0.99))] if lat else float("nan")
+
+    def line(self) -> str:
+        return (f"{self.name}: {self.seconds:.1f} s, requests sent {self.sent} ({self.rate:.1f}/s), failed "
+                f"{self.failed}, p99 {self.p99() * 1e3:.0f} ms over {len(self.latencies_s)} completed")
+
+
+class Mark:
+    """The load's counters at one moment."""
+
+    def __init__(self, tally: loadgen.Tally) -> None:
+        self.at = time.monotonic()
+        self.sent, self.failed, self.completed = tally.sent, tally.failed, len(tally.latencies_s)
+
+    def until(self, name: str, end: Mark, tally: loadgen.Tally) -> Window:
+        return Window(name, end.at - self.at, end.sent - self.sent, end.failed - self.failed,
+                      tally.latencies_s[self.completed:end.completed])
+
+
+def verified(pool: Body, *, not_revision: str | None = None) -> bool:
+    status = pool.get("status") or {}
+    conditions = {c["type"]: c["status"] for c in status.get("conditions") or []}
+    return conditions.get("RolloutVerified") == "True" and status.get("phase") == "Ready" and \
+        bool(status.get("currentRevision")) and status.get("currentRevision") == status.get("updateRevision") and \
+        status.get("observedGeneration") == pool["metadata"]["generation"] and \
+        status.get("currentRevision") != not_revision
+
+
+def registered(url: str) -> int:
+    """How many workers the router at `url` has (0 when it does not answer)."""
+    try:
+        with urllib.request.urlopen(f"{url}/workers", timeout=3) as r:
+            return len(json.loads(r.read()).get("workers", []))
+    except (OSError, ValueError):
+        return 0
+
+
+def router_url(api: Api, namespace: str, port: int, workers: int) -> str:
+    """The router's URL once it has `workers` workers registered."""
+    def found() -> str | None:
+        pods = [p for p in api.pods(namespace, f"pdfleet.dev/pool={POOL},app.kubernetes.io/component=router")
+                if localfleet.is_ready(p)]
+        url = f"http://{pods[0]['status']['podIP']}:{port}" if pods else None
+        return url if url and registered(url) >= workers else None
+    return localfleet.wait_for(f"the router with {workers} workers", found, timeout=180, interval=0.5)
+
+
+def rollout_once(api: Api, namespace: str, load: loadgen.Load, overlap: str) -> Window:
+    before = api.pool(namespace, POOL)["status"]["currentRevision"]
+    start = Mark(load.tally)
+    localfleet.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
+                       json.dumps({"spec": {"engine": {"overlapSchedule": overlap}}}))
+    localfleet.wait_for(f"the rollout to overlapSchedule: {overlap} verified",
+                        lambda: verified(api.pool(namespace, POOL), not_revision=before),
+                        timeout=600, interval=STATUS_PERIOD_S)
+    return start.until(f"rollout to overlapSchedule: {overlap}", Mark(load.tally), load.tally)
+
+
+def measure(api: Api, namespace: str, *, rollouts: int, concurrency: int,
+            baseline_s: float) -> tuple[Window, list[Window], loadgen.Tally]:
+    """The pool made, the load started, a baseline window, then `rollouts` rollouts under that load."""
+    body = localfleet.pool_body(namespace, POOL)
+    localfleet.apply(body)
+    localfleet.wait_for("the pool Ready and verified", lambda: verified(api.pool(namespace, POOL)),
+                        timeout=300, interval=0.5)
+    url = router_url(api, namespace, api.pool(namespace, POOL)["spec"]["router"]["port"], workers=4)
+    load = loadgen.Load(url, model=body["spec"]["model"]["servedName"], concurrency=concurrency, timeout_s=15)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
+    thread.start()
+    windows: list[Window] = []
+    try:
+        localfleet.wait_for("the load flowing", lambda: load.tally.ok >= 50, timeout=60)
+        start = Mark(load.tally)
+        time.sleep(baseline_s)  # a measuring window of fixed length, not a wait for a condition
+        baseline = start.until("baseline before", Mark(load.tally), load.tally)
+        print(baseline.line(), flush=True)
+        for i in range(rollouts):
+            windows.append(rollout_once(api, namespace, load, "Disabled" if i % 2 == 0 else "Enabled"))
+            print(windows[-1].line(), flush=True)
+    finally:
+        loop.call_soon_threadsafe(load.stop)
+        thread.join(timeout=60)
+    return baseline, windows, load.tally
+
+
+def options() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    parser.add_argument("--rollouts", type=int, default=2, help="rollouts in turn: Disabled, Enabled, ...")
+    parser.add_argument("--concurrency", type=int, default=8, help="client workers (8: about 45 requests/s)")
+    parser.add_argument("--baseline", type=float, default=20, help="seconds of load measured before")
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = options()
+    kubeconfig = localfleet.cluster_up()
+    localfleet.install_chart()
+    namespace = f"bench-rollout-{uuid.uuid4().hex[:6]}"
+    localfleet.kubectl("create", "namespace", namespace)
+    api, tmp = Api(kubeconfig), Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    try:
+        with localfleet.running_operator(localfleet.token_kubeconfig(kubeconfig, tmp / "kubeconfig"),
+                                         tmp / "operator.log", namespace):
+            baseline, windows, tally = measure(api, namespace, rollouts=args.rollouts,
+                                               concurrency=args.concurrency, baseline_s=args.baseline)
+            print(f"loadavg after: {localfleet.loadavg()}")
+    finally:
+        localfleet.delete_namespace(api, namespace)
+        api.close()
+        (tmp / "kubeconfig").unlink(missing_ok=True)
+    if tally.failed:
+        print(f"the operator's log, kept: {tmp / 'operator.log'}; failures: {dict(tally.failures)}")
+    else:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    during = Window("all rollouts", sum(w.seconds for w in windows), sum(w.sent for w in windows),
+                    sum(w.failed for w in windows), [x for w in windows for x in w.latencies_s])
+    print(f"rollout duration (2 prefill + 2 decode groups, maxUnavailable 1): "
+          f"{', '.join(f'{w.seconds:.1f}' for w in windows)} s")
+    print(f"client requests during the rollouts: sent {during.sent} ({during.rate:.1f}/s), failed {during.failed}"
+          f" (goal 0: {'PASS' if during.failed == 0 else 'FAIL'})")
+    print(f"p99 latency during the rollouts / before: {during.p99() * 1e3:.0f} ms / {baseline.p99() * 1e3:.0f} ms"
+          f" = {during.p99() / baseline.p99():.2f}x")
+
+
+if __name__ == "__main__":
+    main()
