@@ -4,7 +4,8 @@ A change to anything that shapes the engine process is a new revision. Groups of
 whole, a role at a time in `order`, at most `maxUnavailable` groups of a role out of service at once; a group
 counts as replaced once every pod of the new revision is Ready and the group passed every enabled
 `verification` gate. A failed gate stops the rollout until the spec changes, or, with `autoRollback`, returns
-the pool to its last verified revision. `paused` holds further replacements.
+the pool to its last verified revision. `paused` holds further replacements. `playbooks` are the spec changes the
+operator may make on its own, each at most once per pool, through the same verified rollout.
 """
 
 from __future__ import annotations
@@ -48,6 +49,34 @@ class VerificationSpec(ApiModel):
     )
 
 
+class OverlapDesyncAction(enum.StrEnum):
+    NONE = "None"
+    DISABLE_OVERLAP_SCHEDULE = "DisableOverlapSchedule"
+
+
+class OverlapDesyncPlaybook(ApiModel):
+    """What the operator does about a Desync of a group whose ranks run SGLang's overlap event loop."""
+
+    action: OverlapDesyncAction = Field(
+        default=OverlapDesyncAction.NONE,
+        description="None: the group is captured and restarted like any Desync, nothing more. "
+                    "DisableOverlapSchedule: the reconcile that restarts such a group also patches "
+                    "spec.engine.overlapSchedule to Disabled (and nothing else), which rolls out as usual, every "
+                    "group verified on the normal loop; why is recorded in the annotation "
+                    "pdfleet.dev/playbook-overlap-desync and a PlaybookOverlapDesync Warning naming the group and "
+                    "its evidence ConfigMap. At most once per pool: while the annotation is there the operator "
+                    "does not change overlapSchedule again (a spec that sets it back is left as it is and said "
+                    "once, PlaybookOverlapDesyncReverted); removing the annotation re-arms it.",
+    )
+
+
+class Playbooks(ApiModel):
+    """Spec changes the operator makes on its own when it recognises an incident."""
+
+    overlap_desync: OverlapDesyncPlaybook = Field(default_factory=OverlapDesyncPlaybook,
+                                                  description="A Desync on the overlap event loop.")
+
+
 class RolloutSpec(ApiModel):
     """Rollout policy."""
 
@@ -68,3 +97,5 @@ class RolloutSpec(ApiModel):
         description="No new group replacement starts while true (replacements already started finish and are "
                     "verified); the Progressing condition says Paused. `pdfleet rollout pause|resume` set it.",
     )
+    playbooks: Playbooks = Field(default_factory=Playbooks,
+                                 description="Spec changes the operator makes on its own, each at most once.")

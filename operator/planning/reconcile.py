@@ -35,7 +35,7 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status, rank_health, restarts, rollback, verification
+from pdfleet.operator.planning import health_status, playbooks, rank_health, restarts, rollback, verification
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -113,6 +113,10 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
                          outcomes)
     if (verified := rollback.record(pool, new_status)) is not None:
         out.pool_changes.append(verified)
+    if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
+                                     now, spec_changing=any(c.changes_spec for c in out.pool_changes))) is not None:
+        out.pool_changes.append(playbook.change)
+        out.events.append(playbook.event)
     waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None] + \
         [o.deadline for o in outcomes.values() if o.deadline is not None]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
