@@ -12,22 +12,28 @@ from pdfleet.operator.planning.spec_change import SpecChange
 
 Body = dict[str, Any]
 JSON_PATCH = "application/json-patch+json"
-# The apiserver's answers to a patch whose `test` failed (the spec moved on since the decision): 422 Invalid on
-# current versions, 409 Conflict on some older ones.
-STALE = (409, 422)
+# A patch whose `test` failed is answered 422 Invalid with only a generic message (as is one the schema refuses),
+# or 409 Conflict by some versions: the pool is read again to tell which.
+MAYBE_STALE = (409, 422)
 
 
 async def patch_pool(client: KubeClient, pool: Mapping[str, Any], change: SpecChange) -> Body | None:
     """The pool as stored after `change`; None when the apiserver refused it because the pool's generation is no
     longer the one it was decided on (nothing was written). Other refusals raise KubeError."""
+    path = resources.object_path(pool)
     try:
-        return await client.request("PATCH", resources.object_path(pool), body=list(change.ops),
-                                    content_type=JSON_PATCH)
+        return await client.request("PATCH", path, body=list(change.ops), content_type=JSON_PATCH)
     except KubeError as e:
-        if e.status in STALE and _generation_test_failed(e):
+        if e.status not in MAYBE_STALE:
+            raise
+        tested = next((op["value"] for op in change.ops
+                       if op["op"] == "test" and op["path"] == "/metadata/generation"), None)
+        try:
+            now = await client.request("GET", path)
+        except KubeError as gone:
+            if gone.not_found:
+                return None  # deleted meanwhile: nothing to change
+            raise
+        if tested is not None and now.get("metadata", {}).get("generation") != tested:
             return None
         raise
-
-
-def _generation_test_failed(e: KubeError) -> bool:
-    return e.status == 409 or "test" in e.message.lower() or "generation" in e.message.lower()

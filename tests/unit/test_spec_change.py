@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import pytest
 
+from pdfleet.operator.kube import pool_patch
+from pdfleet.operator.kube.client import KubeError
 from pdfleet.operator.planning import spec_change
 from pdfleet.operator.planning.spec_change import REMOVE
 from tests.support.pools import pool_body
@@ -47,3 +52,38 @@ def test_missing_parents_are_added_once_and_annotation_keys_are_escaped() -> Non
     assert again.ops[1:] == ({"op": "add", "path": "/metadata/annotations/pdfleet.dev~1a", "value": "3"},
                              {"op": "remove", "path": "/metadata/annotations/pdfleet.dev~1b"})
     assert spec_change.apply(stored, again)["metadata"]["annotations"] == {"pdfleet.dev/a": "3"}
+
+
+class FakeApi:
+    """Answers a patch as the apiserver does: 422 with a generic message when its generation test fails."""
+
+    def __init__(self, stored: dict, *, refuse: KubeError | None = None) -> None:
+        self.stored, self.refuse, self.calls = stored, refuse, []
+
+    async def request(self, method: str, path: str, *, body: Any = None, content_type: str = "",
+                      **_: Any) -> dict:
+        self.calls.append((method, content_type))
+        if method == "GET":
+            return self.stored
+        if self.refuse is not None:
+            raise self.refuse
+        try:
+            self.stored = spec_change.apply(self.stored, spec_change.SpecChange(ops=tuple(body), why=""))
+        except ValueError:
+            raise KubeError(422, "Invalid", "the server rejected our request due to an error in our request") \
+                from None
+        return self.stored
+
+
+def test_a_refused_test_of_the_generation_is_no_change_and_any_other_refusal_raises() -> None:
+    change = spec_change.patch(pool(), {("spec", "rollout", "paused"): True}, why="pause")
+    assert change is not None
+    api = FakeApi(pool(generation=4))
+    assert asyncio.run(pool_patch.patch_pool(api, pool(), change)) is None  # type: ignore[arg-type]
+    assert api.calls == [("PATCH", "application/json-patch+json"), ("GET", "")]
+    api = FakeApi(pool())
+    stored = asyncio.run(pool_patch.patch_pool(api, pool(), change))  # type: ignore[arg-type]
+    assert stored is not None and stored["spec"]["rollout"]["paused"] is True
+    invalid = KubeError(422, "Invalid", 'InferencePool.pdfleet.dev "tiny" is invalid: spec.rollout.paused: ...')
+    with pytest.raises(KubeError, match="is invalid"):
+        asyncio.run(pool_patch.patch_pool(FakeApi(pool(), refuse=invalid), pool(), change))  # type: ignore[arg-type]
