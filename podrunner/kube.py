@@ -25,6 +25,11 @@ class ApiError(Exception):
         self.status = status
 
 
+class Replaced(ApiError):
+    """The pod of that name is not the one meant any more (deleted and created again): a write about the old
+    one must never land on its successor."""
+
+
 class Gone(Exception):
     """The watch's resourceVersion is too old (410): list again."""
 
@@ -110,9 +115,18 @@ class Client:
                     raise ApiError(int(event.get("object", {}).get("code") or 500), json.dumps(event["object"]))
                 yield event
 
-    async def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Body:
-        return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{quote(name)}/status", body=patch,
-                                  content_type="application/merge-patch+json")
+    async def patch_pod_status(self, namespace: str, name: str, uid: str, patch: Body) -> Body:
+        """Writes the status of exactly this pod, as kubelet does: the patch names the pod's uid, which the API
+        server refuses to change, so a status about a pod deleted meanwhile (kwok's fallback deletes at the end
+        of the grace period) never lands on a new pod of the same name. Raises `Replaced` then."""
+        body = {**patch, "metadata": {**patch.get("metadata", {}), "uid": uid}}
+        try:
+            return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{quote(name)}/status",
+                                      body=body, content_type="application/merge-patch+json")
+        except ApiError as e:
+            if e.status == 422 and "metadata.uid" in str(e):
+                raise Replaced(e.status, str(e)) from e
+            raise
 
     async def delete_pod_now(self, namespace: str, name: str, uid: str) -> None:
         """Deletes exactly this pod (not a newer one of the same name) with no further grace: what kubelet

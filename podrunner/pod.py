@@ -12,7 +12,7 @@ from typing import Any
 
 from pdfleet.podrunner import commands, env, podinfo, probes, status, tokens
 from pdfleet.podrunner.container import Container
-from pdfleet.podrunner.kube import ApiError
+from pdfleet.podrunner.kube import ApiError, Replaced
 from pdfleet.podrunner.node import Node
 
 log = logging.getLogger("pdfleet.podrunner.pod")
@@ -220,7 +220,7 @@ class PodWorker:
             return
         meta = self.pod["metadata"]
         try:
-            await self.node.client.patch_pod_status(meta["namespace"], meta["name"], patch)
+            await self.node.client.patch_pod_status(meta["namespace"], meta["name"], self.uid, patch)
             self._written = patch
             st = patch["status"]
             log.info("status written", extra=self._fields(
@@ -228,7 +228,7 @@ class PodWorker:
                 containers={c["name"]: next(iter(k for k, v in c["state"].items() if v)) for c in
                             st["containerStatuses"]}))
         except ApiError as e:
-            if e.status == 404:
+            if e.status == 404 or isinstance(e, Replaced):
                 self.gone()
                 return
             log.warning("status write failed; retrying", extra=self._fields(error=str(e)[:300]))

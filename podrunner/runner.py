@@ -162,7 +162,8 @@ class Runner:
         key = f"{meta['namespace']}/{meta['name']}"
         try:
             if pod["status"].get("phase") not in TERMINAL:
-                await self.node.client.patch_pod_status(meta["namespace"], meta["name"], orphan_patch(pod, time.time()))
+                await self.node.client.patch_pod_status(meta["namespace"], meta["name"], meta["uid"],
+                                                        orphan_patch(pod, time.time()))
                 log.info("orphaned pod marked Failed", extra={"fields": {"pod": key, "uid": meta["uid"]}})
             if deleting(pod) and meta["uid"] not in self._handled_terminal:
                 self._handled_terminal.add(meta["uid"])

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from pdfleet.podrunner import status
-from pdfleet.podrunner.kube import ApiError
+from pdfleet.podrunner.kube import ApiError, Replaced
 from pdfleet.podrunner.node import Node
 from pdfleet.podrunner.pod import deleting
 
@@ -80,9 +80,10 @@ class StandIn:
             # kwok gives the pod its IP and turns it Running first; a patch before that would keep kwok from it.
             if await self._until(lambda: self.pod["status"].get("podIP") or deleting(self.pod)) \
                     and not deleting(self.pod):
-                await self.client.patch_pod_status(meta["namespace"], meta["name"], ready_patch(self.pod, time.time()))
+                await self.client.patch_pod_status(meta["namespace"], meta["name"], meta["uid"],
+                                                   ready_patch(self.pod, time.time()))
             if await self._until(lambda: deleting(self.pod)):
                 await self.client.delete_pod_now(meta["namespace"], meta["name"], meta["uid"])
         except ApiError as e:
-            if e.status != 404:
+            if e.status != 404 and not isinstance(e, Replaced):
                 log.warning("standing in for a pod failed", extra={"fields": {"pod": self.key, "error": str(e)[:300]}})

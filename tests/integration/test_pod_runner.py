@@ -3,6 +3,7 @@ with the pods' own identities, and pod status that tells the truth (exit codes, 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
 import subprocess
@@ -15,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.podrunner.kube import Client, Kubeconfig, Replaced
 from tests.support.cluster import Cluster, wait_for
 from tests.support.pools import example
 
@@ -193,3 +195,29 @@ def test_the_charts_operator_runs_as_a_real_process_and_reconciles_a_pool(cluste
     finally:
         cluster.kubectl("delete", "pdpool", "--all", "-n", namespace, "--wait=false", check=False)
         cluster.helm("uninstall", release, "--namespace", namespace, check=False)
+
+
+def test_a_status_about_a_deleted_pod_never_lands_on_a_new_pod_of_its_name(cluster: Cluster, namespace: str) -> None:
+    # The race this guards: kwok's fallback deletes a played pod at the end of its grace period while the
+    # runner still writes the old pod's final status (Failed, exit 137); the operator has already created the
+    # group's pod again under the same name. Before the guard, the new pod read Failed and was restarted again.
+    unplayed = {"nodeSelector": {"pdfleet.dev/no-such-node": "x"}}  # never scheduled: nobody else writes it
+    create_pod(cluster, namespace, "same-name", {"command": ["true"]}, **unplayed)
+    old_uid = pod(cluster, namespace, "same-name")["metadata"]["uid"]
+    cluster.kubectl("delete", "pod", "same-name", "-n", namespace, "--grace-period=0", "--force", "--wait=true")
+    create_pod(cluster, namespace, "same-name", {"command": ["true"]}, **unplayed)
+    new_uid = pod(cluster, namespace, "same-name")["metadata"]["uid"]
+    assert new_uid != old_uid
+
+    async def write(uid: str) -> None:
+        client = Client(Kubeconfig(cluster.kubeconfig))
+        try:
+            await client.patch_pod_status(namespace, "same-name", uid, {"status": {"message": f"from {uid}"}})
+        finally:
+            await client.close()
+
+    with pytest.raises(Replaced):
+        asyncio.run(write(old_uid))
+    assert pod(cluster, namespace, "same-name")["status"].get("message") is None
+    asyncio.run(write(new_uid))
+    assert pod(cluster, namespace, "same-name")["status"]["message"] == f"from {new_uid}"

@@ -261,4 +261,7 @@ def test_a_desync_under_load_is_detected_and_the_group_replaced_while_the_rest_k
     # /health misses.
     assert len(during) >= 3 and set(during) == {200}, during
     assert {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL)} >= others
-    assert fleet.group_status(cluster, namespace, POOL, f"{POOL}-decode-0")["restarts"] == 1
+    decode = fleet.group_status(cluster, namespace, POOL, f"{POOL}-decode-0")
+    if decode["restarts"] != 1:
+        print("decode-0:", json.dumps(decode, indent=1), *fleet.event_lines(cluster, namespace), sep="\n")
+    assert decode["restarts"] == 1

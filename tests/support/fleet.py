@@ -69,6 +69,14 @@ def events(cluster: Cluster, namespace: str, name: str, reason: str) -> list[dic
                        f"involvedObject.name={name},reason={reason}")["items"]
 
 
+def event_lines(cluster: Cluster, namespace: str) -> list[str]:
+    """Every Event of the namespace as one line, oldest first: what a failed assertion shows of the story."""
+    items = cluster.get("events", "-n", namespace)["items"]
+    items.sort(key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+    return [f"{e.get('lastTimestamp') or e.get('eventTime')} {e['involvedObject'].get('name')} {e['type']} "
+            f"{e['reason']}: {e.get('message', '')}" for e in items]
+
+
 def wait_ready(cluster: Cluster, namespace: str, name: str, timeout: float = 180) -> None:
     def ready() -> bool:
         return phase(cluster, namespace, name) == "Ready"

@@ -31,7 +31,7 @@ class FakeClient:
         await asyncio.sleep(0)  # the lookup is in flight while more pods arrive
         return self.namespaces[path.rsplit("/", 1)[1]]
 
-    async def patch_pod_status(self, namespace: str, name: str, patch: Body) -> Body:
+    async def patch_pod_status(self, namespace: str, name: str, uid: str, patch: Body) -> Body:
         self.patches.append((namespace, name, patch))
         self.changed.set()
         return {}
