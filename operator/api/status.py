@@ -76,13 +76,15 @@ class GateState(enum.StrEnum):
     TIMED_OUT = "TimedOut"  # rollout.verification.timeout passed before the gate could pass
     WAITING = "Waiting"  # nothing to judge yet (an agent or /server_info has not answered)
     SKIPPED = "Skipped"  # switched off in spec.rollout.verification: not judged, not passed
+    NOT_AVAILABLE = "NotAvailable"  # not in this version of pdfleet: reported so, never judged, never holds
 
 
 class GateResult(ApiModel):
     """What one verification gate saw of one group."""
 
-    name: Annotated[str, Field(min_length=1, max_length=63)] = Field(description="eventLoop or serverArgs.")
-    state: GateState = Field(description="Passed, Failed, TimedOut, Waiting or Skipped.")
+    name: Annotated[str, Field(min_length=1, max_length=63)] = Field(
+        description="eventLoop, serverArgs or toolCallCanary.")
+    state: GateState = Field(description="Passed, Failed, TimedOut, Waiting, Skipped or NotAvailable.")
     message: Annotated[str, Field(max_length=2048)] = Field(default="", description="Expected and seen.")
 
 

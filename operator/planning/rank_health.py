@@ -60,6 +60,8 @@ class GroupHealth:
     answered: bool = False  # some agent of the group's current pods answered this poll
     held_seconds: float = 0.0  # how long the ranks had been frozen as judged (Desync, Hang: the time to detect)
     pods: frozenset[str] = frozenset()  # uids of the pods whose agents this verdict is about (none: no agent asked)
+    # Every loop the ranks report, once every rank reports (more than one: the group half switched a loop).
+    loops: frozenset[str] = frozenset()
 
     def same_as(self, other: GroupHealth | None) -> bool:
         """Equal in everything but the wording: evidence ages change every poll, the verdict does not."""
@@ -124,7 +126,7 @@ def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, 
     reporting = [v for v in views if v.status is verdict.RankStatus.REPORTING]
     return GroupHealth(mapped, _event_loop(reporting, tp), _message(mapped, judged, tp), len(reporting),
                        answered=bool(reports), held_seconds=judged.held_ns / 1e9,
-                       pods=frozenset(p["metadata"].get("uid", "") for p in live))
+                       pods=frozenset(p["metadata"].get("uid", "") for p in live), loops=_loops(reporting, tp))
 
 
 def current(health: Mapping[str, GroupHealth], pods: Mapping[str, Sequence[Body]]) -> dict[str, GroupHealth]:
@@ -145,6 +147,12 @@ def _event_loop(reporting: list[verdict.RankView], tp: int) -> str | None:
         return None
     loop = loops.pop()
     return None if loop is phases.LoopName.UNKNOWN else loop.method
+
+
+def _loops(reporting: list[verdict.RankView], tp: int) -> frozenset[str]:
+    if len(reporting) != tp:
+        return frozenset()
+    return frozenset(v.loop.method for v in reporting if v.loop is not phases.LoopName.UNKNOWN)
 
 
 def _message(mapped: Verdict, judged: verdict.Verdict, tp: int) -> str:

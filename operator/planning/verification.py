@@ -6,7 +6,8 @@ enabled gate (`spec.rollout.verification`) then reads what the engines say of th
 - eventLoop: every rank reports the scheduler loop the spec implies (`expected_event_loop`), from the rank
   agents (`rank_health.GroupHealth.event_loop`);
 - serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the operator rendered for
-  that pod (`expected_server_args`), not every default.
+  that pod (`expected_server_args`), not every default;
+- toolCallCanary: not available yet (`CANARY_NOT_AVAILABLE`): listed, never judged, never holding a rollout.
 
 Everything the gates read is tied to the pods it is about (`EngineFacts.pods`, by uid), so what was seen of a
 group's old pods is never taken for its new ones. The results live in `status.groups[].verification` and
@@ -39,6 +40,14 @@ Body = dict[str, Any]
 
 EVENT_LOOP = "eventLoop"
 SERVER_ARGS = "serverArgs"
+TOOL_CALL_CANARY = "toolCallCanary"
+# The tool-call canary (a tool-calling request whose answer must come back as structured tool calls, no DSML
+# markup in the text) needs the tool-call integrity checks pdfleet does not have yet. Until then every group
+# says so in its gates, visibly, and the gate never holds a rollout.
+CANARY_NOT_AVAILABLE = GateResult(
+    name=TOOL_CALL_CANARY, state=GateState.NOT_AVAILABLE,
+    message="not available in this version of pdfleet (it needs the tool-call integrity checks): not judged, "
+            "does not hold the rollout")
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
 
 # Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
@@ -203,6 +212,10 @@ def _event_loop_gate(expected: str, health: GroupHealth | None, current: bool) -
     if health is None or not current:
         return GateResult(name=EVENT_LOOP, state=GateState.WAITING,
                           message=f"expected {expected}: no rank agent of the group's current pods judged yet")
+    if health.event_loop is None and len(health.loops) > 1:
+        # Every rank reports, and not the same loop: the group half switched, which waiting will not mend.
+        return GateResult(name=EVENT_LOOP, state=GateState.FAILED,
+                          message=f"expected {expected}, seen the ranks disagree: {', '.join(sorted(health.loops))}")
     if health.event_loop is None:
         return GateResult(name=EVENT_LOOP, state=GateState.WAITING,
                           message=f"expected {expected}: the ranks do not all report one loop yet "
@@ -248,6 +261,7 @@ def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready
         else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
         _server_args_gate(_leader(want_pods), _leader(live), facts if current else None) if policy.server_args
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
+        CANARY_NOT_AVAILABLE,
     ]
     deadline = None
     if any(g.state is GateState.WAITING for g in gates):
@@ -261,7 +275,7 @@ def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready
                      if g.state is GateState.WAITING else g for g in gates]
             deadline = None
     verification = GroupVerification(revision=revision, gates=tuple(gates))
-    passed = all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates)
+    passed = all(g.state in (GateState.PASSED, GateState.SKIPPED, GateState.NOT_AVAILABLE) for g in gates)
     return Outcome(revision, revision if passed else None, verification, deadline)
 
 

@@ -17,6 +17,8 @@ from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 
+CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
+
 pytestmark = pytest.mark.cluster
 
 POOL = "verified"
@@ -59,7 +61,7 @@ def test_a_pool_is_verified_then_rolls_out_verified_to_the_normal_loop_and_stops
     for group in first["groups"]:
         assert group["verifiedRevision"] == group["revision"]
         assert {g["name"]: g["state"] for g in group["verification"]["gates"]} == \
-            {"eventLoop": "Passed", "serverArgs": "Passed"}
+            {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
 
     patch_engine(cluster, namespace, {"overlapSchedule": "Disabled"})
     second = wait_verified(cluster, namespace, revision_not=first["currentRevision"])

@@ -15,6 +15,8 @@ from pdfleet.runtime.health import phases
 from tests.support.fake_engines import FakeEngine, rank
 from tests.support.fake_fleet import DECODE, IPS, KEY, PODS, PREFILL, Fleet, fake_fleet
 
+CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
+
 LOOPS = {PREFILL: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_PREFILL,
          DECODE: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
 
@@ -74,8 +76,8 @@ async def test_server_info_is_fetched_once_per_pod_and_handed_to_the_planner(
     assert "version" not in facts[DECODE].server_info[uid], "only the compared fields are kept"
 
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed"}
-    assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed"}
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
+    assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
 
 
 async def test_an_engine_showing_other_args_fails_the_server_args_gate(
@@ -83,7 +85,7 @@ async def test_an_engine_showing_other_args_fails_the_server_args_gate(
     engines[DECODE].args["disable_overlap_schedule"] = True  # the wrong-server-args fault
     await fleet.monitor.poll(KEY)
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed"}
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed", **CANARY}
     [warning] = fleet.events("RolloutGateFailed")
     assert warning["type"] == "Warning"
     assert "disable_overlap_schedule: expected False, seen True" in warning["message"]

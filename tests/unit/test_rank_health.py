@@ -110,6 +110,10 @@ def test_the_event_loop_is_reported_only_when_every_rank_runs_the_same_one() -> 
 
     assert same.event_loop == "event_loop_normal_disagg_decode"
     assert mixed.event_loop is None
+    # What each rank runs is kept, so that a half-switched group fails its eventLoop gate instead of waiting.
+    assert same.loops == {"event_loop_normal_disagg_decode"}
+    assert mixed.loops == {"event_loop_normal_disagg_decode", phases.LoopName.EVENT_LOOP_NORMAL.method}
+    assert judge([pod()], {"g-0": answer(rank(0))}).loops == frozenset(), "not every rank reports: nothing said"
 
 
 def test_a_held_desync_keeps_its_first_evidence_so_status_is_not_rewritten_every_poll() -> None:

@@ -22,6 +22,8 @@ from pdfleet.operator.render import engine_args
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
 
+CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
+
 Body = dict[str, Any]
 OVERLAP_DECODE = "event_loop_overlap_disagg_decode"
 NORMAL_DECODE = "event_loop_normal_disagg_decode"
@@ -131,6 +133,9 @@ INFO = {"tp_size": 1, "disable_overlap_schedule": False, "disable_tokenizer_batc
     (HEALTHY_NORMAL, {"u0"}, INFO, {}, ("Waiting", "Waiting")),
     (None, {"u1"}, None, {}, ("Waiting", "Waiting")),
     (dataclasses.replace(HEALTHY_NORMAL, event_loop=None), {"u1"}, INFO, {}, ("Waiting", "Passed")),
+    # Every rank reports, not the same loop: half switched, which no wait mends.
+    (dataclasses.replace(HEALTHY_NORMAL, event_loop=None, loops=frozenset({NORMAL_DECODE, OVERLAP_DECODE})),
+     {"u1"}, INFO, {}, ("Failed", "Passed")),
     (dataclasses.replace(HEALTHY_NORMAL, event_loop=OVERLAP_DECODE), {"u1"}, INFO, {}, ("Failed", "Passed")),
     (HEALTHY_NORMAL, {"u1"}, {**INFO, "tp_size": 2}, {}, ("Passed", "Failed")),
     (dataclasses.replace(HEALTHY_NORMAL, event_loop=OVERLAP_DECODE), {"u1"}, {**INFO, "tp_size": 2},
@@ -143,7 +148,7 @@ def test_gate_states_from_what_the_engines_show(health: GroupHealth | None, fact
     facts = EngineFacts(pods=frozenset(facts_pods), server_info={"u1": info} if info else {})
     outcome = _verify(pod, health=health, facts=facts, policy=VerificationSpec(**policy))
     assert outcome.verification is not None
-    assert tuple(str(g.state) for g in outcome.verification.gates) == states
+    assert tuple(str(g.state) for g in outcome.verification.gates) == (*states, "NotAvailable")
     assert outcome.verified == all(s in ("Passed", "Skipped") for s in states)
     assert (outcome.stopped is not None) == ("Failed" in states)
 
@@ -152,7 +157,7 @@ def test_a_failed_gate_says_what_it_expected_and_saw() -> None:
     outcome = _verify(_ready_pod("u1"), health=dataclasses.replace(HEALTHY_NORMAL, event_loop=OVERLAP_DECODE),
                       facts=EngineFacts(pods=frozenset({"u1"}), server_info={"u1": {**INFO, "tp_size": 2}}))
     assert outcome.verification is not None
-    messages = {g.name: g.message for g in outcome.verification.gates}
+    messages = {g.name: g.message for g in outcome.verification.gates if g.name != "toolCallCanary"}
     assert messages == {"eventLoop": f"expected {NORMAL_DECODE}, seen {OVERLAP_DECODE}",
                         "serverArgs": "p-u1: tp_size: expected 1, seen 2"}
 
@@ -185,7 +190,7 @@ def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
     verified = condition(cluster, "RolloutVerified")
     assert (verified["status"], verified["reason"]) == ("Unknown", "Verifying")
     assert condition(cluster, "Progressing")["status"] == "True"
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Waiting", "serverArgs": "Waiting"}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Waiting", "serverArgs": "Waiting", **CANARY}
 
     cluster.engines = True  # the agents and /server_info answer
     cluster.converge()
@@ -195,7 +200,7 @@ def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
     assert condition(cluster, "Progressing")["status"] == "False"
     assert status["decode"]["updated"] == 1
     for name in ("tiny-decode-0", "tiny-prefill-0"):
-        assert gates(cluster, name) == {"eventLoop": "Passed", "serverArgs": "Passed"}
+        assert gates(cluster, name) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
         assert group(cluster, name)["verifiedRevision"] == group(cluster, name)["revision"]
 
 
@@ -279,7 +284,7 @@ def test_an_engine_whose_server_info_differs_from_what_was_rendered_fails_the_se
     cluster.server_args["tiny-decode-0"] = {"disable_overlap_schedule": False}
     disable_overlap(cluster)
     plans = cluster.converge(limit=10)
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Passed", "serverArgs": "Failed"}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Passed", "serverArgs": "Failed", **CANARY}
     verified = condition(cluster, "RolloutVerified")
     assert verified["reason"] == "GateFailed"
     assert "gate serverArgs failed for decode group tiny-decode-0" in verified["message"]
@@ -293,7 +298,7 @@ def test_switched_off_gates_are_skipped_not_passed_and_do_not_hold_the_rollout()
     cluster = FakeCluster(pool_body(prefill=1, decode=1, rollout__verification={
         "eventLoop": False, "serverArgs": False}), engines=False)
     cluster.converge()
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Skipped", "serverArgs": "Skipped"}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Skipped", "serverArgs": "Skipped", **CANARY}
     assert condition(cluster, "RolloutVerified")["status"] == "True"
     disable_overlap(cluster)
     cluster.loops["tiny-decode-0"] = OVERLAP_DECODE
