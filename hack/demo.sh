@@ -2,7 +2,9 @@
 # `make demo`: pdfleet's main job on the local fleet, end to end. The chart's own operator Deployment runs (the
 # pod runner plays its pod), a PD pool goes Ready on real readiness, requests flow through the real
 # sglang-router to simulated engines, then one decode group desyncs: detected, evidence captured, restarted as
-# a unit, and the pool is Ready again. The fleet keeps running afterwards for you to explore.
+# a unit, and the pool is Ready again. Act two is the production fix: overlapSchedule: Disabled rolled out under
+# load, followed with `pdfleet rollout status --watch`, every rank on the normal loop, failed requests counted.
+# The fleet keeps running afterwards for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -123,6 +125,39 @@ kill $LOAD_PID 2>/dev/null || true
 wait $LOAD_PID 2>/dev/null || true
 trap - EXIT
 tail -n1 "$LOAD_LOG"
+
+step "Act two: the production fix, overlapSchedule: Disabled, rolled out verified under load"
+loops() {
+  kubectl get pdpool "$POOL" -n "$NS" \
+    -o jsonpath='{range .status.groups[*]}{"  "}{.name}{"  "}{.eventLoop}{"  verified at "}{.verifiedRevision}{"\n"}{end}'
+}
+echo "every group's scheduler loop, as its ranks report it:"
+loops
+LOAD_LOG="$STATE/load-rollout-$(date +%s).log"
+.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
+  >"$LOAD_LOG" 2>&1 &
+LOAD_PID=$!
+echo $LOAD_PID >"$STATE/load.pid"
+trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
+watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
+kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p '{"spec":{"engine":{"overlapSchedule":"Disabled"}}}'
+# Each group in turn: out of the router, drained, replaced, verified (its ranks on the normal loop, its
+# /server_info showing --disable-overlap-schedule), back in. The CLI follows it as `kubectl rollout status` does.
+.venv/bin/pdfleet rollout status "$POOL" -n "$NS" --watch --timeout 10m || fail "the rollout did not complete verified"
+kill $LOAD_PID 2>/dev/null || true
+wait $LOAD_PID 2>/dev/null || true
+trap - EXIT
+echo "every group's scheduler loop now:"
+loops
+others=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.status.groups[*].eventLoop}' | tr ' ' '\n' \
+  | grep -vc '^event_loop_normal_disagg_' || true)
+[ "$others" = 0 ] || fail "$others group(s) not on the normal loop"
+kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | grep -E '^TYPE|GroupReplaced|PoolReady' | tail -n 6 || true
+final=$(tail -n1 "$LOAD_LOG")
+echo "the client's view of the rollout: $final"
+failed=$(echo "$final" | sed -n 's/.*  failed \([0-9]*\).*/\1/p')
+echo "client requests failed during the rollout: ${failed:-?} (the goal is zero)"
 
 step "Done: the fleet keeps running"
 cat <<MSG

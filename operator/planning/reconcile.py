@@ -429,6 +429,10 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     out.events.extend(health_status.backoff_events(previous, groups))
     if all_ready and not was_ready:
         out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
+    if settled and previous.current_revision is not None and previous.current_revision != update_rev:
+        out.events.append(Event("Normal", "RolloutCompleted",
+                                f"rollout from revision {previous.current_revision} to {update_rev} completed: "
+                                f"all {len(groups)} group(s) replaced and verified"))
     for role in Role:
         before = (previous.prefill if role is Role.PREFILL else previous.decode).desired
         if previous.observed_generation is not None and before != counts[role].desired:

@@ -218,6 +218,11 @@ def test_switching_overlap_off_rolls_out_verified_on_the_normal_loop() -> None:
         "tiny-decode-0": NORMAL_DECODE, "tiny-decode-1": NORMAL_DECODE,
         "tiny-prefill-0": "event_loop_normal_disagg_prefill", "tiny-prefill-1": "event_loop_normal_disagg_prefill"}
     assert condition(cluster, "RolloutVerified")["status"] == "True"
+    # One Event says the rollout is over, once it is verified, not before.
+    assert events(plans, "RolloutCompleted") == [
+        f"rollout from revision {before} to {status['currentRevision']} completed: all 4 group(s) replaced and "
+        "verified"]
+    assert events(cluster.converge(limit=3), "RolloutCompleted") == []
 
 
 def test_a_replaced_group_ready_but_not_verified_holds_the_next_group_and_the_next_role() -> None:
