@@ -71,15 +71,19 @@ MODEL=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.model.servedName
 # A load left by an earlier demo goes first (checked by its command line: a stale pid may be reused).
 old=$(cat "$STATE/load.pid" 2>/dev/null || true)
 if [ -n "$old" ] && grep -qa "pdfleet-sim" "/proc/$old/cmdline" 2>/dev/null; then kill "$old" || true; fi
-LOAD_LOG="$STATE/load-$(date +%s).log"
-# Bounded, so that a demo killed halfway never leaves a client running for good.
-.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
-  >"$LOAD_LOG" 2>&1 &
-LOAD_PID=$!
-echo $LOAD_PID >"$STATE/load.pid"
-trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
-watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
-tail -n1 "$LOAD_LOG"
+# A client load in the background into $LOAD_LOG (named after $1), once its requests succeed. Bounded, so that a
+# demo killed halfway never leaves a client running for good.
+start_load() {
+  LOAD_LOG="$STATE/load-$1-$(date +%s).log"
+  .venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
+    >"$LOAD_LOG" 2>&1 &
+  LOAD_PID=$!
+  echo $LOAD_PID >"$STATE/load.pid"
+  trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
+  watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
+  tail -n1 "$LOAD_LOG"
+}
+start_load desync
 
 step "Injecting a desync into one decode group (one rank stops at a different collective)"
 VICTIM=$(kubectl get pods -n "$NS" -l "pdfleet.dev/pool=$POOL,pdfleet.dev/role=decode" \
@@ -133,13 +137,7 @@ loops() {
 }
 echo "every group's scheduler loop, as its ranks report it:"
 loops
-LOAD_LOG="$STATE/load-rollout-$(date +%s).log"
-.venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
-  >"$LOAD_LOG" 2>&1 &
-LOAD_PID=$!
-echo $LOAD_PID >"$STATE/load.pid"
-trap 'kill $LOAD_PID 2>/dev/null || true' EXIT
-watch_until "requests to succeed" '[ "$(grep -c "ok [1-9]" "$LOAD_LOG" 2>/dev/null)" -ge 2 ]' 'tail -n1 "$LOAD_LOG"' 60
+start_load rollout
 kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p '{"spec":{"engine":{"overlapSchedule":"Disabled"}}}'
 # Each group in turn: out of the router, drained, replaced, verified (its ranks on the normal loop, its
 # /server_info showing --disable-overlap-schedule), back in. The CLI follows it as `kubectl rollout status` does.
