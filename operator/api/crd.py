@@ -34,6 +34,9 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
      "description": "Ready/desired decode groups."},
     {"name": "Revision", "type": "string", "jsonPath": ".status.currentRevision",
      "description": "Last verified engine revision."},
+    {"name": "Verified", "type": "string", "jsonPath": '.status.conditions[?(@.type=="RolloutVerified")].status',
+     "description": "RolloutVerified: True once every group of the update revision passed its gates, False when "
+                    "a gate stopped the rollout."},
     {"name": "Update", "type": "string", "jsonPath": ".status.updateRevision", "priority": 1,
      "description": "Engine revision being rolled out."},
     {"name": "Paused", "type": "boolean", "jsonPath": ".spec.paused", "priority": 1,

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from pdfleet.operator.api import InferencePool, InferencePoolStatus, Phase, RoleStatus, crd, meta, names
+from pdfleet.operator.api.conditions import Condition, ConditionStatus
 from tests.support.cluster import Cluster, wait_for
 from tests.unit.test_api_rejections import INVALID_SPECS, Case, minimal_spec
 
@@ -126,14 +127,19 @@ def test_kubectl_get_shows_the_printer_columns(installed: Cluster, namespace: st
     status = InferencePoolStatus(
         phase=Phase.READY, observed_generation=1, current_revision="abc123", update_revision="abc123",
         prefill=RoleStatus.of(desired=1, ready=1, updated=1), decode=RoleStatus.of(desired=1, ready=0, updated=1),
+        conditions=(Condition(type="Ready", status=ConditionStatus.FALSE, reason="GroupsNotReady",
+                              last_transition_time="2026-11-30T12:00:00Z"),
+                    Condition(type="RolloutVerified", status=ConditionStatus.TRUE, reason="AllGroupsVerified",
+                              last_transition_time="2026-11-30T12:00:00Z")),
     )
     installed.kubectl("patch", "pdpool", "tiny", "-n", namespace, "--subresource=status", "--type=merge",
                       "-p", json.dumps({"status": status.model_dump(mode="json")}))
     lines = installed.kubectl("get", "pdpool", "-n", namespace).stdout.splitlines()
-    assert lines[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "AGE"]
-    assert lines[1].split()[:5] == ["tiny", "Ready", "1/1", "0/1", "abc123"]
+    assert lines[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "VERIFIED", "AGE"]
+    assert lines[1].split()[:6] == ["tiny", "Ready", "1/1", "0/1", "abc123", "True"]
     wide = installed.kubectl("get", "pdpool", "-n", namespace, "-o", "wide").stdout.splitlines()
-    assert wide[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "UPDATE", "PAUSED", "AGE"]
+    assert wide[0].split() == ["NAME", "PHASE", "PREFILL", "DECODE", "REVISION", "VERIFIED", "UPDATE", "PAUSED",
+                               "AGE"]
 
 
 def test_the_status_the_operator_writes_is_accepted_and_kept_apart_from_the_spec(

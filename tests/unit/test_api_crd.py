@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -111,10 +112,16 @@ def test_printer_columns_read_fields_of_the_schema() -> None:
     assert columns[-1]["name"] == "Age"
     for column in columns:
         node = _schema()
-        for part in column["jsonPath"].split(".")[1:]:
+        # A filter (`conditions[?(@.type=="X")]`) picks items of a list: walk into the items' schema.
+        path = re.sub(r"\[\?\(@\.type==\"\w+\"\)\]", "[]", column["jsonPath"])
+        for part in path.split(".")[1:]:
             if part == "creationTimestamp":
                 break
-            node = node["properties"][part]
+            node = node["properties"][part.removesuffix("[]")]
+            if part.endswith("[]"):
+                assert node["type"] == "array", column["name"]
+                assert "type" in node["items"]["properties"], column["name"]
+                node = node["items"]
         else:
             assert node["type"] == column["type"], column["name"]
 
