@@ -43,6 +43,8 @@ from pdfleet.operator import handlers
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube.pool_patch import JSON_PATCH
+from pdfleet.operator.planning import spec_change
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
 
@@ -206,7 +208,10 @@ class FakeKube(KubeClient):
                       timeout: float = 30) -> Body:
         api_version, kind, namespace, name, sub = _parse(path)
         verb = _verb(method, content_type, name, sub)
-        body = copy.deepcopy(dict(body)) if body is not None else None
+        if verb == "patch":  # a JSON Patch: a list of operations
+            body = {"ops": copy.deepcopy(list(body or ()))}
+        else:
+            body = copy.deepcopy(dict(body)) if body is not None else None
         target = name or ((body or {}).get("metadata") or {}).get("name") or ""
         started = next(self._serial)
         await asyncio.sleep(0)  # a round trip: requests sent together are in flight together
@@ -232,7 +237,24 @@ class FakeKube(KubeClient):
             return self._patch_status(kind, namespace, str(name), body)
         if verb == "create":
             return self._create(api_version, kind, namespace, body)
+        if verb == "patch":
+            return self._json_patch(kind, namespace, str(name), body["ops"])
         return self._delete(kind, namespace, str(name), body)
+
+    def _json_patch(self, kind: str, namespace: str | None, name: str, ops: list[Body]) -> Body:
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None:
+            raise _error(404, f'{kind} "{name}" not found')
+        try:
+            patched = spec_change.apply(obj, spec_change.SpecChange(ops=tuple(ops), why="a JSON Patch"))
+        except ValueError as e:  # a failed test: the apiserver refuses the whole patch
+            raise _error(422, f"the server rejected our request due to an error in our request: {e}") from e
+        if _spec_of(patched) != _spec_of(obj):
+            patched["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        if patched != obj:
+            patched["metadata"]["resourceVersion"] = self._rv()
+            self.objects[(kind, namespace, name)] = patched
+        return patched
 
     def _apply(self, api_version: str, kind: str, namespace: str | None, name: str, body: Body) -> Body:
         meta = body.get("metadata") or {}
@@ -368,6 +390,8 @@ def _verb(method: str, content_type: str, name: str | None, sub: str | None) -> 
         return "apply"
     if method == "PATCH" and name and sub == "status" and content_type == MERGE:
         return "status"
+    if method == "PATCH" and name and sub is None and content_type == JSON_PATCH:
+        return "patch"
     if method == "POST" and name is None:
         return "create"
     if method == "DELETE" and name and sub is None:
