@@ -103,6 +103,20 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
 
 
+def control_plane_cpu() -> dict[str, float]:
+    """CPU seconds the local cluster's apiserver and etcd have used so far: what a scenario costs the control
+    plane, which shares this machine's cores with the operator (empty where they are not local processes)."""
+    out: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        with contextlib.suppress(OSError):
+            name = (proc / "comm").read_text().strip()
+            if name in ("kube-apiserver", "etcd"):
+                out[name] = out.get(name, 0.0) + cpu_seconds(int(proc.name))
+    return out
+
+
 def peak_rss_mb(pid: int) -> float:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
@@ -128,21 +142,26 @@ class Bench:
         self.rate = rate
         self.results: dict[str, Any] = {"pools": pools, "rate_per_s": rate, "groups_per_pool": PODS_PER_POOL}
 
-    async def _timed(self, namespace: str, floor: Floor | None = None) -> list[float]:
+    async def _timed(self, kind: str, namespace: str, floor: Floor | None = None) -> list[float]:
         clock = PodClock(self.raw, namespace, self.names)
         async with clock.running():
-            t0 = time.perf_counter()
+            t0, cpu0 = time.perf_counter(), control_plane_cpu()
             writer = asyncio.create_task(floor.run(len(self.names))) if floor else None
             await create_pools(self.api, clock, namespace, self.names, self.rate,
                                *([floor.handover] if floor else []))
             done = await clock.wait()
             if writer:
                 await writer
-            wall = time.perf_counter() - t0
+            wall, cpu1 = time.perf_counter() - t0, control_plane_cpu()
         latencies = [done[n] for n in self.names]
+        cpu = {name: cpu1[name] - cpu0.get(name, 0.0) for name in cpu1}
+        self.results[f"{kind}_control_plane_cpu_s"] = cpu
         print(f"   apply -> all {PODS_PER_POOL} pods created: p50 {statistics.median(latencies) * 1000:.0f} ms, "
               f"p99 {percentile(latencies, 0.99) * 1000:.0f} ms; all {len(latencies)} pools in {wall:.1f} s",
               flush=True)
+        if cpu:
+            print("   meanwhile " + ", ".join(f"{name} used {v:.1f} s of CPU" for name, v in sorted(cpu.items())),
+                  flush=True)
         return latencies
 
     async def _scenario_namespace(self, kind: str) -> str:
@@ -160,7 +179,7 @@ class Bench:
             floor = Floor(self.api, {n: rendered(namespace, n) for n in self.names})
             print(f"== floor: {len(self.names)} pools written by a client with no logic, created {self._pace()}",
                   flush=True)
-            latencies = await self._timed(namespace, floor=floor)
+            latencies = await self._timed("floor", namespace, floor=floor)
             self.results |= {"floor_p50_s": statistics.median(latencies), "floor_p99_s": percentile(latencies, 0.99),
                              "floor_writes_per_pool": floor.writes / len(self.names)}
         finally:
@@ -173,7 +192,7 @@ class Bench:
             with operator(namespace, metrics_port) as op:
                 print(f"== operator: {len(self.names)} pools, created {self._pace()}", flush=True)
                 before, cpu_before, t0 = writes(operator_metrics(metrics_port)), cpu_seconds(op.pid), time.monotonic()
-                latencies = await self._timed(namespace)
+                latencies = await self._timed("operator", namespace)
                 cpu = cpu_seconds(op.pid) - cpu_before
                 print(f"   operator CPU meanwhile: {cpu:.1f} s ({cpu / (time.monotonic() - t0):.0%} of one core)",
                       flush=True)
