@@ -21,6 +21,8 @@ from pdfleet.operator.engines.agents import AgentClient
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube.detached import Detached
+from pdfleet.operator.kube.slots import Slots
 from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
@@ -34,6 +36,8 @@ log = logging.getLogger(__name__)
 
 
 MAX_IN_FLIGHT = 32  # concurrent API writes of one operator, across all pools
+
+EVENTS_IN_FLIGHT = 8  # Events posted at once in the background, across all pools
 
 EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then never will (client-go: 5 min)
 
@@ -58,7 +62,7 @@ class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
                  health: HealthView = _no_health, agents: AgentClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
-                 engines: EnginesView = _no_engines) -> None:
+                 engines: EnginesView = _no_engines, background_events: bool = False) -> None:
         self._client = client
         self._cache = cache
         self._runtime_image = runtime_image
@@ -70,12 +74,15 @@ class Controller:
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
-        self._in_flight = asyncio.Semaphore(MAX_IN_FLIGHT)
+        self._in_flight = Slots(MAX_IN_FLIGHT)
         self._summaries: dict[PoolKey, tuple[str, tuple[tuple[str, str], ...]]] = {}
         # The pool as our last status write left it, by the resourceVersion it replaced: until the watch shows
         # the write, a reconcile plans from this instead of the stale cached pool (whose status write would be
         # refused with a conflict and retried with backoff, as it was dozens of times in a burst).
         self._written: dict[PoolKey, tuple[str, dict[str, Any]]] = {}
+        # background_events: a reconcile's Events are posted after it, so the worker is free for the next pool
+        # sooner (in a burst of new pools, a tenth of a first reconcile was waiting for its Events).
+        self._events = Detached(EVENTS_IN_FLIGHT) if background_events else None
 
     def forget(self, key: PoolKey) -> None:
         self._written.pop(key, None)
@@ -167,7 +174,7 @@ class Controller:
         async def apply(obj: dict[str, Any]) -> None:
             key_ = (obj["kind"], obj["metadata"]["name"])
             try:
-                async with self._in_flight:
+                async with self._in_flight.held(first=obj["kind"] in _GATING):
                     await self._client.apply(obj)
             except KubeError as e:
                 if (retried := failure("apply", *key_, e)) is not None:
@@ -177,7 +184,7 @@ class Controller:
 
         async def delete(ref: ObjectRef) -> None:
             try:
-                async with self._in_flight:
+                async with self._in_flight.held():
                     await self._client.delete(ref.api_version, ref.kind, key[0], ref.name, uid=ref.uid,
                                               grace_period_seconds=ref.grace_period_seconds)
             except KubeError as e:
@@ -187,18 +194,12 @@ class Controller:
             deleting[(ref.kind, ref.name)] = time.monotonic()
             applied.pop((ref.kind, ref.name), None)
 
-        # Objects of one tier do not depend on each other and go out together; a tier waits for the one before
-        # (a RoleBinding needs its Role: the operator may bind only what exists and what it holds itself).
         # Events are posted for what succeeded even when something failed, then the first failure is raised.
         # Evidence first: nothing of a sick group is restarted in the plan that asks for its evidence.
         error: BaseException | None = None
         for request in plan.capture:
             error = error or await _all(self._capture(pool, observed, request, apply))
-        for tier in _tiers(plan.apply):
-            if any(kind in _DEPENDED_ON for kind, _ in failed):
-                break  # what the next tiers need is missing; the retry writes it first
-            tier_error = await _all(*(apply(obj) for obj in tier))
-            error = error or tier_error
+        error = error or await _apply_tiers(plan.apply, apply, failed)
         error = error or await _all(*(delete(ref) for ref in plan.delete))
         for restart in plan.restarted:
             if not failed & set(restart.pods):
@@ -211,13 +212,13 @@ class Controller:
             log.warning("%s/%s: %s", key[0], key[1], refusals.describe(refused),
                         extra={"pool": key[1], "namespace": key[0]})
         elif error is not None:
-            await _all(*(self._post_event(pool, e) for e in events))
+            await self._post_events(pool, events)
             raise error
         if status is not None:
             await self._write_status(pool, status)
         events = await self._change_pool(key, pool, plan.pool_changes, events)
         self._record_summary(key, status if status is not None else pool.get("status"))
-        await _all(*(self._post_event(pool, event) for event in events))
+        await self._post_events(pool, events)
         if error is not None:
             raise error  # what may pass on its own is retried with backoff, refusals or not
         if plan.requeue_after is not None and self._requeue is not None:
@@ -274,6 +275,19 @@ class Controller:
             self._written[key] = (pool["metadata"].get("resourceVersion", ""), stored)
         return events
 
+    async def _post_events(self, pool: Mapping[str, Any], events: tuple[Event, ...]) -> None:
+        """Posts a reconcile's events, in the background when the controller was made so."""
+        if self._events is None:
+            await _all(*(self._post_event(pool, e) for e in events))
+            return
+        for event in events:
+            self._events.spawn(self._post_event(pool, event))
+
+    async def drain(self, timeout: float | None = None) -> None:
+        """Waits for the events still being posted in the background (before the client closes, say)."""
+        if self._events is not None:
+            await self._events.drain(timeout)
+
     async def post_event(self, pool: Mapping[str, Any], event: Event) -> None:
         """An event about `pool` from outside a reconcile (the routers' membership, say)."""
         await self._post_event(pool, event)
@@ -292,6 +306,8 @@ class Controller:
 # on none of these, so they go out in the first wave: they are what a new pool waits for.
 _TIER = {"RoleBinding": 1, "Deployment": 2}
 _DEPENDED_ON = {"ServiceAccount", "Role", "RoleBinding"}
+# What a reconcile's later tiers wait for, link by link: these writes go ahead of the others in the queue.
+_GATING = _DEPENDED_ON | set(_TIER)
 
 
 def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:
@@ -299,6 +315,45 @@ def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:
     for obj in objects:
         tiers.setdefault(_TIER.get(obj["kind"], 0), []).append(obj)
     return [tiers[t] for t in sorted(tiers)]
+
+
+async def _apply_tiers(objects: tuple[dict[str, Any], ...], apply: Callable[[dict[str, Any]], Awaitable[None]],
+                       failed: set[ObjectKey]) -> BaseException | None:
+    """Applies every object, a tier only once what the tiers before it hold for it (`_DEPENDED_ON`) is answered,
+    and not at all if any of that failed (the retry writes it first). Only those gate: a tier does not wait for
+    the engine pods before it, which on a busy apiserver took as long as the rest of a new pool's reconcile."""
+    gate: asyncio.Future[None] | None = None
+    tiers = []
+    for tier in _tiers(objects):
+        opened = asyncio.get_running_loop().create_future()
+        tiers.append(_apply_tier(tier, gate, opened, apply, failed))
+        gate = opened
+    errors = await asyncio.gather(*tiers)
+    return next((e for e in errors if e is not None), None)
+
+
+async def _apply_tier(tier: list[dict[str, Any]], gate: asyncio.Future[None] | None, opened: asyncio.Future[None],
+                      apply: Callable[[dict[str, Any]], Awaitable[None]],
+                      failed: set[ObjectKey]) -> BaseException | None:
+    """One tier: waits for `gate`, applies its objects together and opens `opened` for the next tier once
+    its depended-on objects are answered (or once it gives up)."""
+    try:
+        if gate is not None:
+            await gate
+            if any(kind in _DEPENDED_ON for kind, _ in failed):
+                return None
+        rest = asyncio.ensure_future(_all(*(apply(o) for o in tier if o["kind"] not in _DEPENDED_ON)))
+        try:
+            depended_error = await _all(*(apply(o) for o in tier if o["kind"] in _DEPENDED_ON))
+            opened.set_result(None)
+            rest_error = await rest
+            return depended_error or rest_error
+        finally:
+            if not rest.done():
+                rest.cancel()
+    finally:
+        if not opened.done():
+            opened.set_result(None)
 
 
 class Refused(Exception):
