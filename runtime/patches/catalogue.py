@@ -124,14 +124,36 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="dsml-batch-decode-guard",
         summary=(
-            "Groups the detokenizer's batch decode by skip_special_tokens, so a tool request batched behind a "
-            "plain request keeps its DSML markers and tool calls never leak into content."
+            "Decodes the detokenizer's batch grouped by (skip_special_tokens, spaces_between_special_tokens), "
+            "so a tool request batched behind a plain request keeps its DSML markers and tool calls never leak "
+            "into content."
         ),
-        applies_to=VersionRange(min="0.5.0", below="0.5.23"),
+        # 0.5.0 to 0.5.7 decode a batch with request 0's options; 0.5.7's --disable-tokenizer-batch-decode
+        # still does for mixed batches. Fingerprinted for the releases its tests run (0.5.6.post2, 0.5.7).
+        applies_to=VersionRange(min="0.5.0", below="0.5.8"),
         targets=("sglang.srt.managers.detokenizer_manager.DetokenizerManager.handle_batch_token_id_out",),
-        fixed_in="0.5.23",
-        upstream=("sgl-project/sglang#16698", "sgl-project/sglang#11944"),
-        unavailable="on SGLang before 0.5.23, set engine.tokenizerBatchDecode: Disabled instead",
+        fixed_in="0.5.8",
+        upstream=("sgl-project/sglang#16698", "sgl-project/sglang#15155", "sgl-project/sglang#11944"),
+    ),
+    Patch(
+        id="dsml-leak-guard",
+        summary=(
+            "Guards OpenAI chat responses against DeepSeek DSML tool-call markup in content (whole or with its "
+            "special tokens stripped), streaming and not: counts each leak by cause in "
+            "pdfleet_toolcall_leaks_total, logs a sample a minute, and with PDFLEET_TOOLCALL_SALVAGE=1 turns "
+            "well-formed calls into tool_calls."
+        ),
+        applies_to=VersionRange(min="0.5.23", below="0.6.0"),
+        # Checked against 0.5.23: the property the HTTP server asks for its chat class (replaced by one that
+        # returns pdfleet's subclass); the two methods that subclass wraps and the stream loop that calls one
+        # of them are fingerprinted, not replaced.
+        targets=(
+            "sglang.srt.managers.tokenizer_manager.TokenizerManager.serving_chat_class",
+            "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._build_chat_response",
+            "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_stream_content",
+            "sglang.srt.entrypoints.openai.serving_chat.OpenAIServingChat._generate_chat_stream",
+        ),
+        upstream=("sgl-project/sglang#35736", "sgl-project/sglang#17593", "sgl-project/sglang#38233"),
     ),
     Patch(
         id="bf16-index-keys",

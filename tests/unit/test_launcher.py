@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from pdfleet.runtime.patches import base, catalogue
+from pdfleet.runtime.patches import base
 
 
 def launcher(*args: str) -> subprocess.CompletedProcess[str]:
@@ -39,16 +39,16 @@ def test_an_unknown_patch_is_refused_with_the_catalogue() -> None:
 
 
 def test_a_patch_pdfleet_does_not_implement_yet_is_refused_with_the_reason() -> None:
-    result = launcher("--check", "--patch", "dsml-batch-decode-guard", "--", "--model-path", "/m")
+    result = launcher("--check", "--patch", "bf16-index-keys", "--", "--model-path", "/m")
     assert result.returncode == 2
-    assert "patch dsml-batch-decode-guard is not implemented by pdfleet yet: on SGLang before 0.5.23" in result.stderr
+    assert "patch bf16-index-keys is not implemented by pdfleet yet: its indexer kernels" in result.stderr
     assert "Traceback" not in result.stderr
 
 
-def test_a_patch_fixed_upstream_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(catalogue, "UNAVAILABLE", {})
-    with pytest.raises(base.PatchError, match=r"fixed upstream in SGLang 0\.5\.23; this engine runs 0\.5\.23"):
+def test_a_patch_fixed_upstream_is_refused() -> None:
+    with pytest.raises(base.PatchError, match=r"fixed upstream in SGLang 0\.5\.8; this engine runs 0\.5\.23"):
         base.check(["dsml-batch-decode-guard"], "0.5.23")
+    assert [p.id for p in base.check(["dsml-batch-decode-guard"], "0.5.7")] == ["dsml-batch-decode-guard"]
 
 
 def test_sglang_rejects_an_unknown_flag_in_one_line() -> None:
