@@ -29,9 +29,10 @@ class Target:
     owner: Any
     attr: str
     function: Callable[..., Any]
+    is_property: bool = False  # the target is a property's getter: the replacement is installed as one
 
     def replace(self, new: Callable[..., Any]) -> None:
-        setattr(self.owner, self.attr, new)
+        setattr(self.owner, self.attr, property(new) if self.is_property else new)
 
 
 def resolve(dotted: str) -> Target:
@@ -54,9 +55,12 @@ def resolve(dotted: str) -> Target:
             raise TargetError(f"{dotted}: {module_name} has no {'.'.join(attrs)}") from None
         if isinstance(function, staticmethod | classmethod):
             function = function.__func__
+        is_property = isinstance(function, property) and function.fset is None
+        if is_property:
+            function = function.fget
         if not callable(function):
             raise TargetError(f"{dotted} is not a function")
-        return Target(dotted=dotted, owner=owner, attr=attrs[-1], function=function)
+        return Target(dotted=dotted, owner=owner, attr=attrs[-1], function=function, is_property=is_property)
     raise TargetError(f"{dotted}: no importable module in this name")
 
 

@@ -1,0 +1,107 @@
+"""SGLang 0.5.23's real OpenAI chat handler (`OpenAIServingChat`, or pdfleet's guarded subclass of it), built
+without a model or a GPU, and fed engine output as `TokenizerManager.generate_request` would yield it.
+
+The handler reads a few process-wide settings through `get_serving()`; `serving_settings` replaces that
+lookup (a pytest monkeypatch) instead of publishing SGLang's runtime context, which is process-global.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+PING_TOOL = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
+
+_SERVING = dict(allow_auto_truncate=False, default_chat_template_kwargs=None, enable_cache_report=False,
+                incremental_streaming_output=False, return_input_ids=False, return_output_ids=False,
+                stream_response_default_include_usage=False, trust_request_chat_template=False)
+
+
+def serving_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sglang.srt.entrypoints.openai import serving_chat
+
+    settings = SimpleNamespace(**_SERVING)
+    monkeypatch.setattr(serving_chat, "get_serving", lambda: settings)
+
+
+class FakeTokenizerManager:
+    """What the handler's constructor and its two response paths read of a TokenizerManager."""
+
+    server_args = None
+    model_path = "dummy"
+
+    def __init__(self, tool_call_parser: str | None) -> None:
+        self._config = {"tool_call_parser": tool_call_parser, "reasoning_parser": None}
+        self.tokenizer = SimpleNamespace(encode=lambda text: [], chat_template=None)
+        self.model_config = SimpleNamespace(get_default_sampling_params=lambda: {},
+                                            hf_config=SimpleNamespace(model_type="deepseek_v32"))
+        self.outputs: dict[str, list[str]] = {}
+
+    def config_value(self, name: str) -> Any:
+        return self._config.get(name)
+
+    async def generate_request(self, adapted: Any, raw_request: Any = None) -> AsyncIterator[dict[str, Any]]:
+        """One request's engine chunks: cumulative text, as SGLang streams it by default."""
+        chunks = self.outputs[adapted.rid]
+        text = ""
+        for n, piece in enumerate(chunks):
+            text += piece
+            last = n == len(chunks) - 1
+            yield {"text": text, "index": 0, "meta_info": _meta(adapted.rid, n + 1, "stop" if last else None)}
+
+
+def _meta(rid: str, tokens: int, finish: str | None) -> dict[str, Any]:
+    return {"id": rid, "finish_reason": {"type": finish} if finish else None, "prompt_tokens": 3,
+            "completion_tokens": tokens, "cached_tokens": 0, "weight_version": "default"}
+
+
+def handler(cls: type, tool_call_parser: str | None = "deepseekv32") -> Any:
+    template_manager = SimpleNamespace(force_reasoning=False, chat_template_name=None,
+                                       jinja_template_content_format=None)
+    return cls(FakeTokenizerManager(tool_call_parser), template_manager)
+
+
+def chat_request(*, tools: Sequence[dict[str, Any]] = (), tool_choice: str | None = None,
+                 stream: bool = False) -> Any:
+    from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
+
+    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    if tool_choice is not None:
+        extra["tool_choice"] = tool_choice
+    return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream, **extra)
+
+
+def respond(serving: Any, request: Any, text: str, rid: str = "req-1") -> Any:
+    """The non-streaming response to `request` whose engine output was `text`."""
+    ret = [{"text": text, "meta_info": _meta(rid, 1, "stop"), "output_ids": [1]}]
+    return serving._build_chat_response(request, ret, int(time.time()))
+
+
+async def stream(serving: Any, request: Any, chunks: Sequence[str], rid: str) -> dict[str, Any]:
+    """Streams `chunks` through the handler's real `_generate_chat_stream`; returns what a client assembles:
+    content, tool calls (name, arguments) and the finish reason."""
+    serving.tokenizer_manager.outputs[rid] = list(chunks)
+    content, calls, indices, finish = "", [], [], None
+    async for event in serving._generate_chat_stream(SimpleNamespace(rid=rid), request, None):
+        if not event.startswith("data: {"):
+            continue
+        for choice in json.loads(event[len("data: "):]).get("choices") or []:
+            delta = choice.get("delta") or {}
+            content += delta.get("content") or ""
+            for call in delta.get("tool_calls") or []:
+                fn = call.get("function") or {}
+                if fn.get("name"):
+                    calls.append([fn["name"], fn.get("arguments") or ""])
+                    indices.append(call.get("index"))
+                elif calls:
+                    calls[-1][1] += fn.get("arguments") or ""
+            finish = choice.get("finish_reason") or finish
+    return {"content": content, "calls": [tuple(c) for c in calls], "tool_indices": indices,
+            "finish_reason": finish}
