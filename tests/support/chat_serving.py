@@ -31,6 +31,17 @@ def serving_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(serving_chat, "get_serving", lambda: settings)
 
 
+def guarded_class(monkeypatch: pytest.MonkeyPatch, *, salvage: bool = True) -> type:
+    """pdfleet's guarded subclass of the real handler, with `serving_settings` and salvage set."""
+    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
+
+    from pdfleet.runtime.patches.impl import dsml_leak_guard
+
+    serving_settings(monkeypatch)
+    monkeypatch.setenv(dsml_leak_guard.SALVAGE_ENV, "1" if salvage else "0")
+    return dsml_leak_guard.guarded_class(OpenAIServingChat)
+
+
 class FakeTokenizerManager:
     """What the handler's constructor and its two response paths read of a TokenizerManager."""
 

@@ -41,11 +41,7 @@ def restore_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def guarded(monkeypatch: pytest.MonkeyPatch) -> type:
-    from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-
-    chat_serving.serving_settings(monkeypatch)
-    monkeypatch.setenv(impl.SALVAGE_ENV, "1")
-    return impl.guarded_class(OpenAIServingChat)
+    return chat_serving.guarded_class(monkeypatch)
 
 
 def test_catalogue_registry_and_fingerprints_name_the_same_targets() -> None:
@@ -124,7 +120,7 @@ def test_tool_choice_none_markup_is_withheld_and_no_call_is_made(guarded: type) 
 
 def test_with_salvage_off_content_is_unchanged_and_the_leak_counted_and_logged(
         guarded: type, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    monkeypatch.delenv(impl.SALVAGE_ENV)
+    monkeypatch.setenv(impl.SALVAGE_ENV, "0")
     serving = handler(guarded)
     clock = iter([0.0, 10.0, 70.0])
     serving.pdfleet_reporter = Reporter(clock=lambda: next(clock), prometheus=False)
