@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cli_e2e import pdfleet
+from tests.integration.test_rollout_under_load_e2e import client_load
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
@@ -118,3 +119,26 @@ def test_a_failed_gate_rolls_back_verified_and_undo_pause_resume_work(
     assert annotation(final, "pdfleet.dev/rolled-back")["cause"] == "Undo"  # type: ignore[index]
     done = pdfleet(cluster, "rollout", "status", POOL, "-n", namespace)
     assert done.returncode == 0, done
+
+
+def test_under_load_a_failed_gate_rolls_back_verified_and_no_client_request_fails(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    # The whole episode under load, 2 prefill + 2 decode groups: the bad revision replaces a group, its gate fails,
+    # the pool rolls back, and the group is replaced again, each time drained first.
+    fleet.apply_pool(cluster, namespace, POOL, rollout={"autoRollback": True})
+    good = settled(cluster, namespace)["status"]["currentRevision"]
+    url = fleet.router_url(cluster, namespace, POOL, workers=4)
+    with client_load(url) as (load, long):
+        wait_for("the load flowing", lambda: load.tally.ok >= 40 and long.tally.ok >= 2, timeout=60)
+        patch_engine(cluster, namespace, WRONG_LOOP)
+        wait_for("the RolloutRolledBack Warning", lambda: fleet.events(cluster, namespace, POOL, "RolloutRolledBack"),
+                 timeout=180, interval=0.5)
+        back = settled(cluster, namespace, good)
+        ok_then = load.tally.ok
+        wait_for("requests succeeding on the restored pool", lambda: load.tally.ok >= ok_then + 20, timeout=60)
+    print(f"client requests: {load.tally.summary()}; long requests: {long.tally.summary()}")
+    assert load.tally.failed == 0 and long.tally.failed == 0, (load.tally.summary(), long.tally.summary(),
+                                                               fleet.event_lines(cluster, namespace))
+    assert load.tally.in_flight == long.tally.in_flight == 0
+    assert all(g["verifiedRevision"] == g["revision"] for g in back["status"]["groups"]), back["status"]["groups"]
+    assert len(fleet.events(cluster, namespace, POOL, "RolloutGateFailed")) == 1
