@@ -9,8 +9,11 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CLUSTER := $(PY) hack/localcluster.py
 PYTEST_ARGS ?=
+# Releases before the main SGLang whose real code tests run (tests/support/sglang_release.py), each in its own
+# directory under ~/.cache/pdfleet.
+SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries sglang cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench demo clean
+.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -30,6 +33,9 @@ binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, schedule
 
 sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
 	hack/install-sglang.sh $(PY)
+
+sglang-releases: $(STAMP) ## install older SGLang releases (no deps) that tests run, into ~/.cache/pdfleet/sglang-VERSION
+	@for version in $(SGLANG_RELEASES); do hack/install-sglang-release.sh $$version $(PY); done
 
 cluster-up: $(STAMP) binaries sglang ## start the local control plane with fake GPU nodes and the pod runner (idempotent)
 	$(CLUSTER) up
@@ -51,14 +57,14 @@ lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) binaries sglang ## the whole suite, against a real local control plane (started and stopped here)
+test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a real local control plane (started and stopped here)
 	@started=0; \
 	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then started=1; $(CLUSTER) up; fi; \
 	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$started = 1 ] && [ -z "$${PDFLEET_KEEP_CLUSTER:-}" ]; then $(CLUSTER) down; fi; \
 	exit $$rc
 
-test-unit: $(STAMP) sglang ## the tests that need no cluster
+test-unit: $(STAMP) sglang sglang-releases ## the tests that need no cluster
 	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
