@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import urllib.parse
+import urllib.request
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
@@ -66,9 +68,27 @@ async def load_configuration(kubeconfig: str | None = None) -> k8s.Configuration
     return cfg
 
 
+def _without_env_lookups(configuration: k8s.Configuration) -> k8s.ApiClient:
+    """An ApiClient whose session reads the environment's proxy settings once, here, instead of per request:
+    kubernetes_asyncio's session trusts the environment, so aiohttp looked up netrc and the proxy variables in a
+    thread for every request, two thread hand-offs per write (a tenth of the operator's CPU in a burst, and
+    latency on a busy machine). HTTPS_PROXY and NO_PROXY still apply, as they do for kubectl."""
+    if not configuration.proxy:
+        host = urllib.parse.urlsplit(configuration.host).hostname or ""
+        scheme = urllib.parse.urlsplit(configuration.host).scheme or "https"
+        proxy = urllib.request.getproxies().get(scheme)
+        if proxy and not urllib.request.proxy_bypass(host):
+            configuration.proxy = proxy
+    api = k8s.ApiClient(configuration)
+    session = api.rest_client.pool_manager
+    if isinstance(session, aiohttp.ClientSession) and hasattr(session, "_trust_env"):
+        session._trust_env = False  # aiohttp offers no setter; the proxy is settled above
+    return api
+
+
 class KubeClient:
     def __init__(self, configuration: k8s.Configuration) -> None:
-        self._api = k8s.ApiClient(configuration)
+        self._api = _without_env_lookups(configuration)
 
     async def close(self) -> None:
         await self._api.close()
