@@ -27,7 +27,7 @@ import pytest
 from pdfleet.podrunner import loadgen
 from tests.integration.test_cli_e2e import pdfleet
 from tests.support import fleet
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, WaitTimeout, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.pools import example
 
@@ -87,6 +87,11 @@ def client_load(url: str) -> Iterator[tuple[loadgen.Load, loadgen.Load]]:
         thread.join(timeout=60)
 
 
+def workers(url: str) -> list[str]:
+    code, body = fleet.http_get(f"{url}/workers")
+    return [w["url"] for w in json.loads(body)["workers"]] if code == 200 else []
+
+
 def uids(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
     by_group: dict[str, set[str]] = collections.defaultdict(set)
     for pod in fleet.engine_pods(cluster, namespace, POOL):
@@ -105,8 +110,12 @@ def rollout_log() -> Iterator[list[str]]:
 def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_no_request(
         cluster: Cluster, operator: OperatorProcess, namespace: str, rollout_log: list[str]) -> None:
     fleet.apply_pool(cluster, namespace, POOL)
-    first = wait_for("the pool Ready and verified", lambda: verified_revision(cluster, namespace), timeout=240,
-                     interval=0.5)
+    try:
+        first = wait_for("the pool Ready and verified", lambda: verified_revision(cluster, namespace), timeout=240,
+                         interval=0.5)
+    except WaitTimeout as e:
+        raise AssertionError(f"{e}\nstatus: {fleet.pool(cluster, namespace, POOL).get('status')}\n" +
+                             "\n".join(fleet.event_lines(cluster, namespace))) from None
     url = fleet.router_url(cluster, namespace, POOL, workers=4)
     before = uids(cluster, namespace)
     assert sorted(before) == [f"{POOL}-decode-0", f"{POOL}-decode-1", f"{POOL}-prefill-0", f"{POOL}-prefill-1"]
@@ -150,6 +159,11 @@ def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_
     for group, old in before.items():
         assert len(after[group]) == 1 and not after[group] & old, (group, old, after[group])
         assert seen[group] == old | after[group], (group, seen[group], old, after[group])
+
+    # Every new engine is back in the router's rotation, and nothing else is.
+    port = fleet.pool(cluster, namespace, POOL)["spec"]["decode"]["port"]
+    engines = {f"http://{p['status']['podIP']}:{port}" for p in fleet.engine_pods(cluster, namespace, POOL)}
+    wait_for("the router to send to exactly the new engines", lambda: set(workers(url)) == engines, timeout=30)
 
     # An Event per step: one GroupReplaced per group (maxUnavailable 1), each naming its group and the revision.
     replaced = fleet.events(cluster, namespace, POOL, "GroupReplaced")
