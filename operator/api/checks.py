@@ -15,6 +15,7 @@ from pydantic import ValidationError
 
 from pdfleet.operator.api import names
 from pdfleet.operator.api.base import RULE_ERROR
+from pdfleet.operator.api.engine import Switch
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.runtime.patches import catalogue
 
@@ -68,13 +69,30 @@ def version_problems(spec: InferencePoolSpec) -> Iterator[Problem]:
                                 f"not to sglangVersion {version}")
 
 
+# --disable-tokenizer-batch-decode decodes request by request up to 0.5.6.post2 and is redundant from 0.5.8 on; in
+# 0.5.7 (sglang#15155) a batch mixing options still takes the batch path with request 0's options, so the switch
+# leaves the DSML leak it is meant to work around (tests/unit/test_dsml_batch_decode.py shows both).
+BATCH_DECODE_SWITCH_INEFFECTIVE = catalogue.VersionRange(min="0.5.7", below="0.5.8")
+
+
+def switch_problems(spec: InferencePoolSpec) -> Iterator[Problem]:
+    """Switches that do not do what they promise on the pool's SGLang version."""
+    version = spec.engine.sglang_version
+    if spec.engine.tokenizer_batch_decode is Switch.DISABLED and version in BATCH_DECODE_SWITCH_INEFFECTIVE:
+        yield Problem("spec.engine.tokenizerBatchDecode",
+                      f"Disabled does not work on sglangVersion {version}: SGLang {BATCH_DECODE_SWITCH_INEFFECTIVE} "
+                      "still decodes a batch of tool and plain requests with the first request's options, so "
+                      "tool-call markup leaks into content; set it to Enabled and add patch dsml-batch-decode-guard "
+                      "to spec.engine.patches, or upgrade to SGLang 0.5.8")
+
+
 def validate_spec(raw_spec: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[Problem]]:
     """The typed spec (None if it does not parse) and every problem found, schema and Python-only alike."""
     try:
         spec = InferencePoolSpec.model_validate(raw_spec)
     except ValidationError as error:
         return None, problems_from(error, prefix=("spec",))
-    return spec, list(version_problems(spec))
+    return spec, [*version_problems(spec), *switch_problems(spec)]
 
 
 def name_problems(name: str) -> list[Problem]:

@@ -122,7 +122,8 @@ class EngineSpec(ApiModel):
     tokenizer_batch_decode: Switch = Field(
         default=Switch.ENABLED,
         description="Batched detokenization. Disabled adds --disable-tokenizer-batch-decode, a workaround for "
-                    "tool-call markup leaking on SGLang builds without the dsml-batch-decode fix.",
+                    "tool-call markup leaking on SGLang before 0.5.7 without the dsml-batch-decode-guard patch; "
+                    "refused on 0.5.7, where the flag leaves the leak.",
     )
     extra_args: tuple[ExtraArg, ...] = Field(
         default=(),

@@ -15,10 +15,12 @@ from typing import Any
 
 import pytest
 
+from pdfleet.operator.api import checks
 from pdfleet.runtime.patches import base, catalogue, registry
 from pdfleet.runtime.patches.impl import dsml_batch_decode_guard as guard
 from tests.support import sglang_release
 from tests.support.detokenizer_probe import DSML
+from tests.unit.test_api_rejections import merged, minimal_spec
 
 MAIN = "0.5.23"
 
@@ -174,3 +176,26 @@ def test_the_view_leaves_other_calls_to_the_tokenizer() -> None:
     assert view.decode([7]) == "one [7]"
     assert view.batch_decode([[1]], skip_special_tokens=False) == ["[1]:False:True"]  # not this batch's shape
     assert recorder.calls == [([[1]], False, True)]
+
+
+# --- admission: the workaround switch where it does not work ------------------------------------------------------
+
+@pytest.mark.effect("spec.engine.tokenizerBatchDecode")
+@pytest.mark.parametrize(("version", "refused"), [("0.5.6.post2", False), ("0.5.7", True), ("0.5.7.post1", True),
+                                                  ("0.5.8", False), (MAIN, False)])
+def test_tokenizer_batch_decode_disabled_is_refused_where_the_switch_leaves_the_leak(version: str,
+                                                                                    refused: bool) -> None:
+    spec = merged(minimal_spec(), {"engine": {"sglangVersion": version, "tokenizerBatchDecode": "Disabled"}})
+    problems = checks.validate({"spec": spec})
+    if not refused:
+        assert problems == []
+        return
+    [problem] = problems
+    assert problem.path == "spec.engine.tokenizerBatchDecode"
+    assert problem.message.startswith(f"Disabled does not work on sglangVersion {version}: ")
+    assert "add patch dsml-batch-decode-guard" in problem.message
+
+
+def test_on_0_5_7_the_patch_with_the_switch_enabled_is_accepted() -> None:
+    spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.7", "patches": [guard.PATCH_ID]}})
+    assert checks.validate({"spec": spec}) == []
