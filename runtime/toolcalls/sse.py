@@ -15,6 +15,7 @@ from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.stream import Leak, Step, StreamGuard
 
 _DATA = "data: "
+_DATA_OBJECT = _DATA + "{"
 
 
 class ChoiceStream:
@@ -43,10 +44,9 @@ class ChoiceStream:
 
     def rewrite(self, chunk: str) -> str | None:
         """The chunk with its content guarded; None to drop it."""
-        self.note_tool_calls(chunk)
-        if self.guard.idle and "<" not in chunk and "\\u003c" not in chunk:
-            return chunk
-        if not chunk.startswith(_DATA + "{"):
+        if '"tool_calls"' in chunk:
+            self.note_tool_calls(chunk)
+        if ("<" not in chunk and "\\u003c" not in chunk and self.guard.idle) or not chunk.startswith(_DATA_OBJECT):
             return chunk
         payload = json.loads(chunk[len(_DATA):])
         choices = payload.get("choices") or []
@@ -56,7 +56,10 @@ class ChoiceStream:
         content = delta.get("content")
         if not content:
             return chunk
-        self._apply(delta, self.guard.feed(content))
+        step = self.guard.feed(content)
+        if step.text == content and not step.calls and not step.leaks:
+            return chunk  # released as it came: no need to serialise it again
+        self._apply(delta, step)
         if not delta["content"] and not _says_more(payload, choices[0], delta):
             return None
         return f"{_DATA}{json.dumps(payload, ensure_ascii=False)}\n\n"
@@ -78,7 +81,7 @@ class ChoiceStream:
 
     def note_tool_calls(self, chunk: str) -> None:
         """Keeps salvaged indices after the calls SGLang's parser streamed (chunks the fast path skipped)."""
-        if '"tool_calls"' not in chunk or not chunk.startswith(_DATA + "{"):
+        if '"tool_calls"' not in chunk or not chunk.startswith(_DATA_OBJECT):
             return
         for choice in json.loads(chunk[len(_DATA):]).get("choices") or []:
             for call in (choice.get("delta") or {}).get("tool_calls") or []:

@@ -40,7 +40,7 @@ class Leak:
     sample: str
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(slots=True)
 class Step:
     """What one feed released: content text, salvaged calls, and the leaks it found."""
 
