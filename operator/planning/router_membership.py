@@ -8,8 +8,9 @@ knows, through the router's own worker API, every heartbeat:
 - in rotation: the node-rank-0 pod of every group whose pods are all Ready (none terminating) and whose rank
   health is not sick (a group in Desync, Hang, Dead or Unreachable leaves rotation at once, before its
   evidence is captured and it is restarted: requests stop queueing on an engine that will never answer them);
-- a registered worker of a sick group is removed at once;
-- any other registered worker that is not in rotation (NotReady, terminating, a stale registration of a
+- a registered worker of a sick group, or of a group being deleted (drained by a rollout, a restart, a scale
+  down: its preStop hook then waits for what it has in flight), is removed at once;
+- any other registered worker that is not in rotation (NotReady, a stale registration of a
   deleted pod) is removed once it has been so for `grace` seconds: the router sees pods through a watch of
   its own, and a pod it has just seen turn Ready may not be Ready in the operator's view yet;
 - a worker in rotation that the router lacks is added after the same grace: discovery adds a newly Ready
@@ -34,6 +35,7 @@ from pdfleet.operator.render import labels
 
 Body = dict[str, Any]
 SICK = frozenset({Verdict.DESYNC, Verdict.HANG, Verdict.DEAD, Verdict.UNREACHABLE})
+TERMINATING = "terminating"  # a pod being deleted never comes back: no view can lag behind that
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +114,7 @@ def in_rotation(spec: InferencePoolSpec, pods: Sequence[Body],
         verdict = verdicts.get(group, Verdict.UNKNOWN)
         live = [p for p in members if not p["metadata"].get("deletionTimestamp")]
         if len(live) < len(members):
-            left_out[url] = "terminating"
+            left_out[url] = TERMINATING
         elif len(live) != role_spec.nodes_per_group or not all(pod_ready(p) for p in live):
             left_out[url] = "not Ready"
         elif verdict in SICK:
@@ -136,7 +138,7 @@ def plan(wanted: Mapping[str, Worker], registered: Sequence[Registered], left_ou
         worker = wanted.get(entry.url)
         if worker is None:
             reason = left_out.get(entry.url, "no such engine in the pool")
-            if reason not in sick:
+            if reason not in sick and reason != TERMINATING:
                 unwanted[entry.url] = since = (unwanted_since or {}).get(entry.url, now)
                 if now - since < grace:
                     continue

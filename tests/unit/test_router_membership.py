@@ -97,6 +97,18 @@ def test_a_sick_registration_is_removed_at_once_a_stale_one_after_the_grace() ->
     assert later.add == ()
 
 
+def test_a_group_being_deleted_leaves_every_router_at_once_while_a_not_ready_one_waits_for_the_grace() -> None:
+    # A rollout or a restart deleted decode-1's pod: its preStop drain lets in-flight requests finish, and no new
+    # request may reach it meanwhile. Not Ready may be the operator's view lagging behind; deleted never is.
+    pods = [pod("f-decode-0", "decode", "127.1.1.2", ready=False), pod("f-decode-1", "decode", "127.1.1.3",
+                                                                       terminating=True)]
+    wanted, left_out = in_rotation(SPEC, pods, {})
+    registered = [reg("http://127.1.1.2:30000", "decode"), reg("http://127.1.1.3:30000", "decode")]
+    changes = plan(wanted, registered, left_out, missing_since={}, now=100.0, grace=5.0)
+    assert [(r.worker.url, r.reason) for r in changes.remove] == [("http://127.1.1.3:30000", "terminating")]
+    assert changes.unwanted_since == {"http://127.1.1.2:30000": 100.0}
+
+
 def test_a_worker_the_router_saw_turn_ready_first_is_not_removed_when_the_operator_catches_up() -> None:
     pods = [*FLEET[:3], pod("f-decode-1", "decode", "127.1.1.3", ready=False)]
     wanted, left_out = in_rotation(SPEC, pods, {})
