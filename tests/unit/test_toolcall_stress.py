@@ -6,12 +6,15 @@ Two paths: the real OpenAI chat handler (guarded subclass, `--tool-call-parser d
 `DeepSeekV32Detector` inside `_generate_chat_stream`), and SGLang's `DeepSeekV4Detector` (V4's text form)
 driven directly with the guard on its output, since 0.5.23 serves V4 through deepseek-recipe, which the
 CPU install lacks. Each request's markup is one of: the parser's own (SGLang parses it), marker-stripped
-(the mixed-batch decode leak), the other version's block. Seeded; the seed is in the failure message.
+(the mixed-batch decode leak), the other version's block, and on the handler also stripped markup under
+`tool_choice: "none"` (withheld, no call). The same mix also goes through the handler's non-streaming path.
+Seeded; the seed is in the failure message.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import random
 from dataclasses import dataclass, field
@@ -22,13 +25,15 @@ import pytest
 from pdfleet.runtime.toolcalls.markup import DSML, OPENERS, contains_markup
 from pdfleet.runtime.toolcalls.stream import Context, StreamGuard
 from tests.support import chat_serving
-from tests.support.chat_serving import PING_TOOL, WEATHER_TOOL, chat_request, handler, stream
+from tests.support.chat_serving import PING_TOOL, WEATHER_TOOL, chat_request, handler, respond, stream
 
 STREAMS = 256
 SEED = 20261201
 WORDS = ["the", "weather", "a", "<", "b", "<b>bold</b>", "x<y", "tool", "call", "invoke", "</", "|", "｜", "ok",
          "1 < 2", "<tool_call>", "parameters", "\n", "\n\n", "Paris", "naïve", "→"]
 KINDS = ("plain", "native", "stripped", "other-version")
+# A request with tools and tool_choice "none": SGLang runs no parser and decodes with special tokens skipped.
+PARSER_OFF = "parser-off"
 
 
 @dataclass
@@ -79,18 +84,27 @@ def make_case(rng: random.Random, kind: str, own_block: str, other_block: str) -
         text = _prose(rng, rng.randint(1, 40)) + rng.choice(["", " ", "\n", "<", " <b"])
         return Case(kind, text, text, chunks=_split(rng, text, None))
     block = other_block if kind == "other-version" else own_block
-    markup, calls = _calls_markup(rng, block, dsml=kind != "stripped")
+    stripped = kind in ("stripped", PARSER_OFF)
+    markup, calls = _calls_markup(rng, block, dsml=not stripped)
     # SGLang's parsers drop text after a call they parsed (upstream #34214), so only stripped markup, which
     # they pass through as text, gets text after it.
-    after = _prose(rng, rng.randint(1, 8)) if kind == "stripped" else ""
+    after = _prose(rng, rng.randint(1, 8)) if stripped else ""
     text = f"{before}\n\n{markup}" + (f"\n{after}" if after else "")
-    marker = DSML if kind != "stripped" else f"<{block}>"
-    return Case(kind, text, " ".join(f"{before} {after}".split()), calls, _split(rng, text, marker))
+    marker = f"<{block}>" if stripped else DSML
+    expected = [] if kind == PARSER_OFF else calls  # the client said no calls: withheld, never made
+    return Case(kind, text, " ".join(f"{before} {after}".split()), expected, _split(rng, text, marker))
 
 
-def _cases(seed: int, own_block: str, other_block: str) -> list[Case]:
+def _cases(seed: int, own_block: str, other_block: str, kinds: tuple[str, ...] = KINDS) -> list[Case]:
     rng = random.Random(seed)
-    return [make_case(rng, KINDS[n % len(KINDS)], own_block, other_block) for n in range(STREAMS)]
+    return [make_case(rng, kinds[n % len(kinds)], own_block, other_block) for n in range(STREAMS)]
+
+
+def _request(n: int, case: Case, *, stream: bool) -> Any:
+    if case.kind == PARSER_OFF:
+        return chat_request(tools=[WEATHER_TOOL, PING_TOOL], tool_choice="none", stream=stream)
+    tools = [WEATHER_TOOL, PING_TOOL] if case.kind != "plain" or n % 8 == 0 else []
+    return chat_request(tools=tools, stream=stream)
 
 
 def _check(case: Case, content: str, calls: list[tuple[str, str]], finish: str | None, seed: int) -> None:
@@ -101,7 +115,7 @@ def _check(case: Case, content: str, calls: list[tuple[str, str]], finish: str |
     assert not contains_markup(content) and not any(o in content for o in OPENERS), f"{where}: {content!r}"
     assert [(name, json.loads(args)) for name, args in calls] == case.calls, where
     assert " ".join(content.split()) == case.prose, where
-    assert finish == "tool_calls", where
+    assert finish == ("tool_calls" if case.calls else "stop"), where
 
 
 @pytest.fixture
@@ -119,15 +133,13 @@ class _Interleaving(chat_serving.FakeTokenizerManager):
 
 
 def test_256_concurrent_streams_through_sglangs_v32_handler_with_the_guard(guarded: type) -> None:
-    cases = _cases(SEED, "function_calls", "tool_calls")
+    cases = _cases(SEED, "function_calls", "tool_calls", (*KINDS, PARSER_OFF))
     serving = handler(guarded)
     serving.tokenizer_manager.__class__ = _Interleaving
 
     async def run_all() -> list[dict[str, Any]]:
-        async def one(n: int, case: Case) -> dict[str, Any]:
-            tools = [WEATHER_TOOL, PING_TOOL] if case.kind != "plain" or n % 8 == 0 else []
-            return await stream(serving, chat_request(tools=tools, stream=True), case.chunks, rid=f"req-{n}")
-        return await asyncio.gather(*(one(n, case) for n, case in enumerate(cases)))
+        return await asyncio.gather(*(stream(serving, _request(n, case, stream=True), case.chunks, rid=f"req-{n}")
+                                      for n, case in enumerate(cases)))
 
     results = asyncio.run(run_all())
     for case, out in zip(cases, results, strict=True):
@@ -135,9 +147,20 @@ def test_256_concurrent_streams_through_sglangs_v32_handler_with_the_guard(guard
         assert out["tool_indices"] == list(range(len(out["calls"]))), "tool call indices 0..n-1, each once"
     # Every stripped block salvaged by the guard; of each V4 block, SGLang's V3.2 parser takes the invokes (as
     # bare ones) and leaves the wrapper, which the guard withholds. Native markup never reaches the guard.
-    each = STREAMS // len(KINDS)
-    assert serving.pdfleet_reporter.counts == {("stripped-markers", "salvaged"): each,
-                                               ("wrong-version-markers", "withheld"): each}
+    kinds = collections.Counter(case.kind for case in cases)
+    assert serving.pdfleet_reporter.counts == {("stripped-markers", "salvaged"): kinds["stripped"],
+                                               ("wrong-version-markers", "withheld"): kinds["other-version"],
+                                               ("parser-off", "withheld"): kinds[PARSER_OFF]}
+
+
+def test_the_same_mix_not_streamed_through_sglangs_v32_handler_with_the_guard(guarded: type) -> None:
+    cases = _cases(SEED + 2, "function_calls", "tool_calls", (*KINDS, PARSER_OFF))
+    serving = handler(guarded)
+    for n, case in enumerate(cases):
+        choice = respond(serving, _request(n, case, stream=False), case.text, rid=f"req-{n}").choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        _check(case, choice.message.content, calls, choice.finish_reason, SEED + 2)
+        assert [c.index for c in choice.message.tool_calls or []] == list(range(len(calls)))
 
 
 def test_256_concurrent_streams_through_sglangs_v4_text_detector_with_the_guard() -> None:
