@@ -9,7 +9,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pdfleet.runtime.toolcalls.markup import DSML, Cause, Opener, contains_markup, find_opener, held_suffix
+from pdfleet.runtime.toolcalls.markup import (
+    DSML,
+    LONGEST_OPENER,
+    Cause,
+    Opener,
+    contains_markup,
+    find_opener,
+    held_suffix,
+)
 from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.stream import Action, Context, Step, StreamGuard, scan
 
@@ -183,3 +191,16 @@ def test_random_text_is_never_lost_and_never_duplicated(text: str, cuts: list[in
     salvaged = _streamed(text, cuts, ON)
     assert salvaged == scan(text, ON)
     assert len(salvaged.text) <= len(text)
+
+
+@settings(max_examples=200, deadline=None)
+@given(text=st.text(alphabet=st.sampled_from(list("ab <>/=\"｜DSMLinvoketool_cals\n")), max_size=80),
+       cuts=st.lists(st.integers(0, 200), max_size=20))
+def test_text_outside_markup_is_released_at_once_but_for_a_possible_opener(text: str, cuts: list[int]) -> None:
+    guard, released, fed = StreamGuard(OBSERVE), "", ""
+    for piece in _chunks(text, cuts):
+        fed += piece
+        released += guard.feed(piece).text
+        if find_opener(fed) is None:
+            assert released == fed[: len(fed) - held_suffix(fed)]
+            assert len(fed) - len(released) < LONGEST_OPENER
