@@ -19,6 +19,7 @@ class ConditionType(enum.StrEnum):
     PROGRESSING = "Progressing"  # a rollout or scale is under way
     DEGRADED = "Degraded"  # some group is unhealthy, restarting or failed
     ROLLOUT_VERIFIED = "RolloutVerified"  # every group of the update revision passed its verification gates
+    TOOL_CALL_INTEGRITY = "ToolCallIntegrity"  # no known cause leaks DSML tool calls into text on this build
 
 
 class ConditionStatus(enum.StrEnum):

@@ -30,7 +30,8 @@ BAR_WIDTH = 24
 # Conditions whose status says all is well; any other (type, status) is shown by `pdfleet status`.
 FINE = {(ConditionType.ACCEPTED, ConditionStatus.TRUE), (ConditionType.READY, ConditionStatus.TRUE),
         (ConditionType.PROGRESSING, ConditionStatus.FALSE), (ConditionType.DEGRADED, ConditionStatus.FALSE),
-        (ConditionType.ROLLOUT_VERIFIED, ConditionStatus.TRUE)}
+        (ConditionType.ROLLOUT_VERIFIED, ConditionStatus.TRUE),
+        (ConditionType.TOOL_CALL_INTEGRITY, ConditionStatus.TRUE)}
 
 
 class Unreadable(ValueError):

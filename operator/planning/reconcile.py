@@ -35,7 +35,15 @@ from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import health_status, playbooks, rank_health, restarts, rollback, verification
+from pdfleet.operator.planning import (
+    health_status,
+    playbooks,
+    rank_health,
+    restarts,
+    rollback,
+    toolcall_integrity,
+    verification,
+)
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -402,6 +410,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
             s in UNAVAILABLE for s in states.values()) else "Reconciling"
     stopped = rollout.status is ConditionStatus.FALSE
     paused = spec.rollout.paused and not settled and not stopped
+    integrity = toolcall_integrity.judge(spec)
     conds = [
         status_mod.condition(prev_conds, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
                              generation=generation, now=now),
@@ -416,7 +425,12 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
                              degraded.message, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
                              rollout.message, generation=generation, now=now),
+        status_mod.condition(prev_conds, ConditionType.TOOL_CALL_INTEGRITY, integrity.status, integrity.reason,
+                             integrity.message, generation=generation, now=now),
     ]
+    if integrity.status is ConditionStatus.FALSE and not status_mod.holds(
+            prev_conds, ConditionType.TOOL_CALL_INTEGRITY, integrity.status, integrity.reason, integrity.message):
+        out.events.append(Event("Warning", "ToolCallLeakRisk", integrity.message))
     phase = Phase.FAILED if stopped else Phase.READY if all_ready else Phase.DEGRADED if degraded.status else \
         Phase.PROGRESSING if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
     if stopped and not status_mod.holds(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
