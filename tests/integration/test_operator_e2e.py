@@ -65,7 +65,7 @@ def test_a_pool_goes_ready_on_fake_gpu_nodes_scales_and_leaves_nothing_behind(
     assert status["prefill"]["summary"] == "1/1"
     conditions = {c["type"]: c["status"] for c in status["conditions"]}
     assert conditions == {"Accepted": "True", "Ready": "True", "Progressing": "False", "Degraded": "False",
-                          "RolloutVerified": "True"}
+                          "RolloutVerified": "True", "ToolCallIntegrity": "True"}
     assert status["currentRevision"] == status["updateRevision"]
 
     pods = cluster.get("pods", "-n", namespace, "-l", "pdfleet.dev/pool=tiny,app.kubernetes.io/component!=router")
