@@ -4,6 +4,9 @@ rank-health instrumentation.
 The launcher exports the selection (`PDFLEET_PATCHES`, comma-separated ids); `install_from_environment` runs
 in each process (via sitecustomize) and applies it when SGLang's scheduler module is imported. A process that
 cannot apply its patches exits with a message: an engine whose ranks run different code is worse than none.
+A patch whose implementation names `APPLY_AFTER_IMPORT_OF` waits for that module instead: the detokenizer's
+module, say, is still half-imported when its own imports finish importing the scheduler, so its class is not
+there yet to patch.
 
 The instrumentation (`pdfleet.runtime.instrument`) is applied in every engine, selected or not: the operator
 judges rank health from it. Its loop report is the catalogue's `overlap-loop-report` patch, so that id is
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from types import ModuleType
 
 from pdfleet.runtime.instrument import apply as instrument
@@ -49,15 +53,34 @@ def apply_selected(patch_ids: list[str]) -> list[base.Applied]:
     return applied
 
 
-def _on_scheduler_import(_: ModuleType) -> None:
-    try:
-        applied = apply_selected(selected_patches())
-    except base.PatchError as e:
-        print(f"pdfleet: this engine process cannot apply its patches: {e}", file=sys.stderr, flush=True)
-        os._exit(EXIT_PATCH_FAILED)
-    if applied and os.environ.get("PDFLEET_VERBOSE"):
-        print(f"pdfleet: pid {os.getpid()} applied {', '.join(a.id for a in applied)}", file=sys.stderr)
+def deferred(patch_ids: list[str]) -> dict[str, list[str]]:
+    """The selected patches applied after a module other than the scheduler's, by that module."""
+    later: dict[str, list[str]] = {}
+    for pid, impl in registry.implementations(patch_ids).items():
+        module = getattr(impl, "APPLY_AFTER_IMPORT_OF", None)
+        if module is not None and module != SCHEDULER_MODULE:
+            later.setdefault(module, []).append(pid)
+    return later
+
+
+def _applying(apply: Callable[[], list[base.Applied]]) -> Callable[[ModuleType], None]:
+    def on_import(_: ModuleType) -> None:
+        try:
+            applied = apply()
+        except base.PatchError as e:
+            print(f"pdfleet: this engine process cannot apply its patches: {e}", file=sys.stderr, flush=True)
+            os._exit(EXIT_PATCH_FAILED)
+        if applied and os.environ.get("PDFLEET_VERBOSE"):
+            print(f"pdfleet: pid {os.getpid()} applied {', '.join(a.id for a in applied)}", file=sys.stderr)
+
+    return on_import
 
 
 def install_from_environment() -> None:
-    hooks.after_import(SCHEDULER_MODULE, _on_scheduler_import)
+    selected = selected_patches()
+    later = deferred(selected)
+    now = [pid for pid in selected if not any(pid in ids for ids in later.values())]
+    hooks.after_import(SCHEDULER_MODULE, _applying(lambda: apply_selected(now)))
+    for module, ids in later.items():
+        hooks.after_import(module, _applying(
+            lambda ids=ids: base.apply(ids, sglang_version(), registry.implementations(ids))))

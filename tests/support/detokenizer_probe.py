@@ -91,17 +91,31 @@ def batch(io_struct: Any, counts: dict[str, list[int]], **values: Any) -> Any:
     return io_struct.BatchTokenIDOutput(**(fields | {k: v for k, v in counts.items() if k in fields} | values))
 
 
+def install_patch_hooks() -> None:
+    """What an engine process does (sitecustomize -> engine_setup): the patch is applied on import, before any
+    SGLang code runs. The rank instrumentation, applied along with it in an engine, is fingerprinted for the main
+    SGLang only and has nothing to do with the detokenizer, so it is left out here."""
+    import os
+
+    from pdfleet.runtime import engine_setup
+    from pdfleet.runtime.instrument import apply as instrument
+
+    os.environ["PDFLEET_PATCHES"] = "dsml-batch-decode-guard"
+    engine_setup.ALWAYS_APPLIED = ()
+    instrument.install = lambda version: engine_setup.base.Applied(id="rank instrumentation (left out)", targets=())
+    engine_setup.install_from_environment()
+
+
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     if spec["kernel_stand_in"]:
         sys.meta_path.insert(0, _KernelFinder())
-    import sglang
-
-    applied: list[str] = []
     if spec["patch"]:
-        from pdfleet.runtime.patches import base, registry
+        install_patch_hooks()
+    import sglang
+    from sglang.srt.managers.detokenizer_manager import DetokenizerManager
 
-        ids = ["dsml-batch-decode-guard"]
-        applied = [a.id for a in base.apply(ids, sglang.__version__, registry.implementations(ids))]
+    patched_by = getattr(DetokenizerManager.handle_batch_token_id_out, "__pdfleet_patch__", None)
+    applied = [patched_by] if patched_by else []
     results = {name: stream(scenario) for name, scenario in spec["scenarios"].items()}
     return {"sglang": sglang.__version__, "sglang_file": sglang.__file__, "applied": applied, "results": results}
 

@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.api import checks
+from pdfleet.runtime import engine_setup
 from pdfleet.runtime.patches import base, catalogue, registry
 from pdfleet.runtime.patches.impl import dsml_batch_decode_guard as guard
 from tests.support import sglang_release
@@ -199,3 +200,11 @@ def test_tokenizer_batch_decode_disabled_is_refused_where_the_switch_leaves_the_
 def test_on_0_5_7_the_patch_with_the_switch_enabled_is_accepted() -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.7", "patches": [guard.PATCH_ID]}})
     assert checks.validate({"spec": spec}) == []
+
+
+def test_an_engine_applies_the_patch_once_the_detokenizer_module_is_imported_not_with_the_scheduler() -> None:
+    # The scheduler's import ends while the detokenizer's module is still executing its imports (the probe runs
+    # this path on the real releases: `applied` above comes from engine_setup's hook, not a direct apply).
+    assert engine_setup.deferred(["kv-poll-lockstep", guard.PATCH_ID]) == {
+        "sglang.srt.managers.detokenizer_manager": [guard.PATCH_ID]}
+    assert engine_setup.deferred(["kv-poll-lockstep", "abort-consensus"]) == {}

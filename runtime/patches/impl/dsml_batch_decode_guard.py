@@ -27,6 +27,9 @@ from typing import Any
 PATCH_ID = "dsml-batch-decode-guard"
 HANDLE_BATCH_TOKEN_ID_OUT = "sglang.srt.managers.detokenizer_manager.DetokenizerManager.handle_batch_token_id_out"
 TARGETS = (HANDLE_BATCH_TOKEN_ID_OUT,)
+# The detokenizer's module imports the scheduler's (through the tokenizer manager) before it defines
+# DetokenizerManager, so this patch is applied once the module itself is imported (see engine_setup).
+APPLY_AFTER_IMPORT_OF = "sglang.srt.managers.detokenizer_manager"
 
 # Each release was checked by running its real detokenizer (tests/unit/test_dsml_batch_decode.py): markers lost
 # without the patch, kept with it. Its `_decode_batch_token_id_output` calls `tokenizer.batch_decode` on the
