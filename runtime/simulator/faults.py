@@ -6,6 +6,9 @@ annotation wins over the environment while it is present.
 
     sim.pdfleet.dev/fault              PDFLEET_SIM_FAULT               desync | hang | dead-rank | slow |
                                                                         wrong-event-loop | wrong-server-args
+                                                                        | leak-stripped-markers | leak-parser-off
+                                                                        | leak-wrong-version-markers
+                                                                        | leak-malformed-call
                                                                         (env only: crash-at-start)
     sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
     sim.pdfleet.dev/forward-delay-ms   PDFLEET_SIM_FORWARD_DELAY_MS    a forward's duration under `slow`
@@ -17,6 +20,9 @@ new value of the annotations (another stall-ms, say) asks for one more stall.
 
 desync, hang and dead-rank are latched by the ranks: taking the annotation away does not heal an engine,
 as in production. slow, wrong-event-loop and wrong-server-args follow the annotation both ways.
+
+The leak-* faults make tool calls come back as DSML markup in `content`, each as one known cause does in SGLang
+(`simulator/toolcalls.py`); they follow the annotation both ways and only touch chat requests with tools.
 """
 
 from __future__ import annotations
@@ -54,6 +60,10 @@ class Fault(enum.IntEnum):
     WRONG_SERVER_ARGS = 6
     CRASH_AT_START = 7
     STRAGGLE = 8
+    LEAK_STRIPPED_MARKERS = 9
+    LEAK_PARSER_OFF = 10
+    LEAK_WRONG_VERSION_MARKERS = 11
+    LEAK_MALFORMED_CALL = 12
 
     @property
     def label(self) -> str:

@@ -31,6 +31,7 @@ class State:
     started: float = dataclasses.field(default_factory=time.time)
     ready: bool = False  # false while "loading the model"
     shutting_down: bool = False
+    plain_in_flight: int = 0  # chat requests without tools being served: a tool request is "batched" with them
 
     @property
     def fault(self) -> Fault:
