@@ -14,7 +14,7 @@ from typing import TextIO
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.scalars import parse_duration
-from pdfleet.operator.cli import report
+from pdfleet.operator.cli import canary, report
 from pdfleet.operator.cli.kube import Body, CliError, PoolReader, connect, default_namespace
 from pdfleet.operator.cli.report import Exit
 from pdfleet.operator.planning import rollback, spec_change
@@ -46,7 +46,7 @@ def parser() -> argparse.ArgumentParser:
     common.add_argument("--kubeconfig", help="the kubeconfig to use (default: KUBECONFIG, then ~/.kube/config)")
 
     top = argparse.ArgumentParser(prog="pdfleet", description="Follow pdfleet InferencePools: their status and "
-                                  "their verified rollouts.", epilog=EPILOG)
+                                  "their verified rollouts; check a server's tool calls (canary).", epilog=EPILOG)
     commands = top.add_subparsers(dest="command", required=True, metavar="COMMAND")
     commands.add_parser("status", parents=[common], help="phase, revisions, groups per role, conditions that are "
                         "not fine, the last incident",
@@ -77,6 +77,7 @@ def parser() -> argparse.ArgumentParser:
                                    "already started finish and are verified.")
     rollout.add_parser("resume", parents=[common], epilog=EPILOG, help="continue a paused rollout",
                        description="Removes spec.rollout.paused: the rollout continues.")
+    canary.add_parser(commands)
     return top
 
 
@@ -210,6 +211,8 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
 def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     args = parser().parse_args(argv)
     try:
+        if args.command == "canary":  # talks to a server's OpenAI API, not to Kubernetes
+            return canary.run(args, out or sys.stdout)
         return asyncio.run(run(args, out or sys.stdout))
     except (CliError, report.Unreadable) as e:
         print(f"error: {e}", file=sys.stderr)

@@ -1,0 +1,127 @@
+"""The tool-call canary's I/O: its requests, sent through the real `openai` client, concurrently, to a base URL
+(a router or one engine). What to send and what the answers mean is `planning.toolcall_canary`; this is the
+function `pdfleet canary` calls, and the one a rollout gate would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+from pdfleet.operator.planning import toolcall_canary as plan
+from pdfleet.operator.planning.toolcall_canary import (
+    DEFAULT_CONCURRENCY,
+    DEFAULT_REQUESTS,
+    Answer,
+    Probe,
+    Report,
+    ToolCall,
+)
+
+DEFAULT_MAX_TOKENS = 32
+
+
+class Unreachable(Exception):
+    """The URL answers no OpenAI-compatible API: nothing to judge."""
+
+
+def api_base(url: str) -> str:
+    """The `openai` client's base URL for a server's URL (`…/v1` added unless given)."""
+    url = url.rstrip("/")
+    return url if url.endswith("/v1") else url + "/v1"
+
+
+def _client(url: str, timeout_s: float, concurrency: int) -> openai.AsyncOpenAI:
+    import httpx  # the openai client's own transport; its pool must hold every concurrent request
+
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    return openai.AsyncOpenAI(base_url=api_base(url), api_key="pdfleet-canary", max_retries=0, timeout=timeout_s,
+                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s))
+
+
+async def served_model(client: openai.AsyncOpenAI) -> str:
+    """The first model the server lists; raises Unreachable when it lists none or does not answer."""
+    try:
+        models = await client.models.list()
+    except openai.APIError as e:
+        raise Unreachable(f"{client.base_url}models: {_describe(e)}") from None
+    if not models.data:
+        raise Unreachable(f"{client.base_url}models lists no model; pass --model")
+    return str(models.data[0].id)
+
+
+def _describe(error: Exception) -> str:
+    if isinstance(error, openai.APIStatusError):
+        return f"HTTP {error.status_code} {type(error).__name__}"
+    if isinstance(error, openai.APITimeoutError):
+        return "timed out"
+    if isinstance(error, openai.APIConnectionError):
+        cause = error.__cause__
+        return f"connection failed ({type(cause).__name__ if cause else 'no answer'})"
+    return f"{type(error).__name__}: {error}"
+
+
+async def _streamed(chunks: AsyncIterator[Any]) -> Answer:
+    content: list[str] = []
+    names: dict[int, str] = {}
+    arguments: dict[int, list[str]] = {}
+    finish: str | None = None
+    async for chunk in chunks:
+        for choice in chunk.choices:
+            delta = choice.delta
+            if delta.content:
+                content.append(delta.content)
+            for call in delta.tool_calls or ():
+                fn = call.function
+                if fn is not None and fn.name:
+                    names[call.index] = names.get(call.index, "") + fn.name
+                if fn is not None and fn.arguments:
+                    arguments.setdefault(call.index, []).append(fn.arguments)
+            finish = choice.finish_reason or finish
+    calls = tuple(ToolCall(names.get(i, ""), "".join(arguments.get(i, ()))) for i in sorted(names | arguments))
+    return Answer("".join(content), calls, finish)
+
+
+async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_tokens: int) -> Answer:
+    """One probe's answer; any failure is an Answer with its error."""
+    try:
+        if probe.stream:
+            stream = await client.chat.completions.create(**plan.body(probe, model=model, max_tokens=max_tokens))
+            async with stream:
+                return await _streamed(stream)
+        completion = await client.chat.completions.create(**plan.body(probe, model=model, max_tokens=max_tokens))
+    except openai.APIError as e:
+        return Answer(error=_describe(e))
+    if not completion.choices:
+        return Answer(error="an answer without choices")
+    choice = completion.choices[0]
+    calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()
+                  if c.type == "function")
+    return Answer(choice.message.content or "", calls, choice.finish_reason)
+
+
+async def run(url: str, *, requests: int = DEFAULT_REQUESTS, concurrency: int = DEFAULT_CONCURRENCY,
+              model: str | None = None, timeout_s: float = 60.0, parser: str | None = None,
+              max_tokens: int = DEFAULT_MAX_TOKENS) -> Report:
+    """Sends the canary's `requests` to `url`, at most `concurrency` at a time, and judges the answers.
+
+    Raises Unreachable when the server cannot be asked at all (its model list fails)."""
+    probes = plan.plan(requests)
+    async with _client(url, timeout_s, concurrency) as client:
+        listed = await served_model(client)  # also proves the URL answers before any verdict is given
+        model = model or listed
+        gate = asyncio.Semaphore(concurrency)
+
+        async def one(probe: Probe) -> tuple[Probe, Answer]:
+            async with gate:
+                return probe, await ask(client, probe, model=model, max_tokens=max_tokens)
+
+        started = time.monotonic()
+        results = await asyncio.gather(*(one(p) for p in probes))
+        found = plan.report(results, parser=parser, duration_s=time.monotonic() - started)
+        found.model = model
+        return found
