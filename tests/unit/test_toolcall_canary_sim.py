@@ -1,0 +1,78 @@
+"""The engine simulator's tool calls, healthy and under each leak fault, and `pdfleet canary` against it: one
+real simulated engine on 127.0.0.1 (no router; `tests/integration/test_toolcall_canary_e2e.py` goes through
+the real router on the local cluster)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+
+from pdfleet.operator.cli.__main__ import main
+from pdfleet.operator.planning import toolcall_canary as tc
+from tests.support import sim_engine
+from tests.support.canary import LEAKS, tool_answer_leaks
+from tests.support.sim_engine import SimEngine
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SimEngine]:
+    e = sim_engine.start(tmp_path_factory.mktemp("sim"), "null", tp=1)
+    try:
+        e.wait_healthy(time.monotonic() + sim_engine.STARTUP_S)
+        yield e
+    finally:
+        e.stop()
+
+
+def ask_fault(engine: SimEngine, fault: str) -> None:
+    """Annotate, and wait until the engine serves under it (the annotations are polled every 200 ms)."""
+    engine.annotate(fault=fault)
+    sim_engine.until(lambda: tool_answer_leaks(engine.url, "sim-model") == (fault in LEAKS),
+                     time.monotonic() + 10, f"fault {fault} applied")
+
+
+def test_tool_requests_get_structured_calls_streamed_and_not(engine: SimEngine) -> None:
+    ask_fault(engine, "none")
+    client = openai.OpenAI(base_url=engine.url + "/v1", api_key="none", max_retries=0, timeout=10)
+    chat = client.chat.completions.create(model="sim-model", max_tokens=4, tools=tc.TOOLS,  # type: ignore[arg-type]
+                                          tool_choice={"type": "function", "function": {"name": "search"}},
+                                          messages=[{"role": "user", "content": "find pdfleet"}])
+    choice = chat.choices[0]
+    assert choice.finish_reason == "tool_calls" and not choice.message.content
+    call = choice.message.tool_calls[0]  # type: ignore[index]
+    assert call.function.name == "search" and json.loads(call.function.arguments) == {"query": "pdfleet"}
+
+    stream = client.chat.completions.create(model="sim-model", max_tokens=4, tools=tc.TOOLS,  # type: ignore[arg-type]
+                                            stream=True, messages=[{"role": "user", "content": "weather?"}])
+    chunks = list(stream)
+    deltas = [c.choices[0].delta for c in chunks if c.choices]
+    head = deltas[0].tool_calls[0]  # type: ignore[index]
+    assert head.id and head.function.name == "get_weather"  # type: ignore[union-attr]
+    arguments = "".join(d.tool_calls[0].function.arguments for d in deltas if d.tool_calls)  # type: ignore[union-attr,misc]
+    assert json.loads(arguments) == {"city": "pdfleet", "days": 1}
+    assert len([d for d in deltas if d.tool_calls]) > 2  # the arguments came in pieces
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+    plain = client.chat.completions.create(model="sim-model", max_tokens=4, tools=tc.TOOLS,  # type: ignore[arg-type]
+                                           tool_choice="none", messages=[{"role": "user", "content": "hi"}])
+    assert plain.choices[0].message.content and plain.choices[0].message.tool_calls is None
+
+
+def test_the_canary_passes_on_a_healthy_engine_and_names_each_leak(
+        engine: SimEngine, capsys: pytest.CaptureFixture[str]) -> None:
+    ask_fault(engine, "none")
+    assert main(["canary", engine.url, "--requests", "32", "--concurrency", "8", "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["passed"] and doc["structuredCalls"] == doc["toolRequests"] == 16 and doc["model"] == "sim-model"
+
+    for fault, cause in LEAKS.items():
+        ask_fault(engine, fault)
+        assert main(["canary", engine.url, "--requests", "32", "--concurrency", "8",
+                     "--tool-call-parser", "deepseekv32"]) == 1, fault
+        out = capsys.readouterr().out
+        assert f"FAIL: DSML markup in content ({cause})" in out, out
+        assert f"sample ({cause})" in out
