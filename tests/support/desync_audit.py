@@ -1,0 +1,112 @@
+"""The SGLang 0.5.23 functions docs/desync-audit.md audits, pinned by fingerprint.
+
+Pure data. Each fingerprint is `pdfleet.runtime.patches.targets.fingerprint` of the function as installed,
+the same hash the patch framework verifies targets with. tests/unit/test_desync_audit.py fails, naming the
+function, when the installed copy differs or is gone: the audit then no longer describes the code.
+"""
+
+from __future__ import annotations
+
+SGLANG_VERSION = "0.5.23"
+
+# dotted name -> fingerprint, grouped as the audit groups them.
+AUDITED: dict[str, str] = {
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_normal_disagg_decode":
+        "d9a84e815606d587",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.event_loop_overlap_disagg_decode":
+        "d090e60c308d4943",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.event_loop_normal_disagg_prefill":
+        "1f8708ba259a53da",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.event_loop_overlap_disagg_prefill":
+        "e627e88b1872f46b",
+    "sglang.srt.managers.scheduler.Scheduler.ingest_requests":
+        "4ba77891bd6e4a76",
+    "sglang.srt.managers.scheduler.Scheduler._poll_timeout_aborts":
+        "2852859c0464edb9",
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver.recv_requests":
+        "99df392a0e02a486",
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._broadcast_reqs_across_ranks":
+        "3d7b97e5e3a9482a",
+    "sglang.srt.managers.scheduler_components.recv_skipper.SchedulerRecvSkipper.handle":
+        "0f167fbf4e20c283",
+    "sglang.srt.managers.scheduler_input_blocker.SchedulerInputBlocker.handle":
+        "b179856dda8e27b1",
+    "sglang.srt.utils.poll_based_barrier.PollBasedBarrier._compute_global_arrived":
+        "49ee07c61298a140",
+    "sglang.srt.utils.broadcast_pyobj":
+        "a5aa8858f2f8ef64",
+    "sglang.srt.distributed.communication_op.attn_cp_tp_broadcast_pyobj":
+        "a2fef272ed8cc947",
+    "sglang.srt.managers.scheduler.Scheduler.process_input_requests":
+        "4abf9f52a087f303",
+    "sglang.srt.managers.scheduler.Scheduler._gather_vmm_materialization_errors":
+        "4a7b38dc4c315023",
+    "sglang.srt.managers.scheduler.Scheduler.is_fully_idle":
+        "8cfe1adc12240c08",
+    "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request":
+        "87835738d2bdb0b9",
+    "sglang.srt.managers.scheduler.Scheduler.abort_request":
+        "e19c6b7a87fec58e",
+    "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort":
+        "c625b2339c100456",
+    "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
+        "289c1bd9057ca786",
+    "sglang.srt.managers.scheduler.Scheduler.on_idle":
+        "851656223a6826f6",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue":
+        "18ed61a5b9ab4162",
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs":
+        "d85f66df1e512238",
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue.resolve_deferred_releases":
+        "12ec9838e1a398e9",
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated":
+        "b9905e593525ae62",
+    "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters":
+        "48508b8bf97ac7db",
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred":
+        "48b558ef62c0e97d",
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate":
+        "4976472dc53c84ea",
+    "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_staging":
+        "0fa5f5cc90a6d091",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run":
+        "58a3f73a70762a47",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch":
+        "d3ebcae52eb00721",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch":
+        "8441dc90d3bf1621",
+    "sglang.srt.constrained.grammar_manager.GrammarManager.get_ready_grammar_requests":
+        "56f6d3a98b15e35a",
+    "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin._verify_kv_checksums":
+        "3d75c411640a2e51",
+    "sglang.srt.disaggregation.decode_kvcache_offload_manager.DecodeKVCacheOffloadManager.check_offload_progress":
+        "9ccbabd4e7ceea23",
+    "sglang.srt.disaggregation.decode_kvcache_offload_manager.DecodeKVCacheOffloadManager.drain_before_retraction":
+        "f165f14fa5eea894",
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped":
+        "0ecb934dee8b9774",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run":
+        "ea73fd6db9788a26",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap":
+        "d46052adb7948a70",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk":
+        "fb613f761a11235d",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.check_bootstrap":
+        "48a4da7693103bc0",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue":
+        "b67e2acef55ff84f",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.is_disagg_prefill_batch_result_ready":
+        "a643bc8612643394",
+    "sglang.srt.managers.scheduler_components.dp_attn.SchedulerDPAttnAdapter.maybe_prepare_mlp_sync_batch":
+        "024cab11ff7e1552",
+    "sglang.srt.managers.scheduler_components.dp_attn.prepare_mlp_sync_batch_raw":
+        "f37d48405fdb24e2",
+    "sglang.srt.disaggregation.utils.all_reduce_flags":
+        "9184eae4a9a6eb5a",
+    "sglang.srt.disaggregation.utils.poll_and_all_reduce":
+        "c8c7f64e3a736618",
+    "sglang.srt.disaggregation.utils.poll_and_all_reduce_attn_cp_tp_group":
+        "6003aaa2ccaa631a",
+    "sglang.srt.disaggregation.utils.poll_and_all_reduce_with_staging":
+        "74bd768e4c060c4e",
+}
