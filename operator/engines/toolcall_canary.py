@@ -10,6 +10,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import openai
 
 from pdfleet.operator.planning import toolcall_canary as plan
@@ -36,8 +37,7 @@ def api_base(url: str) -> str:
 
 
 def _client(url: str, timeout_s: float, concurrency: int) -> openai.AsyncOpenAI:
-    import httpx  # the openai client's own transport; its pool must hold every concurrent request
-
+    # The openai client's own transport; its pool must hold every concurrent request.
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return openai.AsyncOpenAI(base_url=api_base(url), api_key="pdfleet-canary", max_retries=0, timeout=timeout_s,
                               http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s))
