@@ -1,5 +1,6 @@
-"""A real reproduction of the overlap-abort TP desync on CPU: 4 rank processes on real gloo groups, each running
-a loop shaped like SGLang's disaggregated decode loop through SGLang's own scheduler and queue code.
+"""A real reproduction of the overlap-abort TP desync on CPU: `world` rank processes (any number from 2) on a
+real gloo group, each running a loop shaped like SGLang's disaggregated decode loop through SGLang's own
+scheduler and queue code.
 
 - `scenario`: what one run does (arrivals, rank-local abort signals, patches), as plain JSON-able data.
 - `stage`: the minimal SGLang objects a rank drives (a `Scheduler` and a `DecodeTransferQueue` built without

@@ -153,7 +153,7 @@ def launch(sc: scenario_mod.Scenario) -> int:
     import sglang.srt.disaggregation.decode
     import sglang.srt.managers.scheduler  # noqa: F401
 
-    stage.publish_context()
+    stage.publish_context(sc.world)
     children = []
     for rank in range(sc.world):
         pid = os.fork()

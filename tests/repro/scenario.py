@@ -10,10 +10,24 @@ from typing import Any
 SGLANG_VERSION = "0.5.23"
 
 # The default story. Two transfers arrive at iteration 0: `req-y` completes after 2 polls and is decoded;
-# `req-x` stays in flight. Rank 2's own clock says `req-x` timed out at iteration 3, rank 0's at iteration 5
-# (per-rank clocks, as in upstream #27221); ranks 1 and 3 never see a local signal.
+# `req-x` stays in flight. One rank's own clock (rank 2, or the last rank of a smaller group) says `req-x`
+# timed out at iteration 3, rank 0's at iteration 5 (per-rank clocks, as in upstream #27221); the other ranks
+# never see a local signal.
 ARRIVALS: dict[int, list[tuple[str, int]]] = {0: [("req-x", 10_000), ("req-y", 2)]}
-LOCAL_ABORTS: dict[int, dict[int, str]] = {2: {3: "req-x"}, 0: {5: "req-x"}}
+
+
+def early_rank(world: int) -> int:
+    """The rank whose clock fires first in the default story."""
+    if world < 2:
+        raise ValueError(f"a desync needs at least 2 ranks, not {world}")
+    return min(2, world - 1)
+
+
+def local_aborts_for(world: int) -> dict[int, dict[int, str]]:
+    return {early_rank(world): {3: "req-x"}, 0: {5: "req-x"}}
+
+
+LOCAL_ABORTS: dict[int, dict[int, str]] = local_aborts_for(4)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,6 +47,12 @@ class Scenario:
     forward_s: float = 0.05  # how long one simulated forward takes
     idle_s: float = 0.05  # the idle pause of a rank without a batch
     gloo_timeout_s: float = 120.0  # long enough never to fire while a hang is being detected
+
+    def __post_init__(self) -> None:
+        outside = sorted(rank for rank in self.local_aborts if not 0 <= rank < self.world)
+        if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
+            raise ValueError(f"local aborts for ranks {outside} outside a group of {self.world}; "
+                             f"use local_aborts_for({self.world})")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))

@@ -29,15 +29,15 @@ from pdfleet.runtime.health import phases, writer
 _rooms = itertools.count(1000)
 
 
-def publish_context() -> None:
-    """SGLang's process-wide config, as a TP-4 decode server with the fake transfer backend would have it.
-    Call once in the launcher, before the ranks fork."""
+def publish_context(world: int) -> None:
+    """SGLang's process-wide config, as a TP-`world` decode server with the fake transfer backend would have
+    it. Call once in the launcher, before the ranks fork."""
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    argv = ["--model-path", "dummy", "--device", "cpu", "--tp-size", "4", "--disaggregation-mode", "decode",
+    argv = ["--model-path", "dummy", "--device", "cpu", "--tp-size", str(world), "--disaggregation-mode", "decode",
             "--disaggregation-transfer-backend", "fake"]
     server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
     server_args.resolve_once()

@@ -1,12 +1,13 @@
 """The overlap-abort desync, reproduced for real, detected by pdfleet, and prevented by each fix patch.
 
-Four rank processes on a real gloo group (127.0.0.1) run SGLang 0.5.23's own intake (`ingest_requests` ->
-`broadcast_pyobj`), abort handling (`abort_request`) and KV poll (`process_decode_queue` -> `pop_transferred`
--> `poll_and_all_reduce`); see tests/repro. Rank 2's clock says a transfer timed out at iteration 3, rank 0's
-at iteration 5; each acts on its own signal. Unpatched, rank 2 releases the transfer and its queue is empty:
-SGLang's `if not self.queue` guard skips the poll all-reduce there, so ranks 0, 1, 3 wait in the all-reduce
-while rank 2 waits in the next broadcast, forever (the gloo timeout is 120 s). With a fix patch applied to
-SGLang's functions in the rank processes, every rank runs all iterations and drops the request together.
+Rank processes on a real gloo group (127.0.0.1; four, and also two and three) run SGLang 0.5.23's own intake
+(`ingest_requests` -> `broadcast_pyobj`), abort handling (`abort_request`) and KV poll (`process_decode_queue`
+-> `pop_transferred` -> `poll_and_all_reduce`); see tests/repro. One rank's clock (rank 2; rank 1 in a group of
+two) says a transfer timed out at iteration 3, rank 0's at iteration 5; each acts on its own signal. Unpatched,
+that rank releases the transfer and its queue is empty: SGLang's `if not self.queue` guard skips the poll
+all-reduce there, so its peers wait in the all-reduce while it waits in the next broadcast, forever (the gloo
+timeout is 120 s). With a fix patch applied to SGLang's functions in the rank processes, every rank runs all
+iterations and drops the request together.
 """
 
 from __future__ import annotations
@@ -21,14 +22,14 @@ import pytest
 
 from pdfleet.runtime.health import phases, verdict
 from tests.repro import group
-from tests.repro.scenario import Scenario
+from tests.repro.scenario import Scenario, early_rank, local_aborts_for
 
 DESYNC_AFTER_S = 2.0
 PERIOD_S = 0.5
 # The poller's own cost on a loaded 2-core machine (a ledger read and a judgement take milliseconds).
 JITTER_S = 0.2
 POLICY = verdict.HealthPolicy.from_seconds(desync_after=DESYNC_AFTER_S, hang_after=60.0)
-STARTUP_S = 120.0  # importing SGLang once, then forking 4 ranks, on a small CI machine
+STARTUP_S = 120.0  # importing SGLang once, then forking the ranks, on a small CI machine
 LOCKSTEP, CONSENSUS = "kv-poll-lockstep", "abort-consensus"
 
 
@@ -49,16 +50,24 @@ CASES = {
     "abort-consensus": ((CONSENSUS,), Expect(hangs=False, drop_iteration=6)),
     "both": ((LOCKSTEP, CONSENSUS), Expect(hangs=False, drop_iteration=6)),
 }
+# The same story in smaller groups (a world size is not a constant of the reproduction): the hang, and a fix.
+OTHER_WORLDS = {
+    "world2-unpatched": (2, (), Expect(hangs=True)),
+    "world2-kv-poll-lockstep": (2, (LOCKSTEP,), Expect(hangs=False, drop_iteration=3)),
+    "world3-unpatched": (3, (), Expect(hangs=True)),
+    "world3-both": (3, (LOCKSTEP, CONSENSUS), Expect(hangs=False, drop_iteration=6)),
+}
+Launch = Callable[..., tuple[Scenario, subprocess.Popen[bytes]]]
 
 
 @pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[tuple[str, ...]], tuple[Scenario, subprocess.Popen[bytes]]]]:
+def launch(tmp_path: Path) -> Iterator[Launch]:
     """Starts reproduction runs; every process they started is killed at the end, whatever happened."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def run(patches: tuple[str, ...]) -> tuple[Scenario, subprocess.Popen[bytes]]:
+    def run(patches: tuple[str, ...], world: int = 4) -> tuple[Scenario, subprocess.Popen[bytes]]:
         sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
-                      patches=patches)
+                      patches=patches, world=world, local_aborts=local_aborts_for(world))
         started.append(group.start(sc))
         return sc, started[-1]
 
@@ -83,11 +92,20 @@ def _log(sc: Scenario) -> str:
 
 @pytest.mark.parametrize(("patches", "expect"), list(CASES.values()), ids=list(CASES))
 def test_a_rank_local_abort_desyncs_the_decode_loop_unless_a_fix_patch_keeps_ranks_together(
-    launch: Callable[[tuple[str, ...]], tuple[Scenario, subprocess.Popen[bytes]]],
-    patches: tuple[str, ...],
-    expect: Expect,
+    launch: Launch, patches: tuple[str, ...], expect: Expect
 ) -> None:
-    sc, proc = launch(patches)
+    _run_and_judge(launch, 4, patches, expect)
+
+
+@pytest.mark.parametrize(("world", "patches", "expect"), list(OTHER_WORLDS.values()), ids=list(OTHER_WORLDS))
+def test_the_desync_and_its_fix_hold_in_groups_of_two_and_three_ranks(
+    launch: Launch, world: int, patches: tuple[str, ...], expect: Expect
+) -> None:
+    _run_and_judge(launch, world, patches, expect)
+
+
+def _run_and_judge(launch: Launch, world: int, patches: tuple[str, ...], expect: Expect) -> None:
+    sc, proc = launch(patches, world)
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
     if expect.hangs:
@@ -104,13 +122,17 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
     assert proc.poll() is None, "the ranks must still be hanging, not have failed"
 
     ranks = {v.rank: v for v in last.verdict.ranks}
+    assert sorted(ranks) == list(range(sc.world))
+    early = early_rank(sc.world)
+    peers = [r for r in range(sc.world) if r != early]
     assert {v.loop for v in ranks.values()} == {phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
-    assert ranks[2].phase is phases.Phase.RECV_BROADCAST
-    assert {ranks[r].phase for r in (0, 1, 3)} == {phases.Phase.KV_POLL_ALL_REDUCE}
+    assert ranks[early].phase is phases.Phase.RECV_BROADCAST
+    assert {ranks[r].phase for r in peers} == {phases.Phase.KV_POLL_ALL_REDUCE}
     n = ranks[0].collectives
-    assert {v.collectives for v in ranks.values()} == {n}, "rank 2 skipped the poll: its next collective is a broadcast"
-    assert f"rank 2 in recv_broadcast at collective {n}" in last.verdict.reason
-    assert f"ranks 0,1,3 in kv_poll_all_reduce at collective {n}" in last.verdict.reason
+    assert {v.collectives for v in ranks.values()} == {n}, "the early rank skipped the poll: its next is a broadcast"
+    assert f"rank {early} in recv_broadcast at collective {n}" in last.verdict.reason
+    waiting = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {','.join(map(str, peers))}"
+    assert f"{waiting} in kv_poll_all_reduce at collective {n}" in last.verdict.reason
 
     # Time to Desync: from the moment the last rank blocked (its phase start, on this host's monotonic clock)
     # to the first verdict that said so.
@@ -142,3 +164,11 @@ def _assert_every_rank_completes_and_drops_together(
         assert result["dropped"] == {"req-x": expect.drop_iteration}
         assert result["transferred"] == {"req-y": 1}
         assert result["finished"] == {"req-y": 1 + sc.decode_steps - 1}
+
+
+def test_a_story_naming_ranks_outside_the_group_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"ranks \[2\] outside a group of 2"):
+        Scenario(port=1, ledger=str(tmp_path / "ledger"), workdir=str(tmp_path), world=2)
+    assert early_rank(2) == 1 and early_rank(3) == 2 and early_rank(8) == 2
+    with pytest.raises(ValueError, match="at least 2 ranks"):
+        early_rank(1)
