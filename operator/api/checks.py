@@ -86,13 +86,23 @@ def switch_problems(spec: InferencePoolSpec) -> Iterator[Problem]:
                       "to spec.engine.patches, or upgrade to SGLang 0.5.8")
 
 
+def runtime_problems(spec: InferencePoolSpec) -> Iterator[Problem]:
+    """An SGLang release pdfleet's runtime does not instrument: its engines would refuse to start."""
+    version = spec.engine.sglang_version
+    if version not in catalogue.INSTRUMENTED:
+        yield Problem("spec.engine.sglangVersion",
+                      f"pdfleet's runtime instruments SGLang {', '.join(catalogue.INSTRUMENTED)} only (its rank-health "
+                      f"seams are checked against each release's code): an engine of SGLang {version} would refuse "
+                      "to start")
+
+
 def validate_spec(raw_spec: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[Problem]]:
     """The typed spec (None if it does not parse) and every problem found, schema and Python-only alike."""
     try:
         spec = InferencePoolSpec.model_validate(raw_spec)
     except ValidationError as error:
         return None, problems_from(error, prefix=("spec",))
-    return spec, [*version_problems(spec), *switch_problems(spec)]
+    return spec, [*runtime_problems(spec), *version_problems(spec), *switch_problems(spec)]
 
 
 def name_problems(name: str) -> list[Problem]:

@@ -390,7 +390,10 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     router_ok = _router_available(spec, observed)
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
     update_rev = revision.pool_revision(spec)
-    rollout = verification.rollout_verified(want.groups, outcomes, update_rev)
+    # In rollout order, so that the group a message says it waits for is the one being replaced.
+    order = _role_order(spec)
+    rollout = verification.rollout_verified(sorted(want.groups, key=lambda g: order.index(g.id.role)), outcomes,
+                                            update_rev)
     after = rollback.decide(pool, spec, previous, rollout, now)
     if after.note:
         rollout = dataclasses.replace(rollout, message=f"{rollout.message}; {after.note}")

@@ -173,5 +173,9 @@ CATALOGUE: tuple[Patch, ...] = (
 )
 
 BY_ID: dict[str, Patch] = {patch.id: patch for patch in CATALOGUE}
+# The SGLang releases pdfleet's runtime instruments (the rank-health seams are fingerprinted per release, and
+# an engine of another release refuses to start): the keys of `instrument.rank_seams.FINGERPRINTS`, kept here
+# as plain data for admission; a unit test holds the two equal.
+INSTRUMENTED: tuple[str, ...] = ("0.5.23",)
 IDS: tuple[str, ...] = tuple(patch.id for patch in CATALOGUE)
 UNAVAILABLE: dict[str, str] = {patch.id: patch.unavailable for patch in CATALOGUE if patch.unavailable}

@@ -113,16 +113,28 @@ def test_a_patch_fixed_upstream_is_refused_as_redundant() -> None:
 @pytest.mark.effect("spec.engine.sglangVersion")
 def test_a_patch_for_another_sglang_version_is_refused() -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.4.9", "patches": ["kv-poll-lockstep"]}})
-    [problem] = validate({"spec": spec})
-    assert problem.path == "spec.engine.patches[0]"
-    assert "applies to SGLang >=0.5.0,<0.6.0, not to sglangVersion 0.4.9" in problem.message
+    problems = {p.path: p.message for p in validate({"spec": spec})}
+    assert problems.keys() == {"spec.engine.sglangVersion", "spec.engine.patches[0]"}
+    assert "applies to SGLang >=0.5.0,<0.6.0, not to sglangVersion 0.4.9" in problems["spec.engine.patches[0]"]
+
+
+@pytest.mark.effect("spec.engine.sglangVersion")
+@pytest.mark.parametrize("version", ["0.5.22", "0.5.24", "0.6.0rc1"])
+def test_a_release_the_runtime_does_not_instrument_is_refused_at_admission(version: str) -> None:
+    # Its engines would refuse to start (the rank-health seams are fingerprinted per release): say so up front.
+    [problem] = validate({"spec": merged(minimal_spec(), {"engine": {"sglangVersion": version}})})
+    assert problem.path == "spec.engine.sglangVersion"
+    assert problem.message == (f"pdfleet's runtime instruments SGLang 0.5.23 only (its rank-health seams are "
+                               f"checked against each release's code): an engine of SGLang {version} would refuse "
+                               "to start")
 
 
 @pytest.mark.effect("spec.engine.sglangVersion")
 @pytest.mark.parametrize("version", ["0.5.0", "0.5.6.post2", "0.5.7"])
 def test_an_older_sglang_may_use_the_patch_upstream_fixed_later(version: str) -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": version, "patches": ["dsml-batch-decode-guard"]}})
-    assert validate({"spec": spec}) == []
+    # The patch applies; only the release itself is refused, until the runtime instruments it.
+    assert [p.path for p in validate({"spec": spec})] == ["spec.engine.sglangVersion"]
 
 
 def test_validate_reports_a_missing_spec_instead_of_raising() -> None:

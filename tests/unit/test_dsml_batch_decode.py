@@ -187,7 +187,8 @@ def test_the_view_leaves_other_calls_to_the_tokenizer() -> None:
 def test_tokenizer_batch_decode_disabled_is_refused_where_the_switch_leaves_the_leak(version: str,
                                                                                     refused: bool) -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": version, "tokenizerBatchDecode": "Disabled"}})
-    problems = checks.validate({"spec": spec})
+    # Releases the runtime does not instrument yet are refused for that too: not what this test is about.
+    problems = [p for p in checks.validate({"spec": spec}) if p.path != "spec.engine.sglangVersion"]
     if not refused:
         assert problems == []
         return
@@ -199,7 +200,7 @@ def test_tokenizer_batch_decode_disabled_is_refused_where_the_switch_leaves_the_
 
 def test_on_0_5_7_the_patch_with_the_switch_enabled_is_accepted() -> None:
     spec = merged(minimal_spec(), {"engine": {"sglangVersion": "0.5.7", "patches": [guard.PATCH_ID]}})
-    assert checks.validate({"spec": spec}) == []
+    assert [p.path for p in checks.validate({"spec": spec})] == ["spec.engine.sglangVersion"]  # not instrumented
 
 
 def test_an_engine_applies_the_patch_once_the_detokenizer_module_is_imported_not_with_the_scheduler() -> None:

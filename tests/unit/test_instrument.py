@@ -15,7 +15,7 @@ from pdfleet.runtime import engine_setup
 from pdfleet.runtime.health import attach, ledger, records
 from pdfleet.runtime.health.phases import LoopName, Phase
 from pdfleet.runtime.instrument import apply, rank_seams, seams
-from pdfleet.runtime.patches import base, targets
+from pdfleet.runtime.patches import base, catalogue, targets
 from pdfleet.runtime.patches.impl import overlap_loop_report
 from tests.support import requires
 from tests.support.sglang_args import build_server_args
@@ -97,6 +97,11 @@ def test_a_target_whose_source_changed_is_refused(monkeypatch: pytest.MonkeyPatc
 def test_an_unknown_sglang_version_is_refused() -> None:
     with pytest.raises(base.PatchError, match=r"was not checked against SGLang 0\.6\.1"):
         apply.install("0.6.1")
+
+
+def test_admission_knows_exactly_the_releases_the_runtime_instruments() -> None:
+    # An SGLang release outside this list is refused at admission (operator/api/checks.py), not at engine start.
+    assert set(catalogue.INSTRUMENTED) == set(rank_seams.FINGERPRINTS)
 
 
 def test_installing_twice_is_refused() -> None:

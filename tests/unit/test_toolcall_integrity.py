@@ -10,6 +10,7 @@ import pytest
 
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.planning import toolcall_integrity
+from pdfleet.runtime.patches import catalogue
 from tests.support.pools import pool_body
 from tests.unit.test_planning import FakeCluster
 
@@ -39,7 +40,10 @@ def test_which_builds_can_leak_tool_calls_through_batch_decode(version: str, mod
     assert (str(judged.status), judged.reason) == (status, reason)
 
 
-def test_an_exposed_pool_says_so_in_a_condition_and_one_warning_naming_the_fix() -> None:
+def test_an_exposed_pool_says_so_in_a_condition_and_one_warning_naming_the_fix(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # Admission refuses releases the runtime does not instrument (0.5.23 only today): as if it did 0.5.6.post2.
+    monkeypatch.setattr(catalogue, "INSTRUMENTED", (*catalogue.INSTRUMENTED, "0.5.6.post2"))
     body = pool_body()
     body["spec"]["model"].update(V32)
     body["spec"]["engine"]["sglangVersion"] = "0.5.6.post2"
