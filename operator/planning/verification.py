@@ -41,13 +41,13 @@ Body = dict[str, Any]
 EVENT_LOOP = "eventLoop"
 SERVER_ARGS = "serverArgs"
 TOOL_CALL_CANARY = "toolCallCanary"
-# The tool-call canary (a tool-calling request whose answer must come back as structured tool calls, no DSML
-# markup in the text) needs the tool-call integrity checks pdfleet does not have yet. Until then every group
-# says so in its gates, visibly, and the gate never holds a rollout.
+# The tool-call canary (tool-calling requests whose answers must come back as structured tool calls, no DSML
+# markup in the text) exists as `pdfleet canary URL` but is not run per group by the operator yet. Until it is,
+# every group says so in its gates, visibly, and the gate never holds a rollout.
 CANARY_NOT_AVAILABLE = GateResult(
     name=TOOL_CALL_CANARY, state=GateState.NOT_AVAILABLE,
-    message="not available in this version of pdfleet (it needs the tool-call integrity checks): not judged, "
-            "does not hold the rollout")
+    message="not run by the operator in this version (run `pdfleet canary URL` against an engine or the "
+            "router): not judged, does not hold the rollout")
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
 
 # Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
