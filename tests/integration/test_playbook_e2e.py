@@ -37,7 +37,7 @@ def settled(cluster: Cluster, namespace: str, *, generation: int) -> dict[str, A
     def done() -> dict[str, Any] | None:
         body = fleet.pool(cluster, namespace, POOL)
         now = body.get("status") or {}
-        verified = fleet.conditions(cluster, namespace, POOL).get("RolloutVerified") or {}
+        verified = fleet.conditions_of(now).get("RolloutVerified") or {}
         ok = body["metadata"]["generation"] == generation == now.get("observedGeneration") and \
             verified.get("status") == "True" and now.get("currentRevision") == now.get("updateRevision") and \
             now.get("phase") == "Ready"

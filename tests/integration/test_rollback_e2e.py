@@ -32,9 +32,9 @@ def settled(cluster: Cluster, namespace: str, revision: str | None = None, *, no
             timeout: float = 240) -> dict[str, Any]:
     """The pool once its spec's rollout is verified (at `revision`, or at any but `not_`)."""
     def done() -> dict[str, Any] | None:
-        body = pool(cluster, namespace)
+        body = pool(cluster, namespace)  # one read: conditions read apart could be newer than the groups
         now = body.get("status") or {}
-        verified = fleet.conditions(cluster, namespace, POOL).get("RolloutVerified") or {}
+        verified = fleet.conditions_of(now).get("RolloutVerified") or {}
         ok = verified.get("status") == "True" and now.get("observedGeneration") == body["metadata"]["generation"] \
             and now.get("currentRevision") == now.get("updateRevision") and now.get("currentRevision") not in \
             (None, not_) and revision in (None, now.get("currentRevision"))

@@ -33,7 +33,7 @@ GROUPS = [f"{POOL}-decode-0", f"{POOL}-decode-1", f"{POOL}-prefill-0", f"{POOL}-
 
 def rolled_out(cluster: Cluster, namespace: str, first: str | None) -> str | None:
     status = fleet.pool(cluster, namespace, POOL).get("status") or {}
-    verified = (fleet.conditions(cluster, namespace, POOL).get("RolloutVerified") or {}).get("status") == "True"
+    verified = (fleet.conditions_of(status).get("RolloutVerified") or {}).get("status") == "True"
     current = status.get("currentRevision")
     done = verified and current and current == status.get("updateRevision") != first and status.get("phase") == "Ready"
     return current if done else None

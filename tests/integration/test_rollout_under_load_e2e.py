@@ -42,7 +42,7 @@ LONG_TOKENS = 400  # about 4 s at the simulator's 10 ms per decode step
 
 def verified_revision(cluster: Cluster, namespace: str) -> str | None:
     status = fleet.pool(cluster, namespace, POOL).get("status") or {}
-    verified = fleet.conditions(cluster, namespace, POOL).get("RolloutVerified") or {}
+    verified = fleet.conditions_of(status).get("RolloutVerified") or {}
     done = verified.get("status") == "True" and status.get("currentRevision") == status.get("updateRevision")
     return status["currentRevision"] if done and status.get("phase") == "Ready" else None
 

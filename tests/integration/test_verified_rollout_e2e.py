@@ -36,7 +36,8 @@ def verified(cluster: Cluster, namespace: str) -> dict[str, Any]:
 def wait_verified(cluster: Cluster, namespace: str, *, revision_not: str | None = None) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         now = status(cluster, namespace)
-        ok = verified(cluster, namespace).get("status") == "True" and now.get("currentRevision") and \
+        ok = (fleet.conditions_of(now).get("RolloutVerified") or {}).get("status") == "True" and \
+            now.get("currentRevision") and \
             now.get("currentRevision") == now.get("updateRevision") != revision_not
         return now if ok else None
     return wait_for("the pool's rollout verified", done, timeout=180, interval=0.5)

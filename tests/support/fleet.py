@@ -60,7 +60,12 @@ def group_status(cluster: Cluster, namespace: str, name: str, group: str) -> dic
 
 
 def conditions(cluster: Cluster, namespace: str, name: str) -> dict[str, dict[str, Any]]:
-    status = pool(cluster, namespace, name).get("status") or {}
+    return conditions_of(pool(cluster, namespace, name).get("status") or {})
+
+
+def conditions_of(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The conditions of a status already read: a check that also reads the groups or revisions must take them
+    from the same read, or a newer condition could vouch for older groups."""
     return {c["type"]: c for c in status.get("conditions", [])}
 
 
