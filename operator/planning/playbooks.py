@@ -22,7 +22,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from pdfleet.operator.api.engine import Switch
 from pdfleet.operator.api.rollout import OverlapDesyncAction
@@ -64,16 +64,12 @@ def _meta(pool: Mapping[str, Any]) -> Mapping[str, Any]:
 
 def fired(pool: Mapping[str, Any]) -> OverlapDesyncRecord | None:
     """The playbook's record on the pool; None when it has not fired (or a person removed the record)."""
-    raw = (_meta(pool).get("annotations") or {}).get(OVERLAP_DESYNC)
-    try:
-        return OverlapDesyncRecord.model_validate_json(raw) if raw else None
-    except ValidationError:
-        return None
+    return spec_change.annotation_record(pool, OVERLAP_DESYNC, OverlapDesyncRecord)
 
 
 def armed(pool: Mapping[str, Any]) -> bool:
     """The annotation is absent: the playbook may fire. One this pdfleet cannot read still counts as fired."""
-    return OVERLAP_DESYNC not in (_meta(pool).get("annotations") or {})
+    return spec_change.annotation(pool, OVERLAP_DESYNC) is None
 
 
 def decide(pool: Mapping[str, Any], spec: InferencePoolSpec, groups: Sequence[GroupStatus],

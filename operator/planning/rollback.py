@@ -70,26 +70,14 @@ def shaping(spec: Mapping[str, Any]) -> Body:
     return json.loads(json.dumps(out))
 
 
-def _annotation(pool: Mapping[str, Any], key: str) -> str | None:
-    return ((pool.get("metadata") or {}).get("annotations") or {}).get(key)
-
-
 def recorded(pool: Mapping[str, Any]) -> VerifiedSpec | None:
     """The last verified spec, or None (never verified, or an annotation this pdfleet cannot read)."""
-    raw = _annotation(pool, VERIFIED_SPEC)
-    try:
-        return VerifiedSpec.model_validate_json(raw) if raw else None
-    except ValidationError:
-        return None
+    return spec_change.annotation_record(pool, VERIFIED_SPEC, VerifiedSpec)
 
 
 def latest_rollback(pool: Mapping[str, Any]) -> RolledBack | None:
     """The last rollback (or undo) recorded on the pool, however old."""
-    raw = _annotation(pool, ROLLED_BACK)
-    try:
-        return RolledBack.model_validate_json(raw) if raw else None
-    except ValidationError:
-        return None
+    return spec_change.annotation_record(pool, ROLLED_BACK, RolledBack)
 
 
 def rolled_back(pool: Mapping[str, Any]) -> RolledBack | None:

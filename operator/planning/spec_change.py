@@ -16,9 +16,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 Body = dict[str, Any]
+Record = TypeVar("Record", bound=BaseModel)
 Path = tuple[str, ...]  # a path from the object's root: ("spec", "engine", "overlapSchedule")
 
 
@@ -30,6 +33,19 @@ class _Remove:
 
 
 REMOVE: Any = _Remove()
+
+
+def annotation(pool: Mapping[str, Any], key: str) -> str | None:
+    return ((pool.get("metadata") or {}).get("annotations") or {}).get(key)
+
+
+def annotation_record(pool: Mapping[str, Any], key: str, model: type[Record]) -> Record | None:
+    """A JSON record the operator keeps in a pool annotation; None when absent or unreadable by this pdfleet."""
+    raw = annotation(pool, key)
+    try:
+        return model.model_validate_json(raw) if raw else None
+    except ValidationError:
+        return None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import ConditionStatus
 from pdfleet.operator.api.engine import Switch
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -20,7 +21,6 @@ from pdfleet.runtime.patches import catalogue
 
 PATCH = "dsml-batch-decode-guard"
 DSML_PARSERS = frozenset({"deepseekv32", "deepseekv4", "deepseekv41"})
-SWITCH_WORKS = catalogue.VersionRange(min="0.5.0", below="0.5.7")  # where --disable-tokenizer-batch-decode helps
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,7 +42,7 @@ def judge(spec: InferencePoolSpec) -> Integrity:
                          f"SGLang {version} detokenizes each request with its own options")
     if PATCH in spec.engine.patches:
         return Integrity(ConditionStatus.TRUE, "Patched", f"SGLang {version} with the {PATCH} patch")
-    if spec.engine.tokenizer_batch_decode is Switch.DISABLED and version in SWITCH_WORKS:
+    if spec.engine.tokenizer_batch_decode is Switch.DISABLED and version not in checks.BATCH_DECODE_SWITCH_INEFFECTIVE:
         return Integrity(ConditionStatus.TRUE, "BatchDecodeDisabled",
                          f"SGLang {version} with tokenizerBatchDecode: Disabled")
     return Integrity(ConditionStatus.FALSE, "BatchDecodeLeak",
