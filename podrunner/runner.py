@@ -26,6 +26,7 @@ Body = dict[str, Any]
 PART_OF = "app.kubernetes.io/part-of=pdfleet"
 NODE_LABEL = "pdfleet.dev/local-cluster=true"
 NODE_REFRESH_S = 5.0
+NODE_RELIST_S = 0.5  # the least time between two listings of the nodes for pods bound to a node not known
 TERMINAL = ("Failed", "Succeeded")
 
 
@@ -63,15 +64,18 @@ class Runner:
         # Whether the pods of a namespace get processes (`standin`), by namespace, and the pods that wait for
         # their namespace to be looked up (one lookup per namespace, however many pods arrive meanwhile).
         self.simulate: dict[str, bool] = {}
-        self._namespace_waiters: dict[str, list[Body]] = {}
+        self._namespace_waiters: dict[str, dict[str, Body]] = {}
+        # Pods bound to a node not known yet (the runner may start before the cluster's nodes are created), by
+        # uid: only the latest version of each, so an older body never overwrites a newer one once placed.
+        self._unplaced: dict[str, Body] = {}
+        self._placing: asyncio.Task[None] | None = None
+        self._place_again = False
         self.tasks: dict[str, asyncio.Task[None]] = {}
         self.synced = asyncio.Event()
         self._handled_terminal: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
 
-    async def refresh_nodes(self, force: bool = False) -> None:
-        if not force and time.monotonic() - self._nodes_listed < NODE_REFRESH_S:
-            return
+    async def refresh_nodes(self) -> None:
         self._nodes_listed = time.monotonic()
         listing = await self.node.client.list("/api/v1/nodes", {"labelSelector": NODE_LABEL})
         self.nodes = {n["metadata"]["name"] for n in listing["items"]}
@@ -87,10 +91,11 @@ class Runner:
         node_name = pod["spec"].get("nodeName")
         if not node_name:
             return  # not scheduled yet
-        if node_name not in self.nodes:
-            self._spawn(self._recheck_node(pod))
-            return
         uid = pod["metadata"]["uid"]
+        if node_name not in self.nodes:
+            self._unplaced[uid] = pod
+            self._place_later()
+            return
         worker = self.workers.get(uid)
         if worker is not None:
             worker.update(pod)
@@ -111,9 +116,8 @@ class Runner:
         log.info("pod accepted", extra={"fields": {"pod": worker.key, "uid": uid, "node": node_name}})
 
     def on_delete(self, pod: Body) -> None:
-        waiting = self._namespace_waiters.get(pod["metadata"]["namespace"])
-        if waiting:
-            waiting[:] = [p for p in waiting if p["metadata"]["uid"] != pod["metadata"]["uid"]]
+        self._namespace_waiters.get(pod["metadata"]["namespace"], {}).pop(pod["metadata"]["uid"], None)
+        self._unplaced.pop(pod["metadata"]["uid"], None)
         worker = self.workers.get(pod["metadata"]["uid"])
         if worker is not None:
             worker.gone()
@@ -125,20 +129,36 @@ class Runner:
         self.workers.pop(uid, None)
         self.tasks.pop(uid, None)
 
-    async def _recheck_node(self, pod: Body) -> None:
-        try:
-            await self.refresh_nodes()
-        except (ApiError, OSError) as e:
-            log.warning("listing nodes failed", extra={"fields": {"error": str(e)[:200]}})
+    def _place_later(self) -> None:
+        """Lists the nodes again (one listing at a time, another after it if pods arrived meanwhile), then
+        takes on the pods that were waiting for their node, each in its latest version."""
+        if self._placing is not None and not self._placing.done():
+            self._place_again = True
             return
-        if pod["spec"].get("nodeName") in self.nodes:
-            self.on_upsert(pod)
+        self._placing = asyncio.create_task(self._place_unplaced())
+
+    async def _place_unplaced(self) -> None:
+        self._place_again = True
+        while self._place_again and self._unplaced:
+            self._place_again = False
+            await asyncio.sleep(max(0.0, self._nodes_listed + NODE_RELIST_S - time.monotonic()))
+            try:
+                await self.refresh_nodes()
+            except (ApiError, OSError) as e:
+                log.warning("listing nodes failed; retrying", extra={"fields": {"error": str(e)[:200]}})
+                self._place_again = True
+                await asyncio.sleep(NODE_REFRESH_S)
+                continue
+            placed = [uid for uid, pod in self._unplaced.items() if pod["spec"].get("nodeName") in self.nodes]
+            for uid in placed:
+                self.on_upsert(self._unplaced.pop(uid))
 
     def _await_namespace(self, pod: Body) -> None:
         namespace = pod["metadata"]["namespace"]
-        waiting = self._namespace_waiters.setdefault(namespace, [])
-        waiting.append(pod)
-        if len(waiting) == 1:
+        waiting = self._namespace_waiters.setdefault(namespace, {})
+        first = not waiting
+        waiting[pod["metadata"]["uid"]] = pod  # the latest version of each pod, once
+        if first:
             self._spawn(self._look_up_namespace(namespace))
 
     async def _look_up_namespace(self, namespace: str) -> None:
@@ -153,7 +173,7 @@ class Runner:
                 log.warning("reading a namespace failed; retrying",
                             extra={"fields": {"namespace": namespace, "error": str(e)[:200]}})
                 await asyncio.sleep(NODE_REFRESH_S)
-        for pod in self._namespace_waiters.pop(namespace, []):
+        for pod in self._namespace_waiters.pop(namespace, {}).values():
             self.on_upsert(pod)
 
     async def _settle_without_process(self, pod: Body) -> None:
@@ -194,7 +214,7 @@ class Runner:
         return runner
 
     async def run(self) -> None:
-        await self.refresh_nodes(force=True)
+        await self.refresh_nodes()
         # Containers need the zygote: do not start pods before it has imported SGLang.
         await self.node.zygote.ready.wait()
         await informer(self.node.client, "/api/v1/pods", {"labelSelector": PART_OF}, on_upsert=self.on_upsert,
