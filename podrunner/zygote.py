@@ -8,7 +8,8 @@ parent (and child subreaper) of every container process, it reaps them all and r
     {"op": "spawn", "id": ..., "mode": "launch"|"exec", "argv": [...], "env": {...}, "cwd": ..., "log": ...}
         -> {"op": "spawned", "id": ..., "pid": N} or {"op": "spawn-failed", "id": ..., "error": ...}
     {"op": "signal", "pid": N, "signal": S}   (to the process group of a process it spawned)
-    -> {"op": "exit", "pid": N, "code": C|null, "signal": S|null}   (whenever a spawned process ends)
+    -> {"op": "exit", "pid": N, "code": C|null, "signal": S|null}   (once a spawned process and its whole
+                                                                     process group are gone)
     -> {"op": "ready", "imported": [...], "seconds": T}               (once, after the imports)
 """
 
@@ -118,10 +119,21 @@ def _child(request: dict[str, Any], control: list[int]) -> None:
             os._exit(code)  # never the zygote's own atexit handlers or buffers
 
 
+GROUP_GONE_WITHIN_S = 10.0  # after its leader's exit and a SIGKILL, a group left alive longer is reported gone
+POLL_ENDING_S = 0.05
+
+
 class Zygote:
+    """A container ends as a pid namespace does: when its first process exits, every other process of its
+    group is killed, and the exit is reported only once none is left. Until then they may still hold the
+    pod's ports, and a container started again at once (a restart, or a new pod on the same IP) would find
+    them taken."""
+
     def __init__(self) -> None:
         self.children: set[int] = set()
         self.groups: set[int] = set()  # process groups it made; signalled even after the leader is reaped
+        # Groups whose leader has exited: the leader's exit, kept until the rest of the group is gone.
+        self.ending: dict[int, tuple[int | None, int | None, float]] = {}
         self.out = os.fdopen(os.dup(1), "w")
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
@@ -162,6 +174,23 @@ class Zygote:
             self.children.discard(pid)
             code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else None
             sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
+            self.ending[pid] = (code, sig, time.monotonic())
+            self.signal(pid, signal.SIGKILL)
+
+    def report_ended(self) -> None:
+        """Reports the exit of every group whose last process is gone (reaped: a zombie still counts)."""
+        for pid, (code, sig, since) in list(self.ending.items()):
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                pass
+            else:
+                if time.monotonic() - since < GROUP_GONE_WITHIN_S:
+                    continue
+                print(f"pdfleet-sim zygote: process group {pid} outlived its leader by {GROUP_GONE_WITHIN_S:.0f} s "
+                      "and a SIGKILL; reporting the container's exit anyway", file=sys.stderr, flush=True)
+            del self.ending[pid]
+            self.groups.discard(pid)
             _send(self.out, {"op": "exit", "pid": pid, "code": code, "signal": sig})
 
     def handle(self, line: str) -> None:
@@ -178,7 +207,7 @@ class Zygote:
         buffer = b""
         stdin = sys.stdin.fileno()
         while True:
-            readable, _, _ = select.select([stdin, self.wake_r], [], [])
+            readable, _, _ = select.select([stdin, self.wake_r], [], [], POLL_ENDING_S if self.ending else None)
             if self.wake_r in readable:
                 while True:
                     try:
@@ -187,6 +216,7 @@ class Zygote:
                     except BlockingIOError:
                         break
             self.reap()
+            self.report_ended()
             if stdin in readable:
                 chunk = os.read(stdin, 65536)
                 if not chunk:

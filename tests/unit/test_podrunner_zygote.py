@@ -1,0 +1,81 @@
+"""A container ends as a pid namespace does: its exit is reported only once every process of its group is
+gone. Before, the exit of the first process was reported at once, and a container started again at once (a
+restart, or the next pod on the same loopback IP) found its ports still bound ("Address already in use")."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+SERVE = ("from pdfleet.podrunner import zygote; zygote._prctl(zygote.PR_SET_CHILD_SUBREAPER, 1); "
+         "zygote.Zygote().serve()")  # the zygote without its SGLang imports, which this test does not need
+
+
+def read_message(proc: subprocess.Popen[bytes], timeout: float = 20) -> dict[str, Any]:
+    assert proc.stdout is not None
+    ready, _, _ = select.select([proc.stdout], [], [], timeout)
+    assert ready, f"no message from the zygote within {timeout} s"
+    return json.loads(proc.stdout.readline())
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_an_exit_is_reported_only_once_the_containers_other_processes_are_gone(tmp_path: Path) -> None:
+    port = free_port()
+    # The container's first process starts a listener in the background (an engine's rank-health agent, say)
+    # and exits with 3; the listener would live on if nothing killed it.
+    listener = (f"import socket, time; s = socket.socket(); s.bind(('127.0.0.1', {port})); s.listen(); "
+                f"open('{tmp_path}/listening', 'w').write(str(__import__('os').getpid())); time.sleep(600)")
+    script = (f"{sys.executable} -c \"{listener}\" & "
+              f"while [ ! -s {tmp_path}/listening ]; do sleep 0.05; done; exit 3")
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert zygote.stdin is not None
+        request = {"op": "spawn", "id": 1, "mode": "exec", "argv": ["sh", "-c", script], "env": dict(os.environ),
+                   "cwd": str(tmp_path), "log": str(tmp_path / "log")}
+        zygote.stdin.write((json.dumps(request) + "\n").encode())
+        zygote.stdin.flush()
+        spawned = read_message(zygote)
+        assert spawned["op"] == "spawned", spawned
+        ended = read_message(zygote)
+        listener_pid = int((tmp_path / "listening").read_text())
+
+        assert ended == {"op": "exit", "pid": spawned["pid"], "code": 3, "signal": None}
+        try:
+            os.kill(listener_pid, 0)
+            alive = True
+        except ProcessLookupError:
+            alive = False
+        assert not alive, "the container's exit was reported while one of its processes still ran"
+        with socket.socket() as s:  # what a container started again at once does first
+            s.bind(("127.0.0.1", port))
+    finally:
+        zygote.kill()
+        zygote.wait()
+
+
+def test_a_container_whose_processes_all_end_is_reported_at_once(tmp_path: Path) -> None:
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE)
+    try:
+        assert zygote.stdin is not None
+        request = {"op": "spawn", "id": 7, "mode": "exec", "argv": ["sh", "-c", "exit 0"], "env": dict(os.environ),
+                   "cwd": str(tmp_path), "log": str(tmp_path / "log")}
+        zygote.stdin.write((json.dumps(request) + "\n").encode())
+        zygote.stdin.flush()
+        spawned = read_message(zygote)
+        assert read_message(zygote) == {"op": "exit", "pid": spawned["pid"], "code": 0, "signal": None}
+    finally:
+        zygote.kill()
+        _, err = zygote.communicate()
+    assert b"outlived" not in err  # reported because the group was gone, not because its deadline passed
