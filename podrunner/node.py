@@ -1,5 +1,5 @@
 """What every pod worker shares: the apiserver client, the zygote, the event recorder, the probe session,
-and where pods keep their state."""
+where pods keep their state, and which pod holds which IP and directory."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 
 import aiohttp
 
+from pdfleet.podrunner.claims import Claims
 from pdfleet.podrunner.events import Recorder
 from pdfleet.podrunner.kube import Client
 from pdfleet.podrunner.processes import Zygote
@@ -23,6 +24,7 @@ class Node:
     python: str
     cluster_dir: Path
     shutdown_grace_s: float
+    claims: Claims = dataclasses.field(default_factory=Claims)
 
     def pod_dir(self, namespace: str, name: str) -> Path:
         return self.cluster_dir / "pods" / namespace / name

@@ -85,18 +85,11 @@ class PodWorker:
                     return
                 await self._next_change()
             writer = asyncio.create_task(self._writer())
-            try:
-                await self._prepare()
-            except Refused as e:
-                self.refusal = str(e)
-                log.warning("pod refused", extra=self._fields(reason=self.refusal))
-                self.node.events.emit(self.pod, None, "Failed", f"Error: {self.refusal}", "Warning")
-            self.dirty.set()
-            running = [asyncio.create_task(c.run()) for c in self.containers]
-            while not (deleting(self.pod) or self.removed or self.shutdown):
-                await self._next_change()
-            await self._terminate()
-            await asyncio.gather(*running, return_exceptions=True)
+            claimed = (self.pod["status"]["podIP"], str(self.dir))
+            if held := self.node.claims.others(claimed, self.uid):
+                log.info("waiting for an earlier pod's processes to stop", extra=self._fields(held=held))
+            async with self.node.claims.held(claimed, self.uid):
+                await self._play()
             await self._flush()
             if not self.removed and not self.shutdown:
                 await self._delete_object()
@@ -106,6 +99,26 @@ class PodWorker:
             if writer:
                 writer.cancel()
             self._cleanup()
+
+    async def _play(self) -> None:
+        """Runs the pod's containers until the pod goes; returns once every process of the pod is gone."""
+        if self._ending():
+            return  # deleted while it waited for its IP: nothing to start
+        try:
+            await self._prepare()
+        except Refused as e:
+            self.refusal = str(e)
+            log.warning("pod refused", extra=self._fields(reason=self.refusal))
+            self.node.events.emit(self.pod, None, "Failed", f"Error: {self.refusal}", "Warning")
+        self.dirty.set()
+        running = [asyncio.create_task(c.run()) for c in self.containers] if not self._ending() else []
+        while not self._ending():
+            await self._next_change()
+        await self._terminate()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    def _ending(self) -> bool:
+        return deleting(self.pod) or self.removed or self.shutdown
 
     async def _prepare(self) -> None:
         for sub in ("shm", "podinfo", "tmp"):
