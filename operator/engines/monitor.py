@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -61,6 +62,8 @@ class HealthMonitor:
         self.after_poll = after_poll
         self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
         self._answered: dict[PoolKey, set[str]] = {}  # uids of pods whose agent has answered at least once
+        self._warned: dict[PoolKey, set[str]] = {}  # uids of pods whose address answered with other pods' ranks
+        self._foreign: dict[PoolKey, set[str]] = {}  # the same, in the last poll
         self._tasks: dict[PoolKey, asyncio.Task[None]] = {}
         self._wake: dict[PoolKey, asyncio.Event] = {}
 
@@ -90,10 +93,12 @@ class HealthMonitor:
         task = self._tasks.pop(key, None)
         if task is not None:
             task.cancel()
-        self._judged.pop(key, None)
-        self._answered.pop(key, None)
-        self._facts.pop(key, None)
-        self._infos.pop(key, None)
+        self._drop(key)
+
+    def _drop(self, key: PoolKey) -> None:
+        """Everything kept about the pool's groups and pods."""
+        for kept in (self._judged, self._answered, self._warned, self._foreign, self._facts, self._infos):
+            kept.pop(key, None)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -121,10 +126,7 @@ class HealthMonitor:
             if period is None:  # the pool is gone
                 self._tasks.pop(key, None)
                 self._wake.pop(key, None)
-                self._judged.pop(key, None)
-                self._answered.pop(key, None)
-                self._facts.pop(key, None)
-                self._infos.pop(key, None)
+                self._drop(key)
                 return
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(wake.wait(), timeout=max(0.0, started + period - time.monotonic()))
@@ -169,8 +171,10 @@ class HealthMonitor:
     async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec,
                             judged_pods: Mapping[str, list[Body]]) -> dict[str, EngineFacts]:
         """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
-        groups whose pods all run their role's update revision and are Ready."""
+        groups whose pods all run their role's update revision and are Ready, unless another pod's agent answered
+        at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`)."""
         infos = self._infos.setdefault(key, {})
+        foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
         for pods in judged_pods.values():
             role = _role(pods)
@@ -182,7 +186,7 @@ class HealthMonitor:
                 continue
             leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
                           None)
-            if leader is not None and leader["metadata"].get("uid") not in infos:
+            if leader is not None and leader["metadata"].get("uid") not in {*infos, *foreign}:
                 wanted.append((leader, spec.role(role).port))
         if wanted:
             if self._server_info is None:
@@ -202,6 +206,20 @@ class HealthMonitor:
             del infos[uid]
         return facts
 
+    def _own(self, key: PoolKey, pods: list[Body], answers: rank_health.Answers,
+             moment: datetime.datetime) -> rank_health.Answers:
+        own = rank_health.own_answers(pods, answers, now=moment)
+        for pod in _foreign(pods, answers, own):
+            uid = str(pod["metadata"].get("uid"))
+            self._foreign.setdefault(key, set()).add(uid)
+            warned = self._warned.setdefault(key, set())
+            if uid not in warned:  # once per pod: it lasts until the other pod's processes are gone
+                warned.add(uid)
+                log.warning("%s/%s: the agent at pod %s's address reports ranks older than the pod: not taken for "
+                            "its own (another pod's processes still hold its address?)", *key, pod["metadata"]["name"],
+                            extra={"namespace": key[0], "pool": key[1]})
+        return own
+
     async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
                      *, timeout: float) -> tuple[dict[str, GroupHealth], dict[str, list[Body]]]:
         previous = {g.name: g.verdict for g in status.parse_status(observed.pool.get("status")).groups} \
@@ -219,6 +237,8 @@ class HealthMonitor:
         # The pods again, as they are now that the agents answered: a pod deleted meanwhile (drained, replaced,
         # restarted) takes its ranks down, and their exits or silence are that stop, not a sickness.
         now = pods_by_group(self._cache.snapshot(key).of_kind("Pod"))
+        moment = datetime.datetime.now(datetime.UTC)  # after every answer came: see rank_health.own_answers
+        self._foreign[key] = set()
         results: dict[str, GroupHealth] = {}
         judged_pods: dict[str, list[Body]] = {}
         for (name, pods), answers in zip(groups, asked, strict=True):
@@ -229,6 +249,7 @@ class HealthMonitor:
                 pods, answers = now[name], {}
             elif rank_health.terminating(now[name]):
                 pods = now[name]
+            answers = self._own(key, pods, answers, moment)
             role_spec = spec.role(role)
             uids = _uids(rank_health.live_pods(pods))
             answered.update(p["metadata"].get("uid") for p in rank_health.live_pods(pods)
@@ -241,7 +262,13 @@ class HealthMonitor:
         # Forget pods that are gone, so the memory stays as small as the fleet.
         alive = {p["metadata"].get("uid") for _, pods in groups for p in pods}
         answered.intersection_update(alive)
+        self._warned.get(key, set()).intersection_update(alive)
         return results, judged_pods
+
+
+def _foreign(pods: list[Body], answers: rank_health.Answers, own: rank_health.Answers) -> list[Body]:
+    """The pods whose answer lost ranks to `own_answers`."""
+    return [p for p in pods if answers.get(p["metadata"]["name"]) is not own.get(p["metadata"]["name"])]
 
 
 def _uids(pods: list[Body]) -> set[str | None]:

@@ -12,18 +12,21 @@ Two choices that keep the status honest *and* quiet:
   does carry ages; `reconcile` keeps the first evidence of an episode, see `settled_message`.)
 - A group being stopped is never sick: one with a pod being deleted is Unknown ("Terminating"), whatever its
   agents answer, and one whose ranks exited cleanly is Stopped (docs/architecture.md, "Rank health").
+- An answer is about a pod only if its ranks are not older than the pod (`own_answers`): a process of another
+  pod that still holds the pod's address (its predecessor at that IP, stopping) must not speak for it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.status import Verdict
-from pdfleet.operator.planning.groups import pod_ready
+from pdfleet.operator.planning.groups import parse_time, pod_ready
 from pdfleet.operator.render import labels
 from pdfleet.runtime.health import phases, report, verdict
 
@@ -72,6 +75,11 @@ class GroupHealth:
 # The reports of one group's pods by pod name: a report, or None for a pod whose agent did not answer.
 Answers = Mapping[str, report.PodReport | None]
 
+# How much longer than its pod a rank may seem to have run before it is taken for another pod's: the clock skew
+# tolerated between the operator and the node that stamps containers' startedAt (whole seconds, rounded down,
+# which only makes a pod look older).
+STARTED_SLACK = datetime.timedelta(seconds=5)
+
 
 def policy(health: HealthSpec) -> verdict.HealthPolicy:
     return verdict.HealthPolicy.from_seconds(
@@ -95,6 +103,35 @@ def pollable(pods: Sequence[Body], *, nodes: int) -> bool:
     and a silent agent means nothing."""
     live = live_pods(pods)
     return len(live) == nodes and all(pod_ready(p) for p in live)
+
+
+def pod_started(pod: Body) -> datetime.datetime | None:
+    """When the first of the pod's running containers started (`state.running.startedAt`), None when none says."""
+    times = [t for c in (pod.get("status") or {}).get("containerStatuses") or []
+             if (t := parse_time(((c.get("state") or {}).get("running") or {}).get("startedAt"))) is not None]
+    return min(times) if times else None
+
+
+def own_answers(pods: Sequence[Body], answers: Answers, *,
+                now: datetime.datetime) -> dict[str, report.PodReport | None]:
+    """The answers without the ranks that started before their pod did (attached to their ledger longer before the
+    agent answered than the pod has run at `now`, a moment after the answers came): those were written by another
+    pod's processes answering at this pod's address, a predecessor at the same IP that is still stopping, and
+    judging the pod by them would take the predecessor's loop and health for its own. A report left without any
+    rank, that had some, is no answer from the pod at all. Ranks whose report gives no attach time are kept."""
+    started = {p["metadata"]["name"]: pod_started(p) for p in pods}
+    out: dict[str, report.PodReport | None] = {}
+    for name, answer in answers.items():
+        since = started.get(name)
+        if answer is None or since is None:
+            out[name] = answer
+            continue
+        ran_ns = (now - since + STARTED_SLACK).total_seconds() * 1e9
+        kept = tuple(e for e in answer.ranks if e.record.attached_ns <= 0 or answer.now_ns - e.record.attached_ns
+                     <= ran_ns)
+        out[name] = answer if len(kept) == len(answer.ranks) else \
+            dataclasses.replace(answer, ranks=kept) if kept else None
+    return out
 
 
 def pod_ranks(pod: Body, *, gpus_per_node: int) -> range:

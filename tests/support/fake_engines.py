@@ -92,6 +92,7 @@ class FakeAgent(_Server):
     def __init__(self, host: str, ranks: Sequence[report.RankEntry] = ()) -> None:
         super().__init__(host)
         self.ranks = list(ranks)
+        self.now_ns = 1  # the agent's monotonic clock as its answers carry it (ranks' attached_ns are on it)
         self.on_ask: Callable[[], None] | None = None  # runs as each /ranks is answered (the world moving on)
 
     def routes(self, app: web.Application) -> None:
@@ -100,7 +101,8 @@ class FakeAgent(_Server):
     async def _ranks(self, _: web.Request) -> web.Response:
         if self.on_ask is not None:
             self.on_ask()
-        body = report.to_json(report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=1, ranks=tuple(self.ranks)))
+        answer = report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=self.now_ns, ranks=tuple(self.ranks))
+        body = report.to_json(answer)
         return web.json_response(body)
 
 

@@ -4,6 +4,8 @@ pod (real HTTP on loopback, `tests.support.fake_engines.FakeEngine`), ties what 
 
 from __future__ import annotations
 
+import dataclasses
+import datetime
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -11,8 +13,8 @@ import pytest
 
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.planning import verification
-from pdfleet.runtime.health import phases
-from tests.support.fake_engines import FakeEngine, rank
+from pdfleet.runtime.health import phases, report
+from tests.support.fake_engines import FakeEngine, S, rank
 from tests.support.fake_fleet import DECODE, IPS, KEY, PODS, PREFILL, Fleet, fake_fleet
 
 CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
@@ -96,3 +98,39 @@ async def test_groups_not_at_the_update_revision_are_not_asked(fleet: Fleet, eng
     await fleet.monitor.poll(KEY)
     assert [server_info_requests(engines[g]) for g in (PREFILL, DECODE)] == [0, 0]
     assert fleet.monitor.facts(KEY)[DECODE].server_info == {}
+
+
+def started(fleet: Fleet, group: str, seconds_ago: float) -> None:
+    """Kubelet's word that the group's pod's container started `seconds_ago` (wall clock, whole seconds)."""
+    at = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=seconds_ago)
+    status = [{"name": "engine", "state": {"running": {"startedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
+    fleet.kube.update("Pod", KEY[0], PODS[group], lambda p: p["status"].update(containerStatuses=status))
+
+
+def attached(entry: report.RankEntry, at_ns: int) -> report.RankEntry:
+    return dataclasses.replace(entry, record=dataclasses.replace(entry.record, attached_ns=at_ns))
+
+
+async def test_a_predecessor_answering_at_a_new_pods_address_fails_no_gate_and_the_pods_own_engine_passes(
+        fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
+    # CI, test_rollout_under_load_e2e: the replacing decode pod's IP still belonged to its predecessor's stopping
+    # processes, whose agent and engine answered for it (the old loop, the old args) until the new pod's own
+    # launcher died on "Address already in use"; the gate failed at the new revision and held for good.
+    started(fleet, DECODE, seconds_ago=1)
+    agent = fleet.agents[DECODE]
+    agent.now_ns = 100 * S
+    old = phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE
+    agent.ranks = [attached(rank(n, loop=old), 40 * S) for n in range(2)]  # ranks 60 s old: not this pod's
+    engines[DECODE].args["disable_overlap_schedule"] = True
+    await fleet.monitor.poll(KEY)
+    await wired(fleet).reconcile(KEY)
+    assert gates(fleet, DECODE) == {"eventLoop": "Waiting", "serverArgs": "Waiting", **CANARY}
+    assert fleet.events("RolloutGateFailed") == []
+    assert server_info_requests(engines[DECODE]) == 0, "the predecessor's engine is not asked either"
+
+    # The predecessor is gone; the pod's own ranks (attached after it started) and engine answer.
+    agent.ranks = [attached(rank(n, loop=LOOPS[DECODE]), 99 * S) for n in range(2)]
+    engines[DECODE].args["disable_overlap_schedule"] = False
+    await fleet.monitor.poll(KEY)
+    await wired(fleet).reconcile(KEY)
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}

@@ -13,7 +13,7 @@ from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.plan import Plan
-from pdfleet.operator.planning.rank_health import GroupHealth, judge_group, settled_message
+from pdfleet.operator.planning.rank_health import GroupHealth, judge_group, own_answers, settled_message
 from pdfleet.operator.render import labels
 from pdfleet.runtime.health import phases, records, report
 from tests.support.pools import pool_body
@@ -114,6 +114,61 @@ def test_the_event_loop_is_reported_only_when_every_rank_runs_the_same_one() -> 
     assert same.loops == {"event_loop_normal_disagg_decode"}
     assert mixed.loops == {"event_loop_normal_disagg_decode", phases.LoopName.EVENT_LOOP_NORMAL.method}
     assert judge([pod()], {"g-0": answer(rank(0))}).loops == frozenset(), "not every rank reports: nothing said"
+
+
+def started_pod(seconds_ago: float) -> Body:
+    """A Ready pod whose engine container started `seconds_ago` before NOW, as kubelet stamps it (whole seconds)."""
+    at = NOW - datetime.timedelta(seconds=seconds_ago)
+    body = pod()
+    body["status"]["containerStatuses"] = [{"name": "engine", "state": {"running": {
+        "startedAt": at.strftime("%Y-%m-%dT%H:%M:%SZ")}}}]
+    return body
+
+
+def aged(entry: report.RankEntry, seconds: float) -> report.RankEntry:
+    """`entry` attached `seconds` before the agent answered (its answers say now_ns=100 s)."""
+    return dataclasses.replace(entry, record=dataclasses.replace(entry.record, attached_ns=round((100 - seconds) * S)))
+
+
+def at_100s(*entries: report.RankEntry) -> report.PodReport:
+    return report.PodReport(ledger="/dev/shm/pdfleet-ledger", now_ns=100 * S, ranks=entries)
+
+
+def test_ranks_older_than_their_pod_are_another_pods_and_never_judge_it() -> None:
+    # A predecessor still holding the pod's IP answers for it: ranks attached 25 s ago, the pod started 1 s ago.
+    # Its loop is not the pod's, so nothing of it may reach the verdict or the eventLoop gate.
+    old = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
+    stale = at_100s(aged(rank(0, loop=old), 25), aged(rank(1, loop=old), 25))
+    pods = [started_pod(1)]
+
+    own = own_answers(pods, {"g-0": stale}, now=NOW)
+
+    assert own == {"g-0": None}, "no rank left: no answer from the pod at all"
+    judged = judge(pods, own)
+    assert (judged.verdict, judged.event_loop, judged.answered) == (Verdict.UNKNOWN, None, False)
+
+
+def test_a_pods_own_ranks_are_kept_and_only_older_records_beside_them_dropped() -> None:
+    mine = at_100s(aged(rank(0), 0.5), aged(rank(1), 0.5))
+    beside = at_100s(aged(rank(0), 0.5), aged(rank(1), 0.5), dataclasses.replace(aged(rank(1), 30), alive=False))
+
+    assert own_answers([started_pod(1)], {"g-0": mine}, now=NOW) == {"g-0": mine}
+    assert own_answers([started_pod(1)], {"g-0": beside}, now=NOW) == {"g-0": mine}
+    # Within the clock-skew slack a rank may look a little older than its pod.
+    assert own_answers([started_pod(1)], {"g-0": at_100s(aged(rank(0), 4))}, now=NOW)["g-0"] is not None
+
+
+@pytest.mark.parametrize("why", ["no startedAt", "no attach time", "no answer"])
+def test_answers_that_cannot_be_dated_are_taken_as_they_are(why: str) -> None:
+    stale = at_100s(aged(rank(0), 25), aged(rank(1), 25))
+    pods, answer_ = [started_pod(1)], stale
+    if why == "no startedAt":
+        pods = [pod()]
+    elif why == "no attach time":  # an agent older than the attach stamp reports 0
+        answer_ = at_100s(rank(0), rank(1))
+    answers = {"g-0": None if why == "no answer" else answer_}
+
+    assert own_answers(pods, answers, now=NOW) == answers
 
 
 def test_a_held_desync_keeps_its_first_evidence_so_status_is_not_rewritten_every_poll() -> None:
