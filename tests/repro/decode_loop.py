@@ -56,13 +56,13 @@ def _apply_patches(patch_ids: tuple[str, ...]) -> list[str]:
 
 def _patched_targets() -> dict[str, str]:
     """Which of SGLang's functions this process runs patched, read back from SGLang itself."""
-    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeTransferQueue
     from sglang.srt.managers.scheduler import Scheduler
 
     found = {}
-    for owner in (Scheduler, DecodeTransferQueue):
+    for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue):
         for name in ("abort_request", "process_input_requests", "_poll_timeout_aborts", "pop_transferred",
-                     "_poll_with_metadata_gate"):
+                     "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters"):
             patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
             if patch_id:
                 found[f"{owner.__name__}.{name}"] = patch_id
@@ -74,24 +74,27 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
     from sglang.srt.managers.io_struct import AbortReq
 
     iteration = 0
-    receiver = stage.BroadcastReceiver(rank, group, rank_writer, inbox=lambda: list(sc.arrivals.get(iteration, [])))
+    receiver = stage.BroadcastReceiver(rank, group, rank_writer, inbox=lambda: _inbox(sc, iteration))
     scheduler, queue = stage.build(rank, group, receiver)
+    prealloc = scheduler.disagg_decode_prealloc_queue
     signals = sc.local_aborts.get(rank, {})
     running: dict[str, int] = {}  # rid -> forwards left
     events: dict[str, dict[str, int]] = {"dropped": {}, "transferred": {}, "finished": {}}
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
-        held = {d.req.rid for d in queue.queue}
+        held = {d.req.rid for d in [*queue.queue, *prealloc.queue]}
         scheduler.ingest_requests()  # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
             scheduler.abort_request(AbortReq(rid=signals[iteration]))
-        scheduler.process_decode_queue()  # SGLang: pop_transferred, guarded by `if not self.queue`
+        # This rank's own memory retracted a request, or resumed it (only this rank sees its allocators).
+        prealloc.retracted_queue = [f"retracted-on-{rank}"] if sc.holds_retracted(rank, iteration) else []
+        scheduler.process_decode_queue()  # SGLang: retraction gate, handshake poll, pop_transferred
         rank_writer.begin(phases.Phase.LOCAL)
         for req in scheduler.waiting_queue:
             running[req.rid] = sc.decode_steps
             events["transferred"][req.rid] = iteration
         scheduler.waiting_queue.clear()
-        now_held = {d.req.rid for d in queue.queue}
+        now_held = {d.req.rid for d in [*queue.queue, *prealloc.queue]}
         for rid in (held | set(sc_arrivals(sc, iteration))) - now_held - set(events["transferred"]):
             events["dropped"].setdefault(rid, iteration)
         if running:
@@ -110,7 +113,13 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
 
 
 def sc_arrivals(sc: scenario_mod.Scenario, iteration: int) -> list[str]:
-    return [rid for rid, _ in sc.arrivals.get(iteration, [])]
+    return [rid for rid, _ in [*sc.arrivals.get(iteration, []), *sc.handshakes.get(iteration, [])]]
+
+
+def _inbox(sc: scenario_mod.Scenario, iteration: int) -> list[tuple[Any, ...]]:
+    """What rank 0 broadcasts this iteration: transfers, then requests for the prealloc queue."""
+    handshakes = [(stage.HANDSHAKE, rid, polls) for rid, polls in sc.handshakes.get(iteration, [])]
+    return [*sc.arrivals.get(iteration, []), *handshakes]
 
 
 def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:

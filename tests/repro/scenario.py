@@ -33,7 +33,10 @@ LOCAL_ABORTS: dict[int, dict[int, str]] = local_aborts_for(4)
 @dataclasses.dataclass(frozen=True)
 class Scenario:
     """`arrivals`: iteration -> [(rid, polls until its KV lands)], broadcast by rank 0. `local_aborts`: rank ->
-    {iteration: rid}, an abort signal seen by that rank only. `patches`: catalogue ids applied in every rank."""
+    {iteration: rid}, an abort signal seen by that rank only. `patches`: catalogue ids applied in every rank.
+    `handshakes`: iteration -> [(rid, polls until its handshake completes)], broadcast by rank 0 into the
+    prealloc queue (then preallocated and transferred in one poll). `retracted`: rank -> [first, stop), the
+    iterations in which that rank alone holds a retracted request (its own memory decided so)."""
 
     port: int
     ledger: str
@@ -47,11 +50,13 @@ class Scenario:
     forward_s: float = 0.05  # how long one simulated forward takes
     idle_s: float = 0.05  # the idle pause of a rank without a batch
     gloo_timeout_s: float = 120.0  # long enough never to fire while a hang is being detected
+    handshakes: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
+    retracted: dict[int, list[int]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        outside = sorted(rank for rank in self.local_aborts if not 0 <= rank < self.world)
+        outside = sorted(rank for rank in {*self.local_aborts, *self.retracted} if not 0 <= rank < self.world)
         if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
-            raise ValueError(f"local aborts for ranks {outside} outside a group of {self.world}; "
+            raise ValueError(f"local events for ranks {outside} outside a group of {self.world}; "
                              f"use local_aborts_for({self.world})")
 
     def to_json(self) -> str:
@@ -61,10 +66,16 @@ class Scenario:
     def from_json(cls, text: str) -> Scenario:
         raw: dict[str, Any] = json.loads(text)
         raw["patches"] = tuple(raw["patches"])
-        raw["arrivals"] = {int(i): [(rid, int(n)) for rid, n in reqs] for i, reqs in raw["arrivals"].items()}
+        for field in ("arrivals", "handshakes"):
+            raw[field] = {int(i): [(rid, int(n)) for rid, n in reqs] for i, reqs in raw[field].items()}
+        raw["retracted"] = {int(r): [int(i) for i in window] for r, window in raw["retracted"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)
+
+    def holds_retracted(self, rank: int, iteration: int) -> bool:
+        first, stop = self.retracted.get(rank, (0, 0))
+        return first <= iteration < stop
 
     def result_path(self, rank: int) -> Path:
         return Path(self.workdir) / f"rank{rank}.json"

@@ -5,12 +5,16 @@ What is SGLang's own code here (0.5.23, unmodified unless a pdfleet patch is app
 `Scheduler.abort_request`, `SchedulerDisaggregationDecodeMixin.process_decode_queue`,
 `DecodeTransferQueue.pop_transferred` (with its `if not self.queue: return []` guard),
 `DecodeTransferQueue._poll_with_metadata_gate`, `poll_and_all_reduce`, `all_reduce_flags`, `broadcast_pyobj`,
-`prepare_abort`, `ReqToMetadataIdxAllocator`, `DecodeRequest`, `AbortReq`.
+`prepare_abort`, `ReqToMetadataIdxAllocator`, `DecodeRequest`, `AbortReq`, and the prealloc queue's handshake
+poll `DecodePreallocQueue._update_handshake_waiters` (with its `if not self.queue: return` guard).
 
 What is a stand-in, and why: the objects are made with `object.__new__` and given only the attributes these
 methods read, because their constructors allocate KV pools, ZMQ sockets and CUDA state. The prealloc queue is a
-stub that never hands over new transfers (arrivals go straight to the transfer queue, as if preallocation were
-instant); `_release_request` frees no KV (there is none on a CPU) and `_commit_transfer_to_req` reads no
+`DecodePreallocQueue` whose memory-bound steps are stand-ins: `pop_preallocated` runs SGLang's handshake poll
+and then admits every request whose handshake completed (no KV pools to budget; where a rank's memory would
+decide differently, the scenario injects it), and `resume_retracted_reqs` resumes nothing (the scenario says
+when a rank holds a retracted request). Arrivals go either straight to the transfer queue or, as handshakes,
+to the prealloc queue; `_release_request` frees no KV (there is none on a CPU) and `_commit_transfer_to_req` reads no
 metadata buffers (no prefill wrote any). The request and the KV receiver are small
 fakes with the fields SGLang reads. The receiver's `abort()` carries the injected fault: it releases the
 transfer on the spot, on the rank that aborted, instead of letting SGLang's MIN poll retire it on every rank.
@@ -27,6 +31,7 @@ from typing import Any
 from pdfleet.runtime.health import phases, writer
 
 _rooms = itertools.count(1000)
+HANDSHAKE = "handshake"  # first field of an arrival bound for the prealloc queue: (HANDSHAKE, rid, polls)
 
 
 def publish_context(world: int) -> None:
@@ -54,13 +59,17 @@ def set_rank(rank: int, world: int) -> None:
 
 
 class SlowReceiver:
-    """A KV receiver whose transfer lands after `polls_to_finish` polls (KVPoll values, as SGLang's are)."""
+    """A KV receiver whose transfer lands after `polls_to_finish` polls (KVPoll values, as SGLang's are). With
+    `handshake_polls`, it first answers Bootstrapping for that many polls, then WaitingForInput until it is
+    started (preallocated)."""
 
-    def __init__(self, polls_to_finish: int, on_abort: Callable[[SlowReceiver], None]) -> None:
+    def __init__(self, polls_to_finish: int, on_abort: Callable[[SlowReceiver], None],
+                 handshake_polls: int | None = None) -> None:
         from sglang.srt.disaggregation.base import KVPoll
 
         self._kvpoll = KVPoll
         self._left = polls_to_finish
+        self._handshake_left = handshake_polls
         self._on_abort = on_abort
         self.aborted = False
         self.abort_notified = False
@@ -69,6 +78,9 @@ class SlowReceiver:
     def poll(self) -> int:
         if self.aborted:
             return self._kvpoll.Failed
+        if self._handshake_left is not None:
+            self._handshake_left -= 1
+            return self._kvpoll.Bootstrapping if self._handshake_left > 0 else self._kvpoll.WaitingForInput
         self._left -= 1
         return self._kvpoll.Success if self._left <= 0 else self._kvpoll.Transferring
 
@@ -76,6 +88,10 @@ class SlowReceiver:
         if not self.aborted:
             self.aborted = True
             self._on_abort(self)
+
+    def start(self) -> None:
+        """Preallocated: the transfer begins."""
+        self._handshake_left = None
 
     def failure_exception(self) -> None:
         raise RuntimeError("transfer aborted")
@@ -110,17 +126,14 @@ def _commit(decode_req: Any) -> None:
 def build(rank: int, group: Any, receiver: Any) -> tuple[Any, Any]:
     """(scheduler, transfer queue) for one rank. `receiver` is what `Scheduler.ingest_requests` pulls from:
     an object with `recv_requests(local_reqs=...)`."""
-    from sglang.srt.disaggregation.decode import DecodeTransferQueue
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeTransferQueue
     from sglang.srt.disaggregation.utils import DisaggregationMode, ReqToMetadataIdxAllocator
     from sglang.srt.managers.io_struct import AbortReq
     from sglang.srt.managers.scheduler import Scheduler
 
     scheduler = object.__new__(Scheduler)
     queue = object.__new__(DecodeTransferQueue)
-    prealloc = SimpleNamespace(
-        queue=[], retracted_queue=[], resume_retracted_reqs=list, pop_preallocated=lambda: ([], []),
-        note_destinations_queued=_noop,
-    )
+    prealloc = object.__new__(DecodePreallocQueue)
     metrics = SimpleNamespace(enable_metrics=False, record_scheduler_active=_noop)
     vars(scheduler).update(
         request_receiver=receiver, _deferred_input_requests=[], metrics_reporter=metrics,
@@ -142,8 +155,30 @@ def build(rank: int, group: Any, receiver: Any) -> tuple[Any, Any]:
         enable_deferred_kv_release=False, deferred_kv_release_timeout=0.0, _deferred_releases=[],
         _release_request=_noop, _commit_transfer_to_req=_commit,
     )
-    scheduler.add_transfer = lambda item: _add_transfer(queue, *item)
+    vars(prealloc).update(
+        queue=[], retracted_queue=[], pp_size=1, gloo_group=group, tp_rank=rank, scheduler=scheduler,
+        resume_retracted_reqs=list, note_destinations_queued=_noop,
+        pop_preallocated=lambda: _pop_preallocated(prealloc, queue),
+    )
+    scheduler.add_transfer = lambda item: (
+        _add_handshake(prealloc, *item) if item[0] == HANDSHAKE else _add_transfer(queue, *item)
+    )
     return scheduler, queue
+
+
+def _pop_preallocated(prealloc: Any, transfer_queue: Any) -> tuple[list[Any], list[Any]]:
+    """`DecodePreallocQueue.pop_preallocated` without KV pools: SGLang's handshake poll, the removal of
+    requests it failed (SGLang's first pass), then every request waiting for input is preallocated."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    prealloc._update_handshake_waiters()  # SGLang's: `if not self.queue: return`, then poll_and_all_reduce
+    failed = [d for d in prealloc.queue if isinstance(d.req.finished_reason, FINISH_ABORT)]
+    ready = [d for d in prealloc.queue if d.waiting_for_input and d not in failed]
+    prealloc.queue = [d for d in prealloc.queue if d not in failed and d not in ready]
+    for decode_req in ready:
+        decode_req.metadata_buffer_index = transfer_queue.req_to_metadata_buffer_idx_allocator.alloc()
+        decode_req.kv_receiver.start()
+    return ready, failed
 
 
 def _add_transfer(queue: Any, rid: str, polls_to_finish: int) -> None:
@@ -161,6 +196,18 @@ def _add_transfer(queue: Any, rid: str, polls_to_finish: int) -> None:
     index = queue.req_to_metadata_buffer_idx_allocator.alloc()
     receiver = SlowReceiver(polls_to_finish, release_now)
     queue.add(DecodeRequest(req=new_request(rid), kv_receiver=receiver, metadata_buffer_index=index))
+
+
+def _add_handshake(prealloc: Any, _: str, rid: str, handshake_polls: int) -> None:
+    """A request arrives in the prealloc queue (on every rank: it came in the broadcast); its KV lands one
+    poll after it is preallocated. A local abort releases it from this rank's prealloc queue at once."""
+    from sglang.srt.disaggregation.decode import DecodeRequest
+
+    def release_now(receiver: SlowReceiver) -> None:
+        prealloc.queue = [d for d in prealloc.queue if d.kv_receiver is not receiver]
+
+    receiver = SlowReceiver(1, release_now, handshake_polls=handshake_polls)
+    prealloc.queue.append(DecodeRequest(req=new_request(rid), kv_receiver=receiver))
 
 
 class BroadcastReceiver:

@@ -17,6 +17,7 @@ import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -65,9 +66,10 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
     """Starts reproduction runs; every process they started is killed at the end, whatever happened."""
     started: list[subprocess.Popen[bytes]] = []
 
-    def run(patches: tuple[str, ...], world: int = 4) -> tuple[Scenario, subprocess.Popen[bytes]]:
+    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, subprocess.Popen[bytes]]:
+        story.setdefault("local_aborts", local_aborts_for(world))
         sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
-                      patches=patches, world=world, local_aborts=local_aborts_for(world))
+                      patches=patches, world=world, **story)
         started.append(group.start(sc))
         return sc, started[-1]
 
@@ -114,7 +116,8 @@ def _run_and_judge(launch: Launch, world: int, patches: tuple[str, ...], expect:
         _assert_every_rank_completes_and_drops_together(sc, proc, expect)
 
 
-def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
+def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes], early: int | None = None) -> None:
+    """`early`: the rank that skipped the KV poll and waits in the next broadcast (the default story's)."""
     samples = group.watch(sc.ledger, sc.world, POLICY, period_s=PERIOD_S, deadline_s=30.0,
                           until=lambda v: v.health not in (verdict.Health.HEALTHY, verdict.Health.STARTING))
     last = samples[-1]
@@ -123,7 +126,7 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
 
     ranks = {v.rank: v for v in last.verdict.ranks}
     assert sorted(ranks) == list(range(sc.world))
-    early = early_rank(sc.world)
+    early = early_rank(sc.world) if early is None else early
     peers = [r for r in range(sc.world) if r != early]
     assert {v.loop for v in ranks.values()} == {phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
     assert ranks[early].phase is phases.Phase.RECV_BROADCAST
@@ -143,9 +146,7 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
     assert DESYNC_AFTER_S < latency_s <= DESYNC_AFTER_S + PERIOD_S + JITTER_S
 
 
-def _assert_every_rank_completes_and_drops_together(
-    sc: Scenario, proc: subprocess.Popen[bytes], expect: Expect
-) -> None:
+def _assert_every_rank_completes_healthy(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
     def finished(v: verdict.Verdict) -> bool:
         return any(r.iteration >= sc.iterations or r.phase is phases.Phase.EXITED for r in v.ranks)
 
@@ -156,6 +157,12 @@ def _assert_every_rank_completes_and_drops_together(
     assert len(judged) >= 3, "the run was too short to be watched"
     assert {v.health for v in judged} == {verdict.Health.HEALTHY}, [v.reason for v in judged]
 
+
+def _assert_every_rank_completes_and_drops_together(
+    sc: Scenario, proc: subprocess.Popen[bytes], expect: Expect
+) -> None:
+    _assert_every_rank_completes_healthy(sc, proc)
+    _assert_every_rank_completes_healthy(sc, proc)
     results = [json.loads(sc.result_path(rank).read_text()) for rank in range(sc.world)]
     for result in results:
         assert result["iterations"] == sc.iterations
@@ -172,3 +179,62 @@ def test_a_story_naming_ranks_outside_the_group_is_refused(tmp_path: Path) -> No
     assert early_rank(2) == 1 and early_rank(3) == 2 and early_rank(8) == 2
     with pytest.raises(ValueError, match="at least 2 ranks"):
         early_rank(1)
+
+
+# --- The decode loop's other rank-local gates in front of a KV poll (docs/desync-audit.md) ----------------
+# Retraction: `process_decode_queue` returns early while the prealloc queue's retracted queue is non-empty, a
+# condition each rank's own allocators decide. The last rank alone holds a retracted request in iterations
+# 3-5, while `req-x` is in flight on every rank: unpatched, it skips the transfer poll its peers enter.
+RETRACTION = {"local_aborts": {}, "retracted": {}}
+# Handshake: `_update_handshake_waiters` returns at once on an empty prealloc queue. `req-p` waits in every
+# rank's prealloc queue (its handshake never completes); the last rank alone releases it at iteration 3 (a
+# local abort), so its prealloc queue is empty: unpatched, it skips the handshake poll its peers enter.
+HANDSHAKE = {"arrivals": {}, "handshakes": {0: [("req-p", 10_000)]}}
+
+
+def _retraction(world: int) -> dict[str, Any]:
+    return {**RETRACTION, "retracted": {world - 1: [3, 6]}}
+
+
+def _handshake(world: int) -> dict[str, Any]:
+    return {**HANDSHAKE, "local_aborts": {world - 1: {3: "req-p"}}}
+
+
+GATES = {
+    "retraction-world3-unpatched": (3, _retraction, (), None),
+    # Every rank skips the polls while any rank holds a retracted request, then all resume together.
+    "retraction-world3-kv-poll-lockstep": (3, _retraction, (LOCKSTEP,),
+                                           {"dropped": {}, "transferred": {"req-y": 1}, "finished": {"req-y": 4}}),
+    "retraction-world2-unpatched": (2, _retraction, (), None),
+    "retraction-world2-kv-poll-lockstep": (2, _retraction, (LOCKSTEP,),
+                                           {"dropped": {}, "transferred": {"req-y": 1}, "finished": {"req-y": 4}}),
+    "handshake-world2-unpatched": (2, _handshake, (), None),
+    # The exchange shows the holders that the last rank no longer holds `req-p`: it fails its handshake there,
+    # and every rank has dropped it in the same iteration.
+    "handshake-world2-kv-poll-lockstep": (2, _handshake, (LOCKSTEP,),
+                                          {"dropped": {"req-p": 3}, "transferred": {}, "finished": {}}),
+    "handshake-world3-unpatched": (3, _handshake, (), None),
+    "handshake-world3-kv-poll-lockstep": (3, _handshake, (LOCKSTEP,),
+                                          {"dropped": {"req-p": 3}, "transferred": {}, "finished": {}}),
+}
+
+
+@pytest.mark.parametrize(("world", "story", "patches", "events"), list(GATES.values()), ids=list(GATES))
+def test_a_rank_local_gate_in_front_of_a_decode_poll_desyncs_unless_kv_poll_lockstep_agrees_it(
+    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...],
+    events: dict[str, dict[str, int]] | None,
+) -> None:
+    sc, proc = launch(patches, world, **story(world))
+    if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
+        pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
+    if events is None:
+        _assert_desync_is_detected_in_time(sc, proc, early=world - 1)
+        return
+    _assert_every_rank_completes_healthy(sc, proc)
+    for rank in range(sc.world):
+        result = json.loads(sc.result_path(rank).read_text())
+        assert result["iterations"] == sc.iterations
+        assert result["applied"] == [LOCKSTEP]
+        assert set(result["patched"]) >= {"Scheduler.process_decode_queue",
+                                          "DecodePreallocQueue._update_handshake_waiters"}
+        assert {key: result[key] for key in events} == events, f"rank {rank}"

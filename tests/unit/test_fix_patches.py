@@ -15,6 +15,7 @@ from pdfleet.runtime.patches import base, catalogue, registry, targets
 from pdfleet.runtime.patches.impl import abort_consensus, kv_poll_lockstep
 from pdfleet.runtime.patches.impl.abort_consensus import Route
 from pdfleet.runtime.patches.impl.kv_poll_lockstep import ROUND, Agreement, agree
+from pdfleet.runtime.patches.impl.prealloc_lockstep import handshake_states
 
 VERSION = "0.5.23"
 IDS = (kv_poll_lockstep.PATCH_ID, abort_consensus.PATCH_ID)
@@ -170,7 +171,9 @@ def test_a_transfer_some_rank_no_longer_holds_is_aborted_and_released_here() -> 
 def test_the_poll_step_returns_the_agreed_states_instead_of_reducing_again() -> None:
     calls: list[str] = []
     originals = {kv_poll_lockstep.POP_TRANSFERRED: lambda self, r=None: calls.append("pop"),
-                 kv_poll_lockstep.POLL_WITH_METADATA_GATE: lambda self: calls.append("reduce") or [F, F]}
+                 kv_poll_lockstep.POLL_WITH_METADATA_GATE: lambda self: calls.append("reduce") or [F, F],
+                 kv_poll_lockstep.PROCESS_DECODE_QUEUE: lambda self: None,
+                 kv_poll_lockstep.UPDATE_HANDSHAKE_WAITERS: lambda self, *a: None}
     replaced = kv_poll_lockstep.replacements(originals)[kv_poll_lockstep.POLL_WITH_METADATA_GATE]
     queue = _queue(["a", "b"])
     setattr(queue, kv_poll_lockstep._AGREED, {kv_poll_lockstep.request_key("a"): S,
@@ -228,3 +231,20 @@ def test_a_local_abort_rides_the_lead_ranks_next_broadcast_and_is_applied_there_
     assert new[abort_consensus.POLL_TIMEOUT_ABORTS](scheduler) == ["timeout"], "sent once"
     new[abort_consensus.PROCESS_INPUT_REQUESTS](scheduler, ["local"])  # every rank receives rank 0's broadcast
     assert applied == ["local"]
+
+
+# --- kv-poll-lockstep: the prealloc handshake's agreement -------------------------------------------------
+
+
+def test_a_handshake_held_by_every_rank_gets_the_smallest_state_and_one_missing_anywhere_fails() -> None:
+    failed, bootstrapping, waiting = 0, 1, 2
+    per_rank = [[(1, waiting), (2, waiting)], [(1, bootstrapping)], [(2, waiting), (1, waiting)]]
+    assert handshake_states(per_rank, failed=failed) == {1: bootstrapping, 2: failed}
+    assert handshake_states([[], []], failed=failed) == {}
+    assert handshake_states([], failed=failed) == {}
+
+
+def test_kv_poll_lockstep_declares_every_target_it_replaces_with_a_fingerprint() -> None:
+    entry = catalogue.BY_ID[kv_poll_lockstep.PATCH_ID]
+    assert set(entry.targets) == set(kv_poll_lockstep.TARGETS)
+    assert set(kv_poll_lockstep.FINGERPRINTS["0.5.23"]) == set(kv_poll_lockstep.TARGETS)

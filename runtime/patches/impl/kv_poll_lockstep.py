@@ -23,9 +23,10 @@ What this patch does instead, on every call and on every rank whatever its queue
 The exchange is marked as the rank's KV-poll collective in the rank-health ledger (`instrument.seams`).
 
 Keys are a 63-bit hash of the request id (ids are strings; every rank received the same id in the same
-broadcast). Not covered here (see the catalogue entry): the prealloc queue's handshake poll
-(`DecodePreallocQueue._update_handshake_waiters`), the prefill side, and the PP path (`rids_to_check`), which
-follows the previous stage's consensus and is passed through unchanged. With SGLang's staging buffer the
+broadcast). The same patch also agrees the decode loop's retraction gate and runs the prealloc queue's
+handshake poll as a lockstep exchange (`prealloc_lockstep`), so no decode KV poll is skipped by one rank. Not
+covered here (see the catalogue entry): the prefill side, and the PP path (`rids_to_check`), which follows
+the previous stage's consensus and is passed through unchanged. With SGLang's staging buffer the
 original staging poll still runs after the exchange, on queues that now agree.
 """
 
@@ -46,12 +47,16 @@ logger = logging.getLogger(__name__)
 PATCH_ID = "kv-poll-lockstep"
 POP_TRANSFERRED = "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred"
 POLL_WITH_METADATA_GATE = "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate"
-TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE)
+PROCESS_DECODE_QUEUE = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue"
+UPDATE_HANDSHAKE_WAITERS = "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters"
+TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE, PROCESS_DECODE_QUEUE, UPDATE_HANDSHAKE_WAITERS)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
         POP_TRANSFERRED: "48b558ef62c0e97d",
         POLL_WITH_METADATA_GATE: "4976472dc53c84ea",
+        PROCESS_DECODE_QUEUE: "18ed61a5b9ab4162",
+        UPDATE_HANDSHAKE_WAITERS: "48508b8bf97ac7db",
     },
 }
 
@@ -212,7 +217,10 @@ def _reconcile(queue: Any, keys: list[int], agreement: Agreement, sg: _SGLang) -
 
 
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
-    """The lockstep `pop_transferred` and the poll step that returns its agreed states."""
+    """The lockstep `pop_transferred` and the poll step that returns its agreed states; with them, the agreed
+    retraction gate and the lockstep handshake poll (`prealloc_lockstep`)."""
+    from pdfleet.runtime.patches.impl import prealloc_lockstep
+
     sg = _bind_sglang()
     original_pop = originals[POP_TRANSFERRED]
     original_poll = originals[POLL_WITH_METADATA_GATE]
@@ -242,4 +250,5 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
             return original_poll(self)
         return states
 
-    return {POP_TRANSFERRED: pop_transferred, POLL_WITH_METADATA_GATE: _poll_with_metadata_gate}
+    return {POP_TRANSFERRED: pop_transferred, POLL_WITH_METADATA_GATE: _poll_with_metadata_gate,
+            **prealloc_lockstep.replacements(originals)}
