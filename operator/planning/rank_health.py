@@ -114,14 +114,21 @@ def pod_started(pod: Body) -> datetime.datetime | None:
 
 def own_answers(pods: Sequence[Body], answers: Answers, *,
                 now: datetime.datetime) -> dict[str, report.PodReport | None]:
-    """The answers without the ranks that started before their pod did (attached to their ledger longer before the
-    agent answered than the pod has run at `now`, a moment after the answers came): those were written by another
-    pod's processes answering at this pod's address, a predecessor at the same IP that is still stopping, and
-    judging the pod by them would take the predecessor's loop and health for its own. A report left without any
-    rank, that had some, is no answer from the pod at all. Ranks whose report gives no attach time are kept."""
+    """The answers that are about their pods. Another pod's processes may answer at a pod's address (a
+    predecessor at the same IP that is still stopping), and judging the pod by them would take the
+    predecessor's loop and health for its own. An answer that names its pod (`PodReport.pod_uid`) is the pod's
+    exactly when the uid is the pod's, and no answer at all otherwise. An answer from an agent that names no pod
+    (an older runtime) loses the ranks that started before their pod did (attached to their ledger longer before
+    the agent answered than the pod has run at `now`, a moment after the answers came, give or take the clock
+    skew between operator and node); a report left without any rank, that had some, is no answer. Ranks whose
+    report gives no attach time are kept."""
     started = {p["metadata"]["name"]: pod_started(p) for p in pods}
+    uids = {p["metadata"]["name"]: p["metadata"].get("uid") for p in pods}
     out: dict[str, report.PodReport | None] = {}
     for name, answer in answers.items():
+        if answer is not None and answer.pod_uid is not None:
+            out[name] = answer if answer.pod_uid == uids.get(name) else None
+            continue
         since = started.get(name)
         if answer is None or since is None:
             out[name] = answer

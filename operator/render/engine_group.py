@@ -164,6 +164,9 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
                 {"name": "PDFLEET_POOL", "value": ctx.pool},
                 {"name": "PDFLEET_GROUP", "value": group_name},
                 {"name": "PDFLEET_NODE_RANK", "value": str(node_rank)},
+                # The agent names its pod in every answer, so the operator never takes another pod's
+                # processes at this pod's address for this pod's (see rank_health.own_answers).
+                {"name": agent.POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                 *({"name": e.name, "value": e.value} for e in spec.engine.env),
             ],
             "ports": ports,

@@ -28,13 +28,16 @@ log = logging.getLogger(__name__)
 PORT_ENV = "PDFLEET_AGENT_PORT"
 DEFAULT_PORT = 8470  # the one place the agent port is set; the operator renders pods with it
 MAX_STACK_TIMEOUT_S = 30.0
+POD_UID_ENV = "PDFLEET_POD_UID"  # the pod's uid, from the downward API: named in every /ranks answer
 
 
 class Agent:
     """Serves one ledger over HTTP from a daemon thread. `start()` binds (port 0: an ephemeral port)."""
 
-    def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT) -> None:
+    def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
+                 pod_uid: str | None = None) -> None:
         self.ledger_path = Path(ledger_path)
+        self.pod_uid = pod_uid or os.environ.get(POD_UID_ENV) or None
         self._bind = (host, port)
         self._ledger: ledger.Ledger | None = None
         self._open_lock = threading.Lock()
@@ -76,7 +79,8 @@ class Agent:
         """The pod's ranks now. Before any rank created the ledger, a report with no ranks."""
         led = self._open()
         recs = led.read_all() if led is not None else []
-        return report.build(recs, now_ns=time.monotonic_ns(), ledger=str(self.ledger_path), alive=_alive)
+        return report.build(recs, now_ns=time.monotonic_ns(), ledger=str(self.ledger_path), alive=_alive,
+                            pod_uid=self.pod_uid)
 
     def stacks(self, *, timeout_s: float) -> dict[str, Any]:
         """Stacks of every live rank that advertised a stack signal; the others are listed with why not."""

@@ -3,7 +3,7 @@
 The JSON is the contract between an engine image and the operator, which are upgraded separately: names
 (not numbers) for phases and loops, unknown names decode to UNKNOWN, unknown keys are ignored.
 
-    {"version": 1, "ledger": "/dev/shm/pdfleet-ledger", "now_ns": 8123456789,
+    {"version": 1, "ledger": "/dev/shm/pdfleet-ledger", "now_ns": 8123456789, "pod_uid": "6f1c…",
      "ranks": [{"slot": 0, "rank": 0, "pid": 4242, "alive": true, "consistent": true,
                 "loop": "event_loop_overlap_disagg_decode", "phase": "kv_poll_all_reduce",
                 "phase_since_ns": 8100000000, "phase_age_ns": 23456789, "iteration": 1041,
@@ -12,6 +12,9 @@ The JSON is the contract between an engine image and the operator, which are upg
 `now_ns` and the `*_ns` stamps are on the pod's monotonic clock; `phase_age_ns` is the only one that
 means anything off the pod. A rank that left its loop cleanly reads `"phase": "exited"`, with
 `phase_since_ns` the moment it did (engines of every version write it, so no report version change).
+`pod_uid` is the uid of the pod the agent runs in (`PDFLEET_POD_UID`, from the downward API), absent when the
+agent does not know it: an answer is about a pod only if it names that pod, so a process of another pod that
+still holds the address (a predecessor at the same IP, stopping) never speaks for it.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ class PodReport:
     ledger: str
     now_ns: int
     ranks: tuple[RankEntry, ...]
+    pod_uid: str | None = None  # the pod the agent runs in, when it knows
 
 
 def build(
@@ -49,19 +53,23 @@ def build(
     now_ns: int,
     ledger: str,
     alive: Callable[[records.RankRecord], bool],
+    pod_uid: str | None = None,
 ) -> PodReport:
     """The report for records read at `now_ns` (this host's monotonic clock)."""
     entries = tuple(RankEntry(r, alive(r), r.phase_age_ns(now_ns)) for r in recs)
-    return PodReport(ledger=ledger, now_ns=now_ns, ranks=entries)
+    return PodReport(ledger=ledger, now_ns=now_ns, ranks=entries, pod_uid=pod_uid)
 
 
 def to_json(report: PodReport) -> dict[str, Any]:
-    return {
+    out: dict[str, Any] = {
         "version": VERSION,
         "ledger": report.ledger,
         "now_ns": report.now_ns,
         "ranks": [_entry_json(e) for e in report.ranks],
     }
+    if report.pod_uid:
+        out["pod_uid"] = report.pod_uid
+    return out
 
 
 def _entry_json(entry: RankEntry) -> dict[str, Any]:
@@ -88,7 +96,9 @@ def from_json(data: Mapping[str, Any]) -> PodReport:
     """Parse an agent's answer. Raises ValueError when it is not one (missing or mistyped fields)."""
     try:
         entries = tuple(_entry_from_json(item) for item in data["ranks"])
-        return PodReport(ledger=str(data["ledger"]), now_ns=int(data["now_ns"]), ranks=entries)
+        uid = data.get("pod_uid")
+        return PodReport(ledger=str(data["ledger"]), now_ns=int(data["now_ns"]), ranks=entries,
+                         pod_uid=str(uid) if uid else None)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"not an agent report: {e!r}") from e
 

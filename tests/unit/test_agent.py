@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from pdfleet.runtime.health import report, verdict
+from pdfleet.runtime.health import agent, report, verdict
 
 _RANK = """
 import sys
@@ -221,3 +221,15 @@ def test_report_views_mark_missing_and_unreachable_ranks() -> None:
     views = report.rank_views([empty], expected=[0, 1, 2], unreachable=[2])
 
     assert [v.status for v in views] == ["absent", "absent", "unreachable"]
+
+
+def test_the_agent_names_the_pod_it_runs_in_from_the_downward_api(ledger_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(agent.POD_UID_ENV, "6f1c2d3e-pod")
+    with agent.Agent(ledger_path, host="127.0.0.1", port=0) as a, \
+            httpx.Client(base_url=f"http://127.0.0.1:{a.port}") as client:
+        assert _ranks(client)["pod_uid"] == "6f1c2d3e-pod"
+    monkeypatch.delenv(agent.POD_UID_ENV)
+    with agent.Agent(ledger_path, host="127.0.0.1", port=0) as a, \
+            httpx.Client(base_url=f"http://127.0.0.1:{a.port}") as client:
+        assert "pod_uid" not in _ranks(client)

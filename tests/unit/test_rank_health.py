@@ -158,6 +158,29 @@ def test_a_pods_own_ranks_are_kept_and_only_older_records_beside_them_dropped() 
     assert own_answers([started_pod(1)], {"g-0": at_100s(aged(rank(0), 4))}, now=NOW)["g-0"] is not None
 
 
+def test_an_answer_that_names_its_pod_is_the_pods_exactly_when_the_uid_is() -> None:
+    # A predecessor's agent at the pod's address names the predecessor: never the pod's, however fresh its
+    # ranks look (no clock is read, so no skew between operator and node can mislead it).
+    pods = [started_pod(1)]
+    uid = pods[0]["metadata"]["uid"]
+    fresh = at_100s(aged(rank(0), 0.5), aged(rank(1), 0.5))
+    predecessor = dataclasses.replace(fresh, pod_uid="uid-of-the-predecessor")
+    own = dataclasses.replace(fresh, pod_uid=uid)
+
+    assert own_answers(pods, {"g-0": predecessor}, now=NOW) == {"g-0": None}
+    assert own_answers(pods, {"g-0": own}, now=NOW) == {"g-0": own}
+    # Its own ranks are kept even when the node's clock runs far ahead of the operator's (startedAt "later").
+    skewed = own_answers(pods, {"g-0": dataclasses.replace(at_100s(aged(rank(0), 60)), pod_uid=uid)}, now=NOW)
+    assert skewed["g-0"] is not None and len(skewed["g-0"].ranks) == 1
+
+
+def test_the_pod_uid_survives_the_json_contract_and_older_answers_lack_it() -> None:
+    named = dataclasses.replace(at_100s(aged(rank(0), 1)), pod_uid="u-1")
+    assert report.from_json(report.to_json(named)).pod_uid == "u-1"
+    assert "pod_uid" not in report.to_json(at_100s(aged(rank(0), 1)))
+    assert report.from_json(report.to_json(at_100s(aged(rank(0), 1)))).pod_uid is None
+
+
 @pytest.mark.parametrize("why", ["no startedAt", "no attach time", "no answer"])
 def test_answers_that_cannot_be_dated_are_taken_as_they_are(why: str) -> None:
     stale = at_100s(aged(rank(0), 25), aged(rank(1), 25))
