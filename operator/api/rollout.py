@@ -43,6 +43,14 @@ class VerificationSpec(ApiModel):
         default=True, description="The group's leader engine's /server_info shows the operator-owned flags the "
                                   "operator rendered for it (not every default).",
     )
+    tool_call_canary: bool = Field(
+        default=False, description="Each new decode group's leader engine answers a few tool-calling chat "
+                                   "requests (interleaved with plain ones, streamed and not), paired with a Ready "
+                                   "prefill engine as the router pairs them, with structured tool_calls and no "
+                                   "DSML markup in content. Off by default: it sends real requests into the new "
+                                   "engines. Needs model.toolCallParser. Prefill groups list it as Skipped (the "
+                                   "answer a client reads, and any leak, comes from the decode engine).",
+    )
     timeout: Duration = Field(
         default="15m", description="How long a group may take to pass its gates, from when all its pods are "
                                    "Ready; past it the rollout fails with GateTimedOut.",

@@ -38,10 +38,22 @@ _ONE_PORT_FOR_THE_ROUTER = Rule(
 )
 
 
+_CANARY_NEEDS_A_PARSER = Rule(
+    cel="!has(self.rollout) || !has(self.rollout.verification) || "
+        "!has(self.rollout.verification.toolCallCanary) || !self.rollout.verification.toolCallCanary || "
+        "has(self.model.toolCallParser)",
+    holds=lambda s: not s.rollout.verification.tool_call_canary or s.model.tool_call_parser is not None,
+    message="rollout.verification.toolCallCanary needs model.toolCallParser: without a tool-call parser the "
+            "engines answer tool calls as text, and the canary would fail every group",
+    field=".rollout.verification.toolCallCanary",
+)
+
+
 class InferencePoolSpec(ApiModel):
     """The desired state of a prefill/decode disaggregated SGLang pool."""
 
-    RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE), _ONE_PORT_FOR_THE_ROUTER)
+    RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE), _ONE_PORT_FOR_THE_ROUTER,
+             _CANARY_NEEDS_A_PARSER)
 
     model: ModelSpec = Field(description="The served model and its chat format.")
     engine: EngineSpec = Field(description="The SGLang engine every group runs: image, version, patches, args.")

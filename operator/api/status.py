@@ -75,8 +75,9 @@ class GateState(enum.StrEnum):
     FAILED = "Failed"  # the engines showed something else than expected: the rollout stops
     TIMED_OUT = "TimedOut"  # rollout.verification.timeout passed before the gate could pass
     WAITING = "Waiting"  # nothing to judge yet (an agent or /server_info has not answered)
-    SKIPPED = "Skipped"  # switched off in spec.rollout.verification: not judged, not passed
-    NOT_AVAILABLE = "NotAvailable"  # not in this version of pdfleet: reported so, never judged, never holds
+    SKIPPED = "Skipped"  # switched off in spec.rollout.verification, or not for the group's role: not judged
+    # Written by pdfleet versions whose toolCallCanary gate did not run; kept so that their statuses still read.
+    NOT_AVAILABLE = "NotAvailable"
 
 
 class GateResult(ApiModel):
@@ -84,7 +85,8 @@ class GateResult(ApiModel):
 
     name: Annotated[str, Field(min_length=1, max_length=63)] = Field(
         description="eventLoop, serverArgs or toolCallCanary.")
-    state: GateState = Field(description="Passed, Failed, TimedOut, Waiting, Skipped or NotAvailable.")
+    state: GateState = Field(description="Passed, Failed, TimedOut, Waiting or Skipped (NotAvailable: written "
+                                         "by earlier versions).")
     message: Annotated[str, Field(max_length=2048)] = Field(default="", description="Expected and seen.")
 
 

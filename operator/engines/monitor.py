@@ -10,7 +10,10 @@ So an unchanged verdict costs one HTTP round trip per pod per period and no API 
 
 For the verification gates it also fetches, once per pod (by uid), `/server_info` of the leader engine of every
 group that runs its role's update revision with all pods Ready (`server_info.ServerInfoClient`), and hands the
-planner `EngineFacts` per group: which pods the poll judged, and what their /server_info showed.
+planner `EngineFacts` per group: which pods the poll judged, and what their /server_info showed. With the
+toolCallCanary gate on, it starts the tool-call canary at each such decode group's leader, paired with a Ready
+prefill leader (`canary_gate.CanaryRunner`: once per pod, as a task; the finding comes with a later poll, which
+the run's end wakes).
 """
 
 from __future__ import annotations
@@ -30,8 +33,11 @@ from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
+from pdfleet.operator.engines import canary_gate
 from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.server_info import ServerInfoClient
+from pdfleet.operator.planning import canary_gate as planning_canary
 from pdfleet.operator.planning import rank_health, status
 from pdfleet.operator.planning.groups import pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -52,10 +58,12 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 
 class HealthMonitor:
     def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
-                 after_poll: AfterPoll | None = None, server_info: ServerInfoClient | None = None) -> None:
+                 after_poll: AfterPoll | None = None, server_info: ServerInfoClient | None = None,
+                 canary: CanaryRunner | None = None) -> None:
         self._cache = cache
         self._agents = agents
         self._server_info = server_info  # made on first use, inside the event loop
+        self._canary = canary  # the same
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
         self._poke = poke
@@ -99,6 +107,8 @@ class HealthMonitor:
         """Everything kept about the pool's groups and pods."""
         for kept in (self._judged, self._answered, self._warned, self._foreign, self._facts, self._infos):
             kept.pop(key, None)
+        if self._canary is not None:
+            self._canary.forget(key)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -110,6 +120,8 @@ class HealthMonitor:
         await self._agents.close()
         if self._server_info is not None:
             await self._server_info.close()
+        if self._canary is not None:
+            await self._canary.close()
 
     async def _run(self, key: PoolKey) -> None:
         wake = self._wake.setdefault(key, asyncio.Event())
@@ -142,7 +154,7 @@ class HealthMonitor:
             return IDLE_PERIOD
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
         judged, judged_pods = await self._judge(key, spec, observed, timeout=min(MAX_AGENT_TIMEOUT, period))
-        facts = await self._engine_facts(key, spec, judged_pods)
+        facts = await self._engine_facts(key, spec, judged_pods, _verified(observed.pool))
         before = self._judged.get(key)
         facts_before = self._facts.get(key)
         self._judged[key] = judged
@@ -168,15 +180,17 @@ class HealthMonitor:
                 log.exception("after the rank-health poll of %s/%s", *key)
         return period
 
-    async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec,
-                            judged_pods: Mapping[str, list[Body]]) -> dict[str, EngineFacts]:
+    async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
+                            verified: Mapping[str, str]) -> dict[str, EngineFacts]:
         """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
         groups whose pods all run their role's update revision and are Ready, unless another pod's agent answered
-        at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`)."""
+        at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`). The
+        canary goes to the same decode leaders, except in groups the status says are verified at the revision
+        they run (`verified`: group -> revision), so that a restarted operator sends none into verified engines."""
         infos = self._infos.setdefault(key, {})
         foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
-        for pods in judged_pods.values():
+        for name, pods in judged_pods.items():
             role = _role(pods)
             live = rank_health.live_pods(pods)
             if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
@@ -186,8 +200,13 @@ class HealthMonitor:
                 continue
             leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
                           None)
-            if leader is not None and leader["metadata"].get("uid") not in {*infos, *foreign}:
+            if leader is None or leader["metadata"].get("uid") in foreign:
+                continue
+            if leader["metadata"].get("uid") not in infos:
                 wanted.append((leader, spec.role(role).port))
+            if role is Role.DECODE and spec.rollout.verification.tool_call_canary and \
+                    verified.get(name) != revision.role_revision(spec, role):
+                self._start_canary(key, spec, leader, judged_pods)
         if wanted:
             if self._server_info is None:
                 self._server_info = ServerInfoClient(timeout=MAX_AGENT_TIMEOUT)
@@ -196,15 +215,27 @@ class HealthMonitor:
             for (pod, _), info in zip(wanted, got, strict=True):
                 if info is not None:
                     infos[pod["metadata"]["uid"]] = info
+        alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
+        found = self._canary.findings(key, {str(u) for u in alive}) if self._canary is not None else {}
         facts = {}
         for name, pods in judged_pods.items():
             uids = {p["metadata"].get("uid") for p in rank_health.live_pods(pods)} - {None}
             facts[name] = EngineFacts(pods=frozenset(str(u) for u in uids),
-                                      server_info={u: infos[u] for u in uids if u in infos})
-        alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
+                                      server_info={u: infos[u] for u in uids if u in infos},
+                                      canary={u: found[u] for u in uids if u in found})
         for uid in set(infos) - alive:  # forget pods that are gone, so the memory stays as small as the fleet
             del infos[uid]
         return facts
+
+    def _start_canary(self, key: PoolKey, spec: InferencePoolSpec, leader: Body,
+                      judged_pods: Mapping[str, list[Body]]) -> None:
+        prefill = planning_canary.pick_prefill(judged_pods.values())
+        target = canary_gate.target(spec, leader, prefill) if prefill is not None else None
+        if target is None:
+            return  # no Ready prefill engine to pair with yet: the gate waits
+        if self._canary is None:
+            self._canary = CanaryRunner(done=self.nudge)
+        self._canary.ensure(key, target)
 
     def _own(self, key: PoolKey, pods: list[Body], answers: rank_health.Answers,
              moment: datetime.datetime) -> rank_health.Answers:
@@ -269,6 +300,12 @@ class HealthMonitor:
 def _foreign(pods: list[Body], answers: rank_health.Answers, own: rank_health.Answers) -> list[Body]:
     """The pods whose answer lost ranks to `own_answers`."""
     return [p for p in pods if answers.get(p["metadata"]["name"]) is not own.get(p["metadata"]["name"])]
+
+
+def _verified(pool: Body | None) -> dict[str, str]:
+    """Group -> the revision the pool's status says it was verified at."""
+    groups = status.parse_status((pool or {}).get("status")).groups
+    return {g.name: g.verified_revision for g in groups if g.verified_revision is not None}
 
 
 def _uids(pods: list[Body]) -> set[str | None]:

@@ -1,13 +1,15 @@
 """The tool-call canary's I/O: its requests, sent through the real `openai` client, concurrently, to a base URL
-(a router or one engine). What to send and what the answers mean is `planning.toolcall_canary`; this is the
-function `pdfleet canary` calls, and the one a rollout gate would.
+(a router or one engine: `run`, what `pdfleet canary` calls), or to a prefill and a decode engine together as the
+router pairs them in PD (`run_pd`, what the toolCallCanary rollout gate calls). What to send and what the answers
+mean is `planning.toolcall_canary`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import httpx
@@ -36,11 +38,13 @@ def api_base(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def _client(url: str, timeout_s: float, concurrency: int) -> openai.AsyncOpenAI:
-    # The openai client's own transport; its pool must hold every concurrent request.
+def _client(url: str, timeout_s: float, concurrency: int, *, trust_env: bool = True) -> openai.AsyncOpenAI:
+    # The openai client's own transport; its pool must hold every concurrent request. `trust_env` False: no proxy
+    # from the environment (the operator reaches engines directly, or not at all).
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
     return openai.AsyncOpenAI(base_url=api_base(url), api_key="pdfleet-canary", max_retries=0, timeout=timeout_s,
-                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s))
+                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s,
+                                                                         trust_env=trust_env))
 
 
 async def served_model(client: openai.AsyncOpenAI) -> str:
@@ -86,14 +90,19 @@ async def _streamed(chunks: AsyncIterator[Any]) -> Answer:
     return Answer("".join(content), calls, finish)
 
 
-async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_tokens: int) -> Answer:
-    """One probe's answer; any failure is an Answer with its error."""
+async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_tokens: int,
+              extra_body: Mapping[str, Any] | None = None) -> Answer:
+    """One probe's answer; any failure is an Answer with its error. `extra_body`: fields the `openai` client puts
+    at the top level of the JSON body (PD's bootstrap fields)."""
+    kwargs = plan.body(probe, model=model, max_tokens=max_tokens)
+    if extra_body:
+        kwargs["extra_body"] = dict(extra_body)
     try:
         if probe.stream:
-            stream = await client.chat.completions.create(**plan.body(probe, model=model, max_tokens=max_tokens))
+            stream = await client.chat.completions.create(**kwargs)
             async with stream:
                 return await _streamed(stream)
-        completion = await client.chat.completions.create(**plan.body(probe, model=model, max_tokens=max_tokens))
+        completion = await client.chat.completions.create(**kwargs)
     except openai.APIError as e:
         return Answer(error=_describe(e))
     if not completion.choices:
@@ -104,24 +113,56 @@ async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_token
     return Answer(choice.message.content or "", calls, choice.finish_reason)
 
 
+async def _judged(probes: list[Probe], one: Callable[[Probe], Awaitable[Answer]], *, concurrency: int,
+                  parser: str | None, model: str) -> Report:
+    """Every probe asked through `one`, at most `concurrency` at a time, and the answers judged."""
+    gate = asyncio.Semaphore(concurrency)
+
+    async def bounded(probe: Probe) -> tuple[Probe, Answer]:
+        async with gate:
+            return probe, await one(probe)
+
+    started = time.monotonic()
+    results = await asyncio.gather(*(bounded(p) for p in probes))
+    found = plan.report(results, parser=parser, duration_s=time.monotonic() - started)
+    found.model = model
+    return found
+
+
 async def run(url: str, *, requests: int = DEFAULT_REQUESTS, concurrency: int = DEFAULT_CONCURRENCY,
               model: str | None = None, timeout_s: float = 60.0, parser: str | None = None,
               max_tokens: int = DEFAULT_MAX_TOKENS) -> Report:
     """Sends the canary's `requests` to `url`, at most `concurrency` at a time, and judges the answers.
 
     Raises Unreachable when the server cannot be asked at all (its model list fails)."""
-    probes = plan.plan(requests)
     async with _client(url, timeout_s, concurrency) as client:
         listed = await served_model(client)  # also proves the URL answers before any verdict is given
-        model = model or listed
-        gate = asyncio.Semaphore(concurrency)
+        chosen = model or listed
+        return await _judged(plan.plan(requests), lambda p: ask(client, p, model=chosen, max_tokens=max_tokens),
+                             concurrency=concurrency, parser=parser, model=chosen)
 
-        async def one(probe: Probe) -> tuple[Probe, Answer]:
-            async with gate:
-                return probe, await ask(client, probe, model=model, max_tokens=max_tokens)
 
-        started = time.monotonic()
-        results = await asyncio.gather(*(one(p) for p in probes))
-        found = plan.report(results, parser=parser, duration_s=time.monotonic() - started)
-        found.model = model
-        return found
+async def run_pd(prefill_url: str, decode_url: str, *, bootstrap_host: str, bootstrap_port: int, model: str,
+                 requests: int, concurrency: int, timeout_s: float, parser: str | None,
+                 max_tokens: int = DEFAULT_MAX_TOKENS) -> Report:
+    """The canary as sglang-router sends requests in PD mode: each probe to the prefill engine and to the decode
+    engine at once, the same body with the same bootstrap fields (the prefill engine's host and bootstrap port, a
+    fresh random room), and the decode engine's answer judged (the prefill engine's is drained: the router
+    discards it too). No proxy from the environment is used.
+
+    Raises Unreachable when the decode engine's model list fails."""
+    async with _client(prefill_url, timeout_s, concurrency, trust_env=False) as prefill, \
+            _client(decode_url, timeout_s, concurrency, trust_env=False) as decode:
+        await served_model(decode)
+
+        async def paired(probe: Probe) -> Answer:
+            boot = {"bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port,
+                    "bootstrap_room": random.getrandbits(63)}
+            first, answer = await asyncio.gather(
+                ask(prefill, probe, model=model, max_tokens=max_tokens, extra_body=boot),
+                ask(decode, probe, model=model, max_tokens=max_tokens, extra_body=boot))
+            if first.error is not None and answer.error is None:
+                return Answer(error=f"prefill: {first.error}")
+            return answer
+
+        return await _judged(plan.plan(requests), paired, concurrency=concurrency, parser=parser, model=model)

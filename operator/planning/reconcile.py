@@ -189,7 +189,7 @@ def _verify(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupSt
             engines: Mapping[str, EngineFacts], now: datetime.datetime) -> dict[str, Outcome]:
     before = {g.name: g for g in previous.groups}
     return {g.name: verification.verify(
-        spec.rollout.verification, expected_loop=verification.expected_event_loop(spec, g.id.role),
+        spec.rollout.verification, role=g.id.role, expected_loop=verification.expected_event_loop(spec, g.id.role),
         revision=g.revision, ready=states[g.name] is GroupState.READY, want_pods=g.pods,
         pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
         facts=engines.get(g.name), now=now) for g in want.groups}

@@ -156,13 +156,18 @@ class Report:
     def passed(self) -> bool:
         return self.requests > 0 and not (self.leaks or self.malformed or self.unanswered or self.errors)
 
-    def failures(self) -> list[str]:
-        """Each reason the canary failed, most telling first."""
+    def tool_call_failures(self) -> list[str]:
+        """What the answers showed wrong with tool calls, most telling first (errors left out)."""
         out = [f"DSML markup in content ({cause}) in {n} answer(s)" for cause, n in self.leaks.most_common()]
         if self.malformed:
             out.append(f"{self.malformed} malformed structured tool call(s)")
         if self.unanswered:
             out.append(f"{self.unanswered} tool request(s) answered without tool_calls")
+        return out
+
+    def failures(self) -> list[str]:
+        """Each reason the canary failed, most telling first."""
+        out = self.tool_call_failures()
         out += [f"{n} request(s) failed: {error}" for error, n in self.errors.most_common()]
         if not self.requests:
             out.append("no request was sent")

@@ -7,7 +7,9 @@ enabled gate (`spec.rollout.verification`) then reads what the engines say of th
   agents (`rank_health.GroupHealth.event_loop`);
 - serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the operator rendered for
   that pod (`expected_server_args`), not every default;
-- toolCallCanary: not available yet (`CANARY_NOT_AVAILABLE`): listed, never judged, never holding a rollout.
+- toolCallCanary (off unless switched on): the canary's tool-calling requests, sent to the decode group's leader
+  paired with a Ready prefill engine, came back as structured tool calls with no DSML markup in content
+  (`canary_gate`); prefill groups list it as Skipped (it does not apply to them).
 
 Everything the gates read is tied to the pods it is about (`EngineFacts.pods`, by uid), so what was seen of a
 group's old pods is never taken for its new ones. The results live in `status.groups[].verification` and
@@ -30,6 +32,8 @@ from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateResult, GateState, GroupStatus, GroupVerification
+from pdfleet.operator.planning import canary_gate
+from pdfleet.operator.planning.canary_gate import CanaryFinding
 from pdfleet.operator.planning.groups import parse_time
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.render import labels
@@ -40,14 +44,6 @@ Body = dict[str, Any]
 
 EVENT_LOOP = "eventLoop"
 SERVER_ARGS = "serverArgs"
-TOOL_CALL_CANARY = "toolCallCanary"
-# The tool-call canary (tool-calling requests whose answers must come back as structured tool calls, no DSML
-# markup in the text) exists as `pdfleet canary URL` but is not run per group by the operator yet. Until it is,
-# every group says so in its gates, visibly, and the gate never holds a rollout.
-CANARY_NOT_AVAILABLE = GateResult(
-    name=TOOL_CALL_CANARY, state=GateState.NOT_AVAILABLE,
-    message="not run by the operator in this version (run `pdfleet canary URL` against an engine or the "
-            "router): not judged, does not hold the rollout")
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
 
 # Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
@@ -98,6 +94,7 @@ class EngineFacts:
 
     pods: frozenset[str]  # uids of the pods the poll (and so the group's GroupHealth) was about
     server_info: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # by pod uid
+    canary: Mapping[str, CanaryFinding] = dataclasses.field(default_factory=dict)  # by decode leader pod uid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,11 +237,16 @@ def _server_args_gate(want_leader: Body | None, leader: Body | None, facts: Engi
                       message=f"{name} shows the {len(expected)} operator-owned arg(s) it was rendered with")
 
 
-def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready: bool,
+def _canary_gate(policy: VerificationSpec, role: Role, leader: Body | None, facts: EngineFacts | None) -> GateResult:
+    found = facts.canary.get(leader["metadata"].get("uid", "")) if facts and leader is not None else None
+    return canary_gate.gate(role, policy.tool_call_canary, leader, found)
+
+
+def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision: str, ready: bool,
            want_pods: Sequence[Body], pods: Sequence[Body], before: GroupStatus | None,
            health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime) -> Outcome:
     """One group's verification. `revision`: the one it should run; `ready`: every pod of it runs that
-    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status."""
+    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status; `role`: the group's."""
     last = before.verification if before else None
     running = _running(pods)
     if last is not None and last.revision == revision and any(g.state in STOPPED for g in last.gates):
@@ -261,7 +263,7 @@ def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready
         else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
         _server_args_gate(_leader(want_pods), _leader(live), facts if current else None) if policy.server_args
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
-        CANARY_NOT_AVAILABLE,
+        _canary_gate(policy, role, _leader(live), facts if current else None),
     ]
     deadline = None
     if any(g.state is GateState.WAITING for g in gates):
@@ -275,7 +277,7 @@ def verify(policy: VerificationSpec, *, expected_loop: str, revision: str, ready
                      if g.state is GateState.WAITING else g for g in gates]
             deadline = None
     verification = GroupVerification(revision=revision, gates=tuple(gates))
-    passed = all(g.state in (GateState.PASSED, GateState.SKIPPED, GateState.NOT_AVAILABLE) for g in gates)
+    passed = all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates)
     return Outcome(revision, revision if passed else None, verification, deadline)
 
 

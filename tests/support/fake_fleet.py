@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
 
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.controller import Controller
@@ -15,7 +15,9 @@ from pdfleet.operator.engines import agents
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.engines.routers import RouterClient
-from tests.support.fake_engines import FakeAgent, FakeRouter, healthy
+from pdfleet.operator.planning import verification
+from pdfleet.runtime.health import phases
+from tests.support.fake_engines import FakeAgent, FakeEngine, FakeRouter, healthy, rank
 from tests.support.fake_kube import FakeKube
 from tests.support.pools import pool_body
 
@@ -27,6 +29,9 @@ IPS = {PREFILL: "127.77.0.2", DECODE: "127.77.0.3"}
 ROUTER_IP = "127.77.2.1"
 ENGINE_PORT = 30000  # the engines' default port: only the router is told of it, nothing connects to it
 URLS = {group: f"http://{ip}:{ENGINE_PORT}" for group, ip in IPS.items()}
+LOOPS = {PREFILL: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_PREFILL,
+         DECODE: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
+E = TypeVar("E", bound=FakeEngine)
 
 
 @dataclasses.dataclass
@@ -106,3 +111,34 @@ def _start_router(kube: FakeKube, ip: str) -> None:
                                                  "name": "tiny-router-6f9c", "uid": "uid-rs", "controller": True}]},
                "spec": deployment["spec"]["template"]["spec"],
                "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+@contextlib.asynccontextmanager
+async def engine_servers(make: Callable[[str], E]) -> AsyncIterator[dict[str, E]]:
+    """One engine server per group (`make(ip)`) at its pod's IP, on one port for both roles, as a pool with a
+    router has it: pass `prefill__port` and `decode__port` of the first to `fake_fleet`."""
+    servers = {group: make(ip) for group, ip in IPS.items()}
+    try:
+        port = await servers[PREFILL].start()
+        servers[DECODE].port = port
+        await servers[DECODE].start()
+        yield servers
+    finally:
+        for server in servers.values():
+            await server.close()
+
+
+@contextlib.asynccontextmanager
+async def rendered_fleet(engines: dict[str, E], **spec: Any) -> AsyncIterator[Fleet]:
+    """`fake_fleet` with `engines` (from `engine_servers`) as its engines, a 20 s heartbeat, every rank on the loop
+    the spec implies and every engine's /server_info showing what its pod was rendered with: the gates pass unless
+    a test changes something. `spec`: more of `pool_body`'s spec updates."""
+    async with fake_fleet(health={"heartbeatPeriod": "20s"}, prefill__port=engines[PREFILL].port,
+                          decode__port=engines[DECODE].port, **spec) as fleet:
+        for group, agent in fleet.agents.items():
+            agent.ranks = [rank(n, loop=LOOPS[group]) for n in range(len(agent.ranks))]
+        for group, engine in engines.items():
+            pod = fleet.kube.get("Pod", KEY[0], PODS[group])
+            assert pod is not None
+            engine.args = verification.expected_server_args(verification.engine_command(pod))
+        yield fleet

@@ -12,38 +12,21 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.planning import verification
 from pdfleet.runtime.health import phases, report
 from tests.support.fake_engines import FakeEngine, S, rank
-from tests.support.fake_fleet import DECODE, IPS, KEY, PODS, PREFILL, Fleet, fake_fleet
+from tests.support.fake_fleet import DECODE, KEY, LOOPS, PODS, PREFILL, Fleet, engine_servers, rendered_fleet
 
-CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
-
-LOOPS = {PREFILL: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_PREFILL,
-         DECODE: phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
-
+CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
 
 @pytest.fixture
 async def engines() -> AsyncIterator[dict[str, FakeEngine]]:
-    servers = {group: FakeEngine(ip) for group, ip in IPS.items()}
-    port = await servers[PREFILL].start()
-    servers[DECODE].port = port  # one port for both roles, as a pool with a router has it
-    await servers[DECODE].start()
-    yield servers
-    for server in servers.values():
-        await server.close()
+    async with engine_servers(FakeEngine) as servers:
+        yield servers
 
 
 @pytest.fixture
 async def fleet(engines: dict[str, FakeEngine]) -> AsyncIterator[Fleet]:
-    async with fake_fleet(health={"heartbeatPeriod": "20s"}, prefill__port=engines[PREFILL].port,
-                          decode__port=engines[DECODE].port) as fleet:
-        for group, agent in fleet.agents.items():  # ranks on the loop the spec implies
-            agent.ranks = [rank(n, loop=LOOPS[group]) for n in range(len(agent.ranks))]
-        for group, engine in engines.items():  # engines that show what they were rendered with
-            pod = fleet.kube.get("Pod", KEY[0], PODS[group])
-            assert pod is not None
-            engine.args = verification.expected_server_args(verification.engine_command(pod))
+    async with rendered_fleet(engines) as fleet:
         yield fleet
 
 

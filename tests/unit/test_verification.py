@@ -22,7 +22,7 @@ from pdfleet.operator.render import engine_args
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
 
-CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
+CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
 
 Body = dict[str, Any]
 OVERLAP_DECODE = "event_loop_overlap_disagg_decode"
@@ -118,8 +118,9 @@ def _ready_pod(uid: str, *, revision: str = "r2", since: str = "2026-11-30T12:00
 
 def _verify(pod: Body, *, health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime = NOW,
             policy: VerificationSpec | None = None) -> verification.Outcome:
-    return verification.verify(policy or VerificationSpec(), expected_loop=NORMAL_DECODE, revision="r2", ready=True,
-                               want_pods=[pod], pods=[pod], before=None, health=health, facts=facts, now=now)
+    return verification.verify(policy or VerificationSpec(), role=Role.DECODE, expected_loop=NORMAL_DECODE,
+                               revision="r2", ready=True, want_pods=[pod], pods=[pod], before=None, health=health,
+                               facts=facts, now=now)
 
 
 HEALTHY_NORMAL = GroupHealth(Verdict.HEALTHY, NORMAL_DECODE, "", 1, answered=True)
@@ -148,7 +149,7 @@ def test_gate_states_from_what_the_engines_show(health: GroupHealth | None, fact
     facts = EngineFacts(pods=frozenset(facts_pods), server_info={"u1": info} if info else {})
     outcome = _verify(pod, health=health, facts=facts, policy=VerificationSpec(**policy))
     assert outcome.verification is not None
-    assert tuple(str(g.state) for g in outcome.verification.gates) == (*states, "NotAvailable")
+    assert tuple(str(g.state) for g in outcome.verification.gates) == (*states, "Skipped")
     assert outcome.verified == all(s in ("Passed", "Skipped") for s in states)
     assert (outcome.stopped is not None) == ("Failed" in states)
 

@@ -1,0 +1,93 @@
+"""The toolCallCanary verification gate, pure: what a canary run at a decode group's leader found
+(`CanaryFinding`, from the canary's `Report`), which prefill engine it is paired with, and the gate's result.
+
+In SGLang PD the answer a client reads comes from the decode engine (its detokenizer and tool-call parser), so
+any DSML leak does too: the gate judges decode groups and says, for prefill groups, that it does not apply
+(Skipped, which does not hold a rollout). The requests go where the router sends them: to a Ready prefill engine
+and to the decode leader together, with the same bootstrap fields.
+
+A run where the engines answered nothing it could judge (only errors, or nothing sent) is no finding about tool
+calls: the gate keeps Waiting (the run is retried) until verification.timeout turns it into TimedOut.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.status import GateResult, GateState
+from pdfleet.operator.planning.groups import pod_ready
+from pdfleet.operator.planning.toolcall_canary import SAMPLE_CHARS, Report
+from pdfleet.operator.render import labels
+
+Body = dict[str, Any]
+TOOL_CALL_CANARY = "toolCallCanary"
+MAX_MESSAGE = 1024  # a finding's words in the status; the gate's message field holds 2048
+NOT_FOR_PREFILL = GateResult(
+    name=TOOL_CALL_CANARY, state=GateState.SKIPPED,
+    message="does not apply to prefill groups: in PD the answer a client reads, and any tool-call markup leaked "
+            "into it, comes from the decode engine's detokenizer and parser; decode groups are checked")
+SWITCHED_OFF = GateResult(name=TOOL_CALL_CANARY, state=GateState.SKIPPED, message="switched off")
+
+
+@dataclasses.dataclass(frozen=True)
+class CanaryFinding:
+    """What one canary run at a decode leader found: PASSED, FAILED, or WAITING (inconclusive: retried)."""
+
+    state: GateState
+    message: str
+
+
+def _bounded(text: str) -> str:
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 1] + "…"
+
+
+def finding(report: Report, *, prefill: str) -> CanaryFinding:
+    """The gate's reading of a canary run paired with the prefill pod named `prefill`."""
+    if report.passed:
+        return CanaryFinding(GateState.PASSED, f"{report.tool_requests} tool request(s) answered with structured "
+                                               f"tool_calls, no DSML markup in {report.requests} answer(s) "
+                                               f"(paired with prefill {prefill})")
+    failures = report.tool_call_failures()
+    if not failures:  # only errors, or nothing sent: no word about tool calls
+        return inconclusive("; ".join(report.failures()))
+    what = f"{'; '.join(failures)} (of {report.requests} answers, paired with prefill {prefill})"
+    samples = [f"sample ({kind}): {text[:SAMPLE_CHARS]!r}" for kind, text in sorted(report.samples.items())]
+    return CanaryFinding(GateState.FAILED, _bounded("; ".join([what, *samples])))
+
+
+def inconclusive(why: str) -> CanaryFinding:
+    """A run that could not judge tool calls (the engines did not answer): retried."""
+    return CanaryFinding(GateState.WAITING, _bounded(f"the last canary run was inconclusive, retrying: {why}"))
+
+
+def pick_prefill(groups: Iterable[Sequence[Body]]) -> Body | None:
+    """The leader pod of the first prefill group (by name) whose live pods are all Ready: the engine the
+    canary's requests are paired with, as the router would pair them (of any revision: during a rollout the
+    router pairs new decode engines with the prefill engines there are)."""
+    candidates = []
+    for pods in groups:
+        live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+        meta = [(p["metadata"].get("labels") or {}) for p in live]
+        if not live or any(m.get(labels.ROLE) != Role.PREFILL for m in meta) or not all(map(pod_ready, live)):
+            continue
+        leader = next((p for p, m in zip(live, meta, strict=True) if m.get(labels.RANK, "0") == "0"), None)
+        if leader is not None and (leader.get("status") or {}).get("podIP"):
+            candidates.append(leader)
+    return min(candidates, key=lambda p: p["metadata"]["name"], default=None)
+
+
+def gate(role: Role, enabled: bool, leader: Body | None, found: CanaryFinding | None) -> GateResult:
+    """One group's toolCallCanary gate, from what the canary found at its current leader pod (None: not run
+    yet)."""
+    if not enabled:
+        return SWITCHED_OFF
+    if role is Role.PREFILL:
+        return NOT_FOR_PREFILL
+    name = leader["metadata"]["name"] if leader is not None else "the leader pod"
+    if found is None:
+        return GateResult(name=TOOL_CALL_CANARY, state=GateState.WAITING,
+                          message=f"waiting for the tool-call canary at {name} (paired with a Ready prefill engine)")
+    return GateResult(name=TOOL_CALL_CANARY, state=found.state, message=f"{name}: {found.message}")
