@@ -61,7 +61,7 @@ async def served_model(client: openai.AsyncOpenAI) -> str:
 def _describe(error: Exception) -> str:
     if isinstance(error, openai.APIStatusError):
         return f"HTTP {error.status_code} {type(error).__name__}"
-    if isinstance(error, openai.APITimeoutError):
+    if isinstance(error, openai.APITimeoutError | httpx.TimeoutException):
         return "timed out"
     if isinstance(error, openai.APIConnectionError):
         cause = error.__cause__
@@ -103,7 +103,7 @@ async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_token
             async with stream:
                 return await _streamed(stream)
         completion = await client.chat.completions.create(**kwargs)
-    except openai.APIError as e:
+    except (openai.APIError, httpx.HTTPError) as e:  # httpx's own: a stream that breaks off while it is read
         return Answer(error=_describe(e))
     if not completion.choices:
         return Answer(error="an answer without choices")

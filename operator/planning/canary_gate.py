@@ -52,7 +52,11 @@ def finding(report: Report, *, prefill: str) -> CanaryFinding:
                                                f"(paired with prefill {prefill})")
     failures = report.tool_call_failures()
     if not failures:  # only errors, or nothing sent: no word about tool calls
-        return inconclusive("; ".join(report.failures()))
+        if not report.errors:
+            return inconclusive("; ".join(report.failures()))
+        [(first, _)] = report.errors.most_common(1)
+        return inconclusive(f"{report.errors.total()} of {report.requests} request(s) failed "
+                            f"(paired with prefill {prefill}), the most frequent error: {first[:SAMPLE_CHARS]}")
     what = f"{'; '.join(failures)} (of {report.requests} answers, paired with prefill {prefill})"
     samples = [f"sample ({kind}): {text[:SAMPLE_CHARS]!r}" for kind, text in sorted(report.samples.items())]
     return CanaryFinding(GateState.FAILED, _bounded("; ".join([what, *samples])))

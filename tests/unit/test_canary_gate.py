@@ -84,12 +84,15 @@ def test_malformed_or_missing_calls_fail_too(fields: Body, failure: str) -> None
     assert found.state is GateState.FAILED and found.message.startswith(failure)
 
 
-@pytest.mark.parametrize("fields", [{"errors": collections.Counter({"HTTP 503 InternalServerError": 8})},
-                                    {"requests": 0, "tool_requests": 0, "plain_requests": 0}])
-def test_a_run_that_judged_no_answer_is_inconclusive_and_waits(fields: Body) -> None:
+@pytest.mark.parametrize(("fields", "says"), [
+    ({"errors": collections.Counter({"HTTP 503 InternalServerError": 6, "timed out": 2})},
+     "8 of 8 request(s) failed (paired with prefill p), the most frequent error: HTTP 503 InternalServerError"),
+    ({"requests": 0, "tool_requests": 0, "plain_requests": 0}, "no request was sent"),
+])
+def test_a_run_that_judged_no_answer_is_inconclusive_and_waits(fields: Body, says: str) -> None:
     found = canary_gate.finding(report(**fields), prefill="p")
     assert found.state is GateState.WAITING
-    assert found.message.startswith("the last canary run was inconclusive, retrying: ")
+    assert found.message == f"the last canary run was inconclusive, retrying: {says}"
 
 
 # --- the gate ---------------------------------------------------------------------------------------------------
