@@ -17,7 +17,7 @@ from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 
-CANARY = {"toolCallCanary": "NotAvailable"}  # listed with every group's gates until it exists
+CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
 
 pytestmark = pytest.mark.cluster
 
