@@ -45,6 +45,13 @@ ROUTER_WORKER_CHANGES = Counter(
     "verdict, terminating, not Ready, stale, wrong role, in rotation).",
     ["action", "reason"], registry=REGISTRY,
 )
+TOOLCALL_CANARY_RUNS = Counter(
+    "pdfleet_toolcall_canary_runs_total",
+    "Tool-call canary runs of the toolCallCanary verification gate at new decode groups' leaders, by result "
+    "(Passed; Failed: a leak, a malformed call or a tool request answered without calls; Waiting: inconclusive, "
+    "retried).",
+    ["result"], registry=REGISTRY,
+)
 LEADER = Gauge(
     "pdfleet_leader_is_leader",
     "1 while this operator replica holds the leader-election Lease and reconciles; 0 while it stands by.",

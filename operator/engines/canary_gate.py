@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdfleet.operator import metrics
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState
 from pdfleet.operator.cache import PoolKey
@@ -117,6 +118,7 @@ class CanaryRunner:
             found = task.result()
         log.info("tool-call canary of %s/%s at pod uid %s: %s %s", *key, uid, found.state, found.message,
                  extra={"namespace": key[0], "pool": key[1]})
+        metrics.TOOLCALL_CANARY_RUNS.labels(result=str(found.state)).inc()
         self._found.setdefault(key, {})[uid] = (found, self._clock())
         self._done(key)
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from pdfleet.operator import metrics
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import GateState, Verdict
@@ -187,6 +188,10 @@ def target(uid: str) -> Target:
                   prefill_port=1, bootstrap_port=2, model="m", parser="deepseekv32")
 
 
+def passed_runs() -> float:
+    return metrics.REGISTRY.get_sample_value("pdfleet_toolcall_canary_runs_total", {"result": "Passed"}) or 0.0
+
+
 async def test_the_runner_runs_once_per_pod_retries_an_inconclusive_run_and_forgets_gone_pods() -> None:
     clock = [0.0]
     answers: dict[str, CanaryFinding] = {"u1": PASSED, "u2": canary_gate.inconclusive("refused")}
@@ -200,6 +205,7 @@ async def test_the_runner_runs_once_per_pod_retries_an_inconclusive_run_and_forg
             await held.wait()
         return answers[t.decode_uid]
 
+    passed_before = passed_runs()
     runner = CanaryRunner(done=done.append, retry_s=15, run=lambda t: asyncio.ensure_future(run(t)),
                           clock=lambda: clock[0])
     for uid in ("u1", "u2", "u3"):
@@ -209,6 +215,7 @@ async def test_the_runner_runs_once_per_pod_retries_an_inconclusive_run_and_forg
     await asyncio.sleep(0)
     assert runner.findings(KEY, {"u1", "u2", "u3"}) == {"u1": PASSED, "u2": answers["u2"]}
     assert done == [KEY, KEY]
+    assert passed_runs() == passed_before + 1
     runner.ensure(KEY, target("u1"))
     runner.ensure(KEY, target("u2"))  # inconclusive, but too soon
     clock[0] = 15
