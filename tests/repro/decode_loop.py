@@ -80,8 +80,10 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
     signals = sc.local_aborts.get(rank, {})
     running: dict[str, int] = {}  # rid -> forwards left
     events: dict[str, dict[str, int]] = {"dropped": {}, "transferred": {}, "finished": {}}
+    iteration_ns: list[int] = []  # each iteration's wall time on this rank (tests.repro.overhead reads it)
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
+        started_ns = time.perf_counter_ns()
         held = {d.req.rid for d in [*queue.queue, *prealloc.queue]}
         scheduler.ingest_requests()  # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
@@ -109,7 +111,8 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
             rank_writer.begin(phases.Phase.IDLE)
             time.sleep(sc.idle_s)
         rank_writer.step()
-    return {"rank": rank, "iterations": sc.iterations, **events}
+        iteration_ns.append(time.perf_counter_ns() - started_ns)
+    return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, **events}
 
 
 def sc_arrivals(sc: scenario_mod.Scenario, iteration: int) -> list[str]:
@@ -122,8 +125,8 @@ def _inbox(sc: scenario_mod.Scenario, iteration: int) -> list[tuple[Any, ...]]:
     return [*sc.arrivals.get(iteration, []), *handshakes]
 
 
-def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
-    """One rank process: group, ledger, patches, loop, result file."""
+def join(sc: scenario_mod.Scenario, rank: int) -> writer.RankWriter:
+    """This rank's place in SGLang's config, its ledger slot, and the gloo group (127.0.0.1)."""
     import torch.distributed as dist
 
     stage.set_rank(rank, sc.world)
@@ -132,6 +135,14 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
         "gloo", init_method=f"tcp://127.0.0.1:{sc.port}", rank=rank, world_size=sc.world,
         timeout=datetime.timedelta(seconds=sc.gloo_timeout_s),
     )
+    return rank_writer
+
+
+def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
+    """One rank process: group, ledger, patches, loop, result file."""
+    import torch.distributed as dist
+
+    rank_writer = join(sc, rank)
     applied = _apply_patches(sc.patches)
     _instrument_collectives(rank_writer)
     result = run_loop(sc, rank, dist.group.WORLD, rank_writer)
@@ -152,8 +163,10 @@ def _die_with_parent() -> None:
         pass
 
 
-def launch(sc: scenario_mod.Scenario) -> int:
-    """Fork the ranks and wait for them; the exit status is the first failure's, or 0."""
+def launch(sc: scenario_mod.Scenario,
+           rank_fn: Callable[[scenario_mod.Scenario, int], None] = rank_main) -> int:
+    """Fork the ranks, each running `rank_fn(sc, rank)`, and wait for them; the exit status is the first
+    failure's, or 0."""
     import warnings
 
     _die_with_parent()
@@ -170,7 +183,7 @@ def launch(sc: scenario_mod.Scenario) -> int:
             status = 0
             _die_with_parent()
             try:
-                rank_main(sc, rank)
+                rank_fn(sc, rank)
             except BaseException:
                 traceback.print_exc()
                 status = 1

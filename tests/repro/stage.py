@@ -108,7 +108,7 @@ def new_request(rid: str) -> Any:
     return SimpleNamespace(
         rid=rid, bootstrap_host=FAKE_BOOTSTRAP_HOST, bootstrap_room=next(_rooms), finished_reason=None,
         to_finish=None, return_logprob=False, cache_request_handle=None,
-        time_stats=SimpleNamespace(set_wait_queue_entry_time=lambda: None),
+        time_stats=SimpleNamespace(set_wait_queue_entry_time=lambda: None, set_bootstrap_done_time=lambda: None),
     )
 
 

@@ -1,0 +1,155 @@
+"""What the desync fixes cost per decode-loop iteration, on the reproduction harness with nothing diverging.
+
+`python -m tests.repro.overhead --world N --iterations I --rounds R --workdir DIR --patches ID...` forks N
+ranks on a real gloo group (as `decode_loop` does). Each rank installs the patches once with pdfleet's patch
+framework, keeping SGLang's original functions as well, and then switches its SGLang classes between the two
+in place. It runs the
+decode loop of `decode_loop.run_loop` (SGLang's own intake, `process_decode_queue`, prealloc handshake and
+transfer polls; no forward pause) in blocks of `sc.iterations` iterations, per workload: one warm-up block
+of each variant, then `ROUNDS` times unpatched, patched, patched, unpatched (so a drift of the machine's load
+weighs on both). Every block starts from fresh SGLang objects and sees the same arrivals.
+
+Each rank writes `overhead-rank{N}.json` in `sc.workdir`: per workload and variant, every iteration's wall
+time in ns, the collective calls per iteration, the block outcomes (which must not differ between variants:
+nothing diverges), and which SGLang functions ran patched in each variant (read back from SGLang).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import sys
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tests.repro import decode_loop
+from tests.repro import scenario as scenario_mod
+
+UNPATCHED, PATCHED = "unpatched", "patched"
+# No divergence anywhere. `idle`: no request at all, so unpatched SGLang enters only the request broadcast
+# (its poll guards skip the rest) while the patched loop still exchanges every iteration: the worst ratio.
+# `busy`: one request arrives in the transfer queue and one in the prealloc queue every iteration (their KV
+# lands after 6 polls, their handshake after 3), so both loops poll a few requests in flight every iteration.
+BUSY_SPAN = 10_000  # more iterations than any block runs: arrivals never stop within a block
+
+
+def workloads() -> dict[str, dict[str, Any]]:
+    return {
+        "idle": {"arrivals": {}, "handshakes": {}},
+        "busy": {
+            "arrivals": {i: [(f"t{i}", 6)] for i in range(BUSY_SPAN)},
+            "handshakes": {i: [(f"h{i}", 3)] for i in range(BUSY_SPAN)},
+        },
+    }
+
+
+def result_path(sc: scenario_mod.Scenario, rank: int) -> Path:
+    return Path(sc.workdir) / f"overhead-rank{rank}.json"
+
+
+class Switch:
+    """SGLang's target functions of a patch set, both as shipped and as patched, installable in turn."""
+
+    def __init__(self, patch_ids: tuple[str, ...]) -> None:
+        from pdfleet.runtime.patches import catalogue, targets
+
+        dotted = [t for entry in catalogue.CATALOGUE if entry.id in patch_ids for t in entry.targets]
+        self._targets = {name: targets.resolve(name) for name in dotted}
+        # The attribute as stored (a property stays a property), read before and after the install.
+        self._variants: dict[str, dict[str, Any]] = {UNPATCHED: self._stored()}
+        self.applied = decode_loop._apply_patches(patch_ids)
+        self._variants[PATCHED] = self._stored()
+
+    def _stored(self) -> dict[str, Any]:
+        return {name: inspect.getattr_static(t.owner, t.attr) for name, t in self._targets.items()}
+
+    def install(self, variant: str) -> dict[str, str]:
+        """Puts `variant`'s functions in place; returns which targets now run patched (read from SGLang)."""
+        for name, stored in self._variants[variant].items():
+            target = self._targets[name]
+            setattr(target.owner, target.attr, stored)
+        return decode_loop._patched_targets()
+
+
+class CollectiveCount:
+    """Counts the collective calls this process makes (broadcast, all-reduce, all-gather), wherever SGLang
+    or a patch calls them from: both look `torch.distributed`'s functions up at call time."""
+
+    def __init__(self) -> None:
+        import torch.distributed as dist
+
+        self.calls = 0
+        for name in ("broadcast", "all_reduce", "all_gather"):
+            setattr(dist, name, self._counted(getattr(dist, name)))
+
+    def _counted(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        def collective(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return function(*args, **kwargs)
+
+        return collective
+
+
+def _block(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any, story: Mapping[str, Any],
+           count: CollectiveCount) -> tuple[list[int], dict[str, Any], int]:
+    """One block from fresh SGLang objects: each iteration's time, what became of each request, and how
+    many collective calls the block made."""
+    before = count.calls
+    result = decode_loop.run_loop(dataclasses.replace(sc, **story), rank, group, rank_writer)
+    outcome = {key: result[key] for key in ("dropped", "transferred", "finished")}
+    return result["iteration_ns"], outcome, count.calls - before
+
+
+def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
+    import torch.distributed as dist
+
+    rank_writer = decode_loop.join(sc, rank)
+    switch = Switch(sc.patches)
+    decode_loop._instrument_collectives(rank_writer)
+    count = CollectiveCount()
+    group = dist.group.WORLD
+    report: dict[str, Any] = {"rank": rank, "applied": switch.applied, "patched_targets": {},
+                              "workloads": {}}
+    order = [UNPATCHED, PATCHED] + [v for _ in range(rounds) for v in (UNPATCHED, PATCHED, PATCHED, UNPATCHED)]
+    for name, story in workloads().items():
+        times: dict[str, list[int]] = {UNPATCHED: [], PATCHED: []}
+        outcomes: dict[str, list[dict[str, Any]]] = {UNPATCHED: [], PATCHED: []}
+        calls = {UNPATCHED: 0, PATCHED: 0}
+        for index, variant in enumerate(order):
+            report["patched_targets"][variant] = switch.install(variant)
+            iteration_ns, outcome, block_calls = _block(sc, rank, group, rank_writer, story, count)
+            outcomes[variant].append(outcome)
+            calls[variant] += block_calls
+            if index >= 2:  # the first block of each variant warms caches and gloo's buffers
+                times[variant].extend(iteration_ns)
+        per_iteration = {v: calls[v] / (order.count(v) * sc.iterations) for v in calls}
+        report["workloads"][name] = {"iteration_ns": times, "outcomes": outcomes, "collectives": per_iteration}
+    switch.install(UNPATCHED)
+    result_path(sc, rank).write_text(json.dumps(report))
+    rank_writer.close()
+
+
+def main(argv: list[str]) -> int:
+    import argparse
+
+    from tests.repro import group
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--world", type=int, required=True)
+    parser.add_argument("--iterations", type=int, required=True, help="iterations per block")
+    parser.add_argument("--rounds", type=int, required=True, help="unpatched, patched, patched, unpatched rounds")
+    parser.add_argument("--workdir", required=True)
+    parser.add_argument("--patches", nargs="+", required=True)
+    args = parser.parse_args(argv)
+    sc = scenario_mod.Scenario(
+        port=group.free_port(), ledger=str(Path(args.workdir) / "ledger"), workdir=args.workdir,
+        patches=tuple(args.patches), world=args.world, iterations=args.iterations, local_aborts={},
+        forward_s=0.0, idle_s=0.0,
+    )
+    return decode_loop.launch(sc, rank_fn=lambda s, rank: bench_rank(s, rank, args.rounds))
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
