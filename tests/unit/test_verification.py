@@ -18,7 +18,7 @@ from pdfleet.operator.planning import reconcile, verification
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.verification import EngineFacts
-from pdfleet.operator.render import engine_args
+from pdfleet.operator.render import engine_args, labels
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
 
@@ -111,7 +111,7 @@ def test_server_args_that_differ_are_named_with_expected_and_seen() -> None:
 
 def _ready_pod(uid: str, *, revision: str = "r2", since: str = "2026-11-30T12:00:00Z") -> Body:
     return {"metadata": {"name": f"p-{uid}", "uid": uid,
-                         "labels": {"pdfleet.dev/revision": revision, "pdfleet.dev/rank": "0"}},
+                         "labels": {labels.REVISION: revision, labels.RANK: "0"}},
             "spec": {"containers": [{"args": ["--", "--tp-size", "1"]}]},
             "status": {"conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": since}]}}
 
