@@ -80,21 +80,24 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="kv-poll-lockstep",
         summary=(
-            "Every TP rank joins the decode KV polls (transfer and prealloc handshake) on every loop iteration with "
-            "a fixed-shape payload, even with an empty local queue or a retracted request on one rank, so ranks "
-            "can never enter different collectives there."
+            "Every TP rank joins the KV polls (decode transfer and prealloc handshake, prefill bootstrap and "
+            "inflight) on every loop iteration with a fixed-shape payload, even with an empty local queue or a "
+            "retracted request on one rank, so ranks can never enter different collectives there."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
         # Checked against 0.5.23: the decode transfer queue's poll (the overlap-abort desync), the decode
         # loop's retraction gate in front of every decode poll (agreed by a MAX all-reduce) and the prealloc
-        # queue's handshake poll (the same fixed-shape exchange). Patching utils.poll_and_all_reduce would not
-        # reach decode.py, which binds the name at import. Not yet covered: the prefill queues, which have the
-        # same guard (docs/desync-audit.md).
+        # queue's handshake poll (the same fixed-shape exchange), and the prefill bootstrap and inflight queues'
+        # polls (the exchange over attention TP then CP). Patching utils.poll_and_all_reduce would not reach
+        # decode.py or prefill.py, which bind the name at import. Not yet covered: the prefill waiting queue's
+        # bootstrap resolution and check_bootstrap (docs/desync-audit.md).
         targets=(
             "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
             "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate",
             "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters",
+            "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
+            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
         ),
         upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
     ),

@@ -6,6 +6,7 @@ scheduler and queue code.
 - `stage`: the minimal SGLang objects a rank drives (a `Scheduler` and a `DecodeTransferQueue` built without
   their GPU-bound constructors) and the small fakes they need (a KV receiver, a request).
 - `decode_loop`: one rank's loop, and the launcher that imports SGLang once and forks the ranks.
+- `prefill`: the prefill loop (bootstrap and inflight polls) and its SGLang objects, for `role="prefill"`.
 - `overhead`: the same loop with nothing diverging, switched between SGLang's functions and the patched ones
   block by block in the same ranks: the cost `make bench` reports (benchmarks/bench_desync_fixes.py).
 - `group`: the test side: start a run in its own session, watch the ledger, judge it, kill everything.

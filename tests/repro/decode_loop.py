@@ -24,8 +24,8 @@ from collections.abc import Callable
 from typing import Any
 
 from pdfleet.runtime.health import attach, phases, writer
+from tests.repro import prefill, stage
 from tests.repro import scenario as scenario_mod
-from tests.repro import stage
 
 LOOP = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
 
@@ -57,12 +57,14 @@ def _apply_patches(patch_ids: tuple[str, ...]) -> list[str]:
 def _patched_targets() -> dict[str, str]:
     """Which of SGLang's functions this process runs patched, read back from SGLang itself."""
     from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeTransferQueue
+    from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.managers.scheduler import Scheduler
 
     found = {}
-    for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue):
+    for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue, PrefillBootstrapQueue):
         for name in ("abort_request", "process_input_requests", "_poll_timeout_aborts", "pop_transferred",
-                     "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters"):
+                     "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters",
+                     "pop_bootstrapped", "process_disagg_prefill_inflight_queue"):
             patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
             if patch_id:
                 found[f"{owner.__name__}.{name}"] = patch_id
@@ -145,7 +147,8 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
     rank_writer = join(sc, rank)
     applied = _apply_patches(sc.patches)
     _instrument_collectives(rank_writer)
-    result = run_loop(sc, rank, dist.group.WORLD, rank_writer)
+    loop = prefill.run_loop if sc.role == "prefill" else run_loop
+    result = loop(sc, rank, dist.group.WORLD, rank_writer)
     result.update(applied=applied, patched=_patched_targets())
     sc.result_path(rank).write_text(json.dumps(result))
     rank_writer.close()
@@ -173,9 +176,10 @@ def launch(sc: scenario_mod.Scenario,
     warnings.simplefilter("ignore")
     # Import once, before forking: each rank would otherwise spend ~10 s on it.
     import sglang.srt.disaggregation.decode
+    import sglang.srt.disaggregation.prefill
     import sglang.srt.managers.scheduler  # noqa: F401
 
-    stage.publish_context(sc.world)
+    stage.publish_context(sc.world, sc.role)
     children = []
     for rank in range(sc.world):
         pid = os.fork()

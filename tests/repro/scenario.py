@@ -36,7 +36,9 @@ class Scenario:
     {iteration: rid}, an abort signal seen by that rank only. `patches`: catalogue ids applied in every rank.
     `handshakes`: iteration -> [(rid, polls until its handshake completes)], broadcast by rank 0 into the
     prealloc queue (then preallocated and transferred in one poll). `retracted`: rank -> [first, stop), the
-    iterations in which that rank alone holds a retracted request (its own memory decided so)."""
+    iterations in which that rank alone holds a retracted request (its own memory decided so). With
+    `role="prefill"`, `arrivals` bootstrap in one poll and their KV lands `polls` polls after their prefill, and
+    `handshakes` take `polls` polls to bootstrap."""
 
     port: int
     ledger: str
@@ -52,6 +54,7 @@ class Scenario:
     gloo_timeout_s: float = 120.0  # long enough never to fire while a hang is being detected
     handshakes: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
     retracted: dict[int, list[int]] = dataclasses.field(default_factory=dict)
+    role: str = "decode"  # or "prefill": the loop the ranks run (tests/repro/prefill.py)
 
     def __post_init__(self) -> None:
         outside = sorted(rank for rank in {*self.local_aborts, *self.retracted} if not 0 <= rank < self.world)

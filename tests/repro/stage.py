@@ -34,15 +34,15 @@ _rooms = itertools.count(1000)
 HANDSHAKE = "handshake"  # first field of an arrival bound for the prealloc queue: (HANDSHAKE, rid, polls)
 
 
-def publish_context(world: int) -> None:
-    """SGLang's process-wide config, as a TP-`world` decode server with the fake transfer backend would have
-    it. Call once in the launcher, before the ranks fork."""
+def publish_context(world: int, role: str = "decode") -> None:
+    """SGLang's process-wide config, as a TP-`world` server of `role` (decode or prefill) with the fake
+    transfer backend would have it. Call once in the launcher, before the ranks fork."""
     from sglang.srt import runtime_context
     from sglang.srt.server_args import ServerArgs
 
     parser = argparse.ArgumentParser()
     ServerArgs.add_cli_args(parser)
-    argv = ["--model-path", "dummy", "--device", "cpu", "--tp-size", str(world), "--disaggregation-mode", "decode",
+    argv = ["--model-path", "dummy", "--device", "cpu", "--tp-size", str(world), "--disaggregation-mode", role,
             "--disaggregation-transfer-backend", "fake"]
     server_args = ServerArgs.from_cli_args(parser.parse_args(argv))
     server_args.resolve_once()
@@ -123,6 +123,20 @@ def _commit(decode_req: Any) -> None:
     decode_req.req.time_stats.set_wait_queue_entry_time()
 
 
+def intake_attributes(receiver: Any) -> dict[str, Any]:
+    """What `Scheduler.ingest_requests`, `process_input_requests` and `abort_request` read on a scheduler of
+    either role, with `receiver` as its request receiver."""
+    return dict(
+        request_receiver=receiver, _deferred_input_requests=[],
+        metrics_reporter=SimpleNamespace(enable_metrics=False, record_scheduler_active=_noop),
+        scheduler_stage_metrics=None, session_controller=SimpleNamespace(maybe_reap=_noop), rust_server=None,
+        flush_wrapper=SimpleNamespace(check_pending=_noop), external_corpus_manager=None,
+        return_health_check_ipcs=[], chunked_req=None, mm_receiver=None, waiting_queue=[], dllm_config=None,
+        grammar_manager=SimpleNamespace(abort_requests=_noop), collect_inflight_reqs=list,
+        output_streamer=SimpleNamespace(stream_output=_noop),
+    )
+
+
 def build(rank: int, group: Any, receiver: Any) -> tuple[Any, Any]:
     """(scheduler, transfer queue) for one rank. `receiver` is what `Scheduler.ingest_requests` pulls from:
     an object with `recv_requests(local_reqs=...)`."""
@@ -134,15 +148,10 @@ def build(rank: int, group: Any, receiver: Any) -> tuple[Any, Any]:
     scheduler = object.__new__(Scheduler)
     queue = object.__new__(DecodeTransferQueue)
     prealloc = object.__new__(DecodePreallocQueue)
-    metrics = SimpleNamespace(enable_metrics=False, record_scheduler_active=_noop)
     vars(scheduler).update(
-        request_receiver=receiver, _deferred_input_requests=[], metrics_reporter=metrics,
-        scheduler_stage_metrics=None, session_controller=SimpleNamespace(maybe_reap=_noop), rust_server=None,
-        flush_wrapper=SimpleNamespace(check_pending=_noop), external_corpus_manager=None,
-        return_health_check_ipcs=[], chunked_req=None, mm_receiver=None, waiting_queue=[], dllm_config=None,
-        grammar_manager=SimpleNamespace(abort_requests=_noop), disaggregation_mode=DisaggregationMode.DECODE,
-        disagg_decode_prealloc_queue=prealloc, disagg_decode_transfer_queue=queue, collect_inflight_reqs=list,
-        enable_decode_hicache=False, enable_hisparse=False, output_streamer=SimpleNamespace(stream_output=_noop),
+        intake_attributes(receiver), disaggregation_mode=DisaggregationMode.DECODE,
+        disagg_decode_prealloc_queue=prealloc, disagg_decode_transfer_queue=queue,
+        enable_decode_hicache=False, enable_hisparse=False,
     )
     # Dispatch as Scheduler.init_request_dispatcher does for AbortReq; arrivals are plain tuples here.
     handlers: dict[type, Callable[[Any], Any]] = {AbortReq: lambda r: scheduler.abort_request(r)}

@@ -12,6 +12,10 @@ iterations and drops the request together.
 The same harness injects the divergence at the decode loop's two other rank-local gates in front of a KV poll
 (a retracted request on one rank; one rank's prealloc queue losing a request before the handshake poll), at
 2 and 3 ranks: each hangs unpatched and completes with `kv-poll-lockstep`.
+And in the prefill loop (tests/repro/prefill.py): one rank's bootstrap queue, or its queue of transfers in
+flight, loses a request on its own, so that rank skips the bootstrap poll (`pop_bootstrapped`) or the transfer
+poll (`process_disagg_prefill_inflight_queue`) its peers enter; at 2 and 3 ranks each hangs unpatched and
+completes with `kv-poll-lockstep`.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from typing import Any
 import pytest
 
 from pdfleet.runtime.health import phases, verdict
-from tests.repro import group
+from tests.repro import group, prefill
 from tests.repro.scenario import Scenario, early_rank, local_aborts_for
 
 DESYNC_AFTER_S = 2.0
@@ -132,7 +136,8 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
     assert sorted(ranks) == list(range(sc.world))
     early = early_rank(sc.world) if early is None else early
     peers = [r for r in range(sc.world) if r != early]
-    assert {v.loop for v in ranks.values()} == {phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE}
+    loop = prefill.LOOP if sc.role == "prefill" else phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
+    assert {v.loop for v in ranks.values()} == {loop}
     assert ranks[early].phase is phases.Phase.RECV_BROADCAST
     assert {ranks[r].phase for r in peers} == {phases.Phase.KV_POLL_ALL_REDUCE}
     n = ranks[0].collectives
@@ -227,7 +232,16 @@ def test_a_rank_local_gate_in_front_of_a_decode_poll_desyncs_unless_kv_poll_lock
     launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...],
     events: dict[str, dict[str, int]] | None,
 ) -> None:
-    sc, proc = launch(patches, world, **story(world))
+    _run_gate(launch, world, story(world), patches, events,
+              {"Scheduler.process_decode_queue", "DecodePreallocQueue._update_handshake_waiters"})
+
+
+def _run_gate(launch: Launch, world: int, story: dict[str, Any], patches: tuple[str, ...],
+              events: dict[str, dict[str, int]] | None, patched: set[str]) -> None:
+    """The last rank diverges at a gate: without `events`, the group must hang and be judged Desync (that rank
+    in the broadcast, its peers in the poll); with them, every rank completes Healthy, `patched` among the
+    functions it ran patched, and reports exactly `events`."""
+    sc, proc = launch(patches, world, **story)
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
     if events is None:
@@ -238,6 +252,49 @@ def test_a_rank_local_gate_in_front_of_a_decode_poll_desyncs_unless_kv_poll_lock
         result = json.loads(sc.result_path(rank).read_text())
         assert result["iterations"] == sc.iterations
         assert result["applied"] == [LOCKSTEP]
-        assert set(result["patched"]) >= {"Scheduler.process_decode_queue",
-                                          "DecodePreallocQueue._update_handshake_waiters"}
+        assert set(result["patched"]) >= patched
         assert {key: result[key] for key in events} == events, f"rank {rank}"
+
+
+# --- The prefill loop's rank-local gates in front of a KV poll (docs/desync-audit.md) -----------------------
+# Bootstrap: `pop_bootstrapped` returns at once on an empty bootstrap queue. `req-b` waits in every rank's
+# bootstrap queue (its bootstrap never completes); the last rank alone releases it at iteration 3, so its queue
+# is empty: unpatched, it skips the bootstrap poll its peers enter.
+# Inflight: `process_disagg_prefill_inflight_queue` returns at once on an empty inflight queue. `req-i` was
+# prefilled at iteration 0 and its transfer never lands; `req-ok`'s lands at iteration 2. The last rank alone
+# releases `req-i` at iteration 3: unpatched, it skips the transfer poll its peers enter.
+def _bootstrap(world: int) -> dict[str, Any]:
+    return {"role": "prefill", "arrivals": {}, "handshakes": {0: [("req-b", 10_000)]},
+            "local_aborts": {world - 1: {3: "req-b"}}}
+
+
+def _inflight(world: int) -> dict[str, Any]:
+    return {"role": "prefill", "arrivals": {0: [("req-i", 10_000), ("req-ok", 3)]}, "handshakes": {},
+            "local_aborts": {world - 1: {3: "req-i"}}}
+
+
+# With kv-poll-lockstep the request a peer lacks is Failed on every rank that holds it (SGLang's own
+# handle_bootstrap_failure / handle_inflight_transfer_failure): every rank has dropped it in iteration 3.
+PREFILL_GATES = {
+    "bootstrap-world2-unpatched": (2, _bootstrap, (), None),
+    "bootstrap-world2-kv-poll-lockstep": (2, _bootstrap, (LOCKSTEP,),
+                                          {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}}),
+    "bootstrap-world3-unpatched": (3, _bootstrap, (), None),
+    "bootstrap-world3-kv-poll-lockstep": (3, _bootstrap, (LOCKSTEP,),
+                                          {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}}),
+    "inflight-world2-unpatched": (2, _inflight, (), None),
+    "inflight-world2-kv-poll-lockstep": (2, _inflight, (LOCKSTEP,), {
+        "dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2}}),
+    "inflight-world3-unpatched": (3, _inflight, (), None),
+    "inflight-world3-kv-poll-lockstep": (3, _inflight, (LOCKSTEP,), {
+        "dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2}}),
+}
+
+
+@pytest.mark.parametrize(("world", "story", "patches", "events"), list(PREFILL_GATES.values()), ids=list(PREFILL_GATES))
+def test_a_rank_local_gate_in_front_of_a_prefill_poll_desyncs_unless_kv_poll_lockstep_agrees_it(
+    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...],
+    events: dict[str, dict[str, int]] | None,
+) -> None:
+    _run_gate(launch, world, story(world), patches, events,
+              {"PrefillBootstrapQueue.pop_bootstrapped", "Scheduler.process_disagg_prefill_inflight_queue"})

@@ -24,9 +24,10 @@ The exchange is marked as the rank's KV-poll collective in the rank-health ledge
 
 Keys are a 63-bit hash of the request id (ids are strings; every rank received the same id in the same
 broadcast). The same patch also agrees the decode loop's retraction gate and runs the prealloc queue's
-handshake poll as a lockstep exchange (`prealloc_lockstep`), so no decode KV poll is skipped by one rank. Not
-covered here (see the catalogue entry): the prefill side, and the PP path (`rids_to_check`), which follows
-the previous stage's consensus and is passed through unchanged. With SGLang's staging buffer the
+handshake poll as a lockstep exchange (`prealloc_lockstep`), so no decode KV poll is skipped by one rank, and
+does the same for the prefill bootstrap and inflight polls (`prefill_lockstep`). Not covered here (see the
+catalogue entry): the PP path (`rids_to_check`), which follows the previous stage's consensus and is passed
+through unchanged. With SGLang's staging buffer the
 original staging poll still runs after the exchange, on queues that now agree.
 """
 
@@ -49,7 +50,12 @@ POP_TRANSFERRED = "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_tran
 POLL_WITH_METADATA_GATE = "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate"
 PROCESS_DECODE_QUEUE = "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.process_decode_queue"
 UPDATE_HANDSHAKE_WAITERS = "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters"
-TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE, PROCESS_DECODE_QUEUE, UPDATE_HANDSHAKE_WAITERS)
+POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped"
+PROCESS_INFLIGHT = (
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue"
+)
+TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE, PROCESS_DECODE_QUEUE, UPDATE_HANDSHAKE_WAITERS,
+           POP_BOOTSTRAPPED, PROCESS_INFLIGHT)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
@@ -57,6 +63,8 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         POLL_WITH_METADATA_GATE: "4976472dc53c84ea",
         PROCESS_DECODE_QUEUE: "18ed61a5b9ab4162",
         UPDATE_HANDSHAKE_WAITERS: "48508b8bf97ac7db",
+        POP_BOOTSTRAPPED: "0ecb934dee8b9774",
+        PROCESS_INFLIGHT: "b67e2acef55ff84f",
     },
 }
 
@@ -218,8 +226,9 @@ def _reconcile(queue: Any, keys: list[int], agreement: Agreement, sg: _SGLang) -
 
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     """The lockstep `pop_transferred` and the poll step that returns its agreed states; with them, the agreed
-    retraction gate and the lockstep handshake poll (`prealloc_lockstep`)."""
-    from pdfleet.runtime.patches.impl import prealloc_lockstep
+    retraction gate and the lockstep handshake poll (`prealloc_lockstep`), and the lockstep prefill polls
+    (`prefill_lockstep`)."""
+    from pdfleet.runtime.patches.impl import prealloc_lockstep, prefill_lockstep
 
     sg = _bind_sglang()
     original_pop = originals[POP_TRANSFERRED]
@@ -251,4 +260,4 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         return states
 
     return {POP_TRANSFERRED: pop_transferred, POLL_WITH_METADATA_GATE: _poll_with_metadata_gate,
-            **prealloc_lockstep.replacements(originals)}
+            **prealloc_lockstep.replacements(originals), **prefill_lockstep.replacements(originals)}
