@@ -11,7 +11,7 @@
 #      but that is not installed (cublas, cudnn, nccl, ...): each stub function aborts with its own name.
 #      Needs a C compiler (cc) and readelf (binutils). Stubs are rebuilt on every install; where the real
 #      library is installed (a GPU machine), no stub is made for it.
-#   4. Checks that torch, sglang and the router import, and names what failed otherwise.
+#   4. Checks that torch, sglang, the router and deepseek-recipe import, and names what failed otherwise.
 # Needs: PyPI (about 0.9 GB of wheels on a cold cache), cc, readelf.
 set -euo pipefail
 
@@ -69,12 +69,14 @@ sys.exit(0 if all((lib / n).exists() for n in marker.read_text().split()) else 1
 PYEOF
 }
 
-# Imports sglang, torch and the router; prints the sglang version on success.
+# Imports sglang, torch, the router and deepseek-recipe (DeepSeek V4's parser, a native wheel); prints the
+# sglang version on success.
 import_check() {
     "$PY" - <<'PYEOF' 2>&1
 import warnings
 
 warnings.simplefilter("ignore")
+import deepseek_recipe  # noqa: F401
 import torch  # noqa: F401
 import sglang
 import sglang_router  # noqa: F401

@@ -39,6 +39,8 @@ MODULES = [
     "sglang.srt.function_call.deepseekv4_detector",
     "sglang.srt.function_call.deepseekv32_detector",
     "sglang.srt.entrypoints.http_server",
+    "sglang.srt.entrypoints.openai.serving_deepseek_recipe",
+    "deepseek_recipe",
     "triton",
     "sglang_router",
 ]
