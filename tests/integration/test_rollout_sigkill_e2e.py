@@ -1,6 +1,6 @@
 """End to end: the operator SIGKILLed at random moments of a rollout, and started again each time, finishes the
 same rollout from what the cluster holds: every group verified on the new revision, each replaced exactly once,
-one Event per step. Nothing of a rollout lives only in the operator's memory.
+never two Events for one step. Nothing of a rollout lives only in the operator's memory.
 
 The operator here is this test's own process (the chart's ServiceAccount token, `--namespace` of the test), not
 the module-wide one, so that it can be killed without a word. The moments are random but seeded, and the seed is
@@ -112,9 +112,11 @@ def test_an_operator_killed_five_times_mid_rollout_finishes_it_verified_replacin
     for group in GROUPS:
         assert len(after[group]) == 1 and not after[group] & before[group], (group, before[group], after[group])
         assert seen[group] == before[group] | after[group], (group, seen[group], fleet.event_lines(cluster, namespace))
-    # One Event per step: a step replayed by a restarted operator would post its GroupReplaced again.
+    # At most one Event per step: a step replayed by a restarted operator must not post its GroupReplaced again.
+    # Not exactly one: a kill between a step's writes and its Event loses that Event, as with any controller
+    # (Events are best effort; the pods and the status above are the record, and they are whole).
     replaced = fleet.events(cluster, namespace, POOL, "GroupReplaced")
     named = sorted(e["message"].split(" group ")[1].split(" ")[0] for e in replaced)
-    assert named == GROUPS, fleet.event_lines(cluster, namespace)
+    assert len(named) == len(set(named)) and set(named) <= set(GROUPS), fleet.event_lines(cluster, namespace)
     assert all(e["count"] == 1 for e in replaced), [(e["message"], e["count"]) for e in replaced]
     assert operators.tracebacks() == []
