@@ -14,14 +14,17 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import outside_ephemeral
+
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) / "bin"
+# Apart from the shared cluster's defaults, and below the ephemeral range.
 PORTS = {
-    "PDFLEET_ETCD_PORT": "33790", "PDFLEET_ETCD_PEER_PORT": "33800", "PDFLEET_APISERVER_PORT": "36443",
-    "PDFLEET_CONTROLLER_MANAGER_PORT": "30257", "PDFLEET_SCHEDULER_PORT": "30259", "PDFLEET_KWOK_PORT": "30247",
-    "PDFLEET_SIM_PORT": "30248",
+    "PDFLEET_ETCD_PORT": "24790", "PDFLEET_ETCD_PEER_PORT": "24800", "PDFLEET_APISERVER_PORT": "26443",
+    "PDFLEET_CONTROLLER_MANAGER_PORT": "24257", "PDFLEET_SCHEDULER_PORT": "24259", "PDFLEET_KWOK_PORT": "24247",
+    "PDFLEET_SIM_PORT": "24248",
 }
 COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pdfleet-sim"}
 SIM_PYTHON = str(ROOT / ".venv" / "bin" / "python")
@@ -47,8 +50,8 @@ def processes_of(cluster_dir: Path) -> list[str]:
 
 @pytest.fixture
 def private_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    env = os.environ | PORTS | {"PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster"), "PDFLEET_GPU_NODES": "1",
-                                "PDFLEET_CPU_NODES": "0"}
+    env = os.environ | outside_ephemeral(PORTS) | {
+        "PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster"), "PDFLEET_GPU_NODES": "1", "PDFLEET_CPU_NODES": "0"}
     env.pop("PDFLEET_KUBECONFIG", None)
     yield tmp_path / "cluster", env
     subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), "down"], env=env, capture_output=True)

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.ports import outside_ephemeral
+
 ROOT = Path(__file__).resolve().parents[2]
 CACHE_BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) / "bin"
 
@@ -22,8 +24,9 @@ def localcluster(env: dict[str, str], *args: str) -> subprocess.CompletedProcess
 
 @pytest.fixture
 def isolated_env(tmp_path: Path) -> dict[str, str]:
-    env = os.environ | {"PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster"), "PDFLEET_ETCD_PORT": "43790",
-                        "PDFLEET_ETCD_PEER_PORT": "43800", "PDFLEET_APISERVER_PORT": "46443"}
+    ports = outside_ephemeral({"PDFLEET_ETCD_PORT": "25790", "PDFLEET_ETCD_PEER_PORT": "25800",
+                               "PDFLEET_APISERVER_PORT": "26444"})
+    env = os.environ | ports | {"PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster")}
     env.pop("PDFLEET_KUBECONFIG", None)
     return env
 
