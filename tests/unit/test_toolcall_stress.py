@@ -4,8 +4,9 @@ content, every call recovered exactly once, plain text unchanged.
 
 Two paths: the real OpenAI chat handler (guarded subclass, `--tool-call-parser deepseekv32`: SGLang's
 `DeepSeekV32Detector` inside `_generate_chat_stream`), and SGLang's `DeepSeekV4Detector` (V4's text form)
-driven directly with the guard on its output, since 0.5.23 serves V4 through deepseek-recipe, which the
-CPU install lacks. Each request's markup is one of: the parser's own (SGLang parses it), marker-stripped
+driven directly with the guard on its output. 0.5.23 serves `deepseekv4` itself through deepseek-recipe's
+token-id parser: that path is test_toolcall_stress_v4.
+Each request's markup is one of: the parser's own (SGLang parses it), marker-stripped
 (the mixed-batch decode leak), the other version's block, and on the handler also stripped markup under
 `tool_choice: "none"` (withheld, no call). The same mix also goes through the handler's non-streaming path.
 Seeded; the seed is in the failure message.
