@@ -116,3 +116,15 @@ async def stream(serving: Any, request: Any, chunks: Sequence[str], rid: str) ->
             finish = choice.get("finish_reason") or finish
     return {"content": content, "calls": [tuple(c) for c in calls], "tool_indices": indices,
             "finish_reason": finish}
+
+
+def v32_markup(calls: Sequence[tuple[str, dict[str, Any]]]) -> str:
+    """The text a V3.2 model writes for `calls` (after any content): SGLang's own V3.2 encoder (`encoding_dsv32`,
+    the prompt side of `deepseekv32`) renders an assistant turn with these calls, and its end-of-sentence is cut."""
+    from sglang.srt.entrypoints.openai import encoding_dsv32
+
+    tool_calls = [{"type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                  for name, args in calls]
+    turn = encoding_dsv32.render_message(0, [{"role": "assistant", "content": "", "tool_calls": tool_calls}],
+                                         thinking_mode="chat")
+    return turn.removesuffix(encoding_dsv32.eos_token).strip()
