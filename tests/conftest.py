@@ -17,7 +17,14 @@ ROOT = Path(__file__).resolve().parent.parent
 LOCALCLUSTER = ROOT / "hack" / "localcluster.py"
 
 
+# Tests talk only to 127.0.0.0/8. A proxy in the environment would carry that traffic elsewhere (httpx, aiohttp
+# and the openai client honour these by default), so no test, and no process a test starts, sees one.
+PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    for name in PROXY_VARIABLES:
+        os.environ.pop(name, None)
     # Registered here rather than in pyproject.toml: tests/unit/test_api_field_effects.py reads these markers.
     config.addinivalue_line(
         "markers", "effect(*fields): shows the effect of these InferencePool spec fields (wire paths; `*` is one "
