@@ -27,6 +27,20 @@ class Phase(enum.IntEnum):
     KV_POLL_ALL_REDUCE = 17  # `poll_and_all_reduce` of KV-transfer poll states (gloo)
     MLP_SYNC_ALL_GATHER = 18  # DP-attention batch sync before the forward
     OTHER_COLLECTIVE = 19  # any other cross-rank collective the instrumentation wraps
+    # SGLang's own KV polls, by the audited caller they were entered from (docs/desync-audit.md); a poll
+    # entered from any other caller stays KV_POLL_ALL_REDUCE.
+    PREALLOC_HANDSHAKE_POLL = 20  # DecodePreallocQueue._update_handshake_waiters
+    DECODE_TRANSFER_POLL = 21  # DecodeTransferQueue._poll_with_metadata_gate / _poll_with_staging
+    PREFILL_BOOTSTRAP_POLL = 22  # PrefillBootstrapQueue.pop_bootstrapped
+    PREFILL_INFLIGHT_POLL = 23  # process_disagg_prefill_inflight_queue
+    PREFILL_WAITING_BOOTSTRAP_POLL = 24  # resolve_waiting_queue_bootstrap
+    PREFILL_CHUNK_BOOTSTRAP_POLL = 25  # check_bootstrap
+    # pdfleet's own collectives, entered by every rank in place of a rank-local branch (kv-poll-lockstep).
+    RETRACTION_AGREEMENT = 26  # MAX all-reduce of "I hold a retracted request" (process_decode_queue)
+    PREALLOC_HANDSHAKE_EXCHANGE = 27  # lockstep exchange in place of the handshake poll
+    DECODE_TRANSFER_EXCHANGE = 28  # lockstep exchange in front of pop_transferred
+    PREFILL_BOOTSTRAP_EXCHANGE = 29  # lockstep exchange in place of pop_bootstrapped's poll
+    PREFILL_INFLIGHT_EXCHANGE = 30  # lockstep exchange in place of the inflight queue's poll
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

@@ -9,6 +9,9 @@ defined) and the KV polls in `disaggregation.prefill`, `disaggregation.decode` a
 modules whose loops call them. Functions those call in turn (`utils.poll_and_all_reduce` inside
 `poll_and_all_reduce_attn_cp_tp_group`) stay unwrapped, so each logical collective counts once.
 
+A KV poll is recorded under the phase of the audited caller that entered it (`POLL_SITES`, see
+`seams`), so a desync verdict names the queue a rank waits in, not just "a KV poll".
+
 Left out on purpose: `decode.poll_and_all_reduce_pp` (maps a consensus already reached over the pipeline;
 no collective of its own) and the loop dispatcher (the `overlap-loop-report` catalogue patch, see
 `patches.impl.overlap_loop_report`).
@@ -16,10 +19,15 @@ no collective of its own) and the loop dispatcher (the `overlap-loop-report` cat
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 from collections.abc import Callable, Mapping
+from types import CodeType
 from typing import Any
 
+from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from pdfleet.runtime.patches import targets
 
 _SCHEDULER = "sglang.srt.managers.scheduler.Scheduler"
 _RECEIVER = "sglang.srt.managers.scheduler_components.request_receiver"
@@ -27,7 +35,7 @@ _PREFILL = "sglang.srt.disaggregation.prefill"
 _DECODE = "sglang.srt.disaggregation.decode"
 _PP_MIXIN = "sglang.srt.managers.scheduler_pp_mixin"
 
-WRAPPERS: dict[str, Callable[[seams.Fn], seams.Fn]] = {
+WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     f"{_SCHEDULER}.ingest_requests": seams.ingest_requests,
     f"{_SCHEDULER}.run_batch": seams.run_batch,
     f"{_SCHEDULER}.on_idle": seams.on_idle,
@@ -58,6 +66,48 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
 }
 
 
+# The polls whose wrapper records the caller's phase (`seams.Sites`).
+_SITED = frozenset({
+    f"{_PREFILL}.poll_and_all_reduce_attn_cp_tp_group",
+    f"{_DECODE}.poll_and_all_reduce",
+    f"{_DECODE}.poll_and_all_reduce_with_staging",
+})
+_MIXIN = f"{_PREFILL}.SchedulerDisaggregationPrefillMixin"
+
+# SGLang's callers of the KV polls above that the desync audit names (docs/desync-audit.md), and the phase a
+# rank waiting in a poll one of them entered is recorded under. Each is a rank-local branch's collective.
+POLL_SITES: Mapping[str, phases.Phase] = {
+    f"{_DECODE}.DecodePreallocQueue._update_handshake_waiters": phases.Phase.PREALLOC_HANDSHAKE_POLL,
+    f"{_DECODE}.DecodeTransferQueue._poll_with_metadata_gate": phases.Phase.DECODE_TRANSFER_POLL,
+    f"{_DECODE}.DecodeTransferQueue._poll_with_staging": phases.Phase.DECODE_TRANSFER_POLL,
+    f"{_PREFILL}.PrefillBootstrapQueue.pop_bootstrapped": phases.Phase.PREFILL_BOOTSTRAP_POLL,
+    f"{_MIXIN}.process_disagg_prefill_inflight_queue": phases.Phase.PREFILL_INFLIGHT_POLL,
+    f"{_MIXIN}.resolve_waiting_queue_bootstrap": phases.Phase.PREFILL_WAITING_BOOTSTRAP_POLL,
+    f"{_MIXIN}.check_bootstrap": phases.Phase.PREFILL_CHUNK_BOOTSTRAP_POLL,
+}
+
+
+def sglang_code(function: Callable[..., Any]) -> CodeType:
+    """The code object that runs when SGLang's function runs: under any pdfleet patch (`base.mark` keeps
+    each original; a patch that defers to the original runs it) and any `functools.wraps` decorator."""
+    while getattr(function, "__pdfleet_patch__", None) is not None:
+        function = function.__wrapped_original__  # type: ignore[attr-defined]
+    code: CodeType = inspect.unwrap(function).__code__
+    return code
+
+
+def poll_sites() -> seams.Sites:
+    """`POLL_SITES` by code object. A caller the installed SGLang lacks is left out (its polls then record
+    KV_POLL_ALL_REDUCE): a label is never a reason to refuse instrumenting a rank."""
+    sites = {}
+    for dotted, phase in POLL_SITES.items():
+        with contextlib.suppress(targets.TargetError):
+            sites[sglang_code(targets.resolve(dotted).function)] = phase
+    return sites
+
+
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     """dotted target -> its wrapper around `originals[dotted]` (the function installed there now)."""
-    return {dotted: WRAPPERS[dotted](function) for dotted, function in originals.items()}
+    sites = poll_sites()
+    return {dotted: WRAPPERS[dotted](function, sites) if dotted in _SITED else WRAPPERS[dotted](function)
+            for dotted, function in originals.items()}

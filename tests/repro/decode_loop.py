@@ -24,27 +24,24 @@ from collections.abc import Callable
 from typing import Any
 
 from pdfleet.runtime.health import attach, phases, writer
+from pdfleet.runtime.instrument import seams
 from tests.repro import prefill, stage
 from tests.repro import scenario as scenario_mod
 
 LOOP = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
 
 
-def _instrument_collectives(rank_writer: writer.RankWriter) -> None:
-    """Mark every all-reduce and all-gather as the KV-poll collective in the ledger, at the moment it is
-    entered. In this loop those are only the transfer queue's (SGLang's poll and its failed-transfer flags,
-    or the lockstep exchange); the broadcast is marked by `stage.BroadcastReceiver`."""
-    import torch.distributed as dist
+def instrument(rank_writer: writer.RankWriter) -> stage.PhaseLog:
+    """pdfleet's rank instrumentation, installed as the engine launcher installs it (after the catalogue
+    patches, over them): its seams step the iteration in `Scheduler.ingest_requests` and mark SGLang's KV polls
+    with the phase of the queue that entered them; the patches mark their own collectives. The request
+    broadcast is marked by `stage.BroadcastReceiver`. Returns the writer everything now writes through."""
+    from pdfleet.runtime.instrument import apply, seams
 
-    def wrap(function: Callable[..., Any]) -> Callable[..., Any]:
-        def collective(*args: Any, **kwargs: Any) -> Any:
-            rank_writer.collective(phases.Phase.KV_POLL_ALL_REDUCE)
-            return function(*args, **kwargs)
-
-        return collective
-
-    dist.all_reduce = wrap(dist.all_reduce)
-    dist.all_gather = wrap(dist.all_gather)
+    log = stage.PhaseLog(rank_writer)
+    seams.use(log)
+    apply.install(scenario_mod.SGLANG_VERSION)
+    return log
 
 
 def _apply_patches(patch_ids: tuple[str, ...]) -> list[str]:
@@ -71,7 +68,7 @@ def _patched_targets() -> dict[str, str]:
     return found
 
 
-def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writer.RankWriter) -> dict[str, Any]:
+def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seams.Writer) -> dict[str, Any]:
     """The decode loop for `sc.iterations` iterations; returns what happened to each request, by iteration."""
     from sglang.srt.managers.io_struct import AbortReq
 
@@ -87,7 +84,8 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
     for iteration in range(sc.iterations):
         started_ns = time.perf_counter_ns()
         held = {d.req.rid for d in [*queue.queue, *prealloc.queue]}
-        scheduler.ingest_requests()  # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank
+        # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank. Its seam steps the iteration.
+        scheduler.ingest_requests()
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
             scheduler.abort_request(AbortReq(rid=signals[iteration]))
         # This rank's own memory retracted a request, or resumed it (only this rank sees its allocators).
@@ -112,7 +110,6 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
         else:
             rank_writer.begin(phases.Phase.IDLE)
             time.sleep(sc.idle_s)
-        rank_writer.step()
         iteration_ns.append(time.perf_counter_ns() - started_ns)
     return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, **events}
 
@@ -146,12 +143,12 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
 
     rank_writer = join(sc, rank)
     applied = _apply_patches(sc.patches)
-    _instrument_collectives(rank_writer)
+    log = instrument(rank_writer)
     loop = prefill.run_loop if sc.role == "prefill" else run_loop
-    result = loop(sc, rank, dist.group.WORLD, rank_writer)
-    result.update(applied=applied, patched=_patched_targets())
+    result = loop(sc, rank, dist.group.WORLD, log)
+    result.update(applied=applied, patched=_patched_targets(), collectives_entered=log.labels())
     sc.result_path(rank).write_text(json.dumps(result))
-    rank_writer.close()
+    log.close()
 
 
 def _die_with_parent() -> None:

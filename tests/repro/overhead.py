@@ -107,7 +107,7 @@ def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
 
     rank_writer = decode_loop.join(sc, rank)
     switch = Switch(sc.patches)
-    decode_loop._instrument_collectives(rank_writer)
+    log = decode_loop.instrument(rank_writer)
     count = CollectiveCount()
     group = dist.group.WORLD
     report: dict[str, Any] = {"rank": rank, "applied": switch.applied, "patched_targets": {},
@@ -119,7 +119,7 @@ def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
         calls = {UNPATCHED: 0, PATCHED: 0}
         for index, variant in enumerate(order):
             report["patched_targets"][variant] = switch.install(variant)
-            iteration_ns, outcome, block_calls = _block(sc, rank, group, rank_writer, story, count)
+            iteration_ns, outcome, block_calls = _block(sc, rank, group, log, story, count)
             outcomes[variant].append(outcome)
             calls[variant] += block_calls
             if index >= 2:  # the first block of each variant warms caches and gloo's buffers
@@ -128,7 +128,7 @@ def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
         report["workloads"][name] = {"iteration_ns": times, "outcomes": outcomes, "collectives": per_iteration}
     switch.install(UNPATCHED)
     result_path(sc, rank).write_text(json.dumps(report))
-    rank_writer.close()
+    log.close()
 
 
 def main(argv: list[str]) -> int:

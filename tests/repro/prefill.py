@@ -25,7 +25,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from pdfleet.runtime.health import phases, writer
+from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import seams
 from tests.repro import scenario as scenario_mod
 from tests.repro import stage
 
@@ -106,7 +107,7 @@ def inbox(sc: scenario_mod.Scenario, iteration: int) -> list[tuple[Any, ...]]:
     return [*transfers, *[(stage.HANDSHAKE, rid, polls) for rid, polls in sc.handshakes.get(iteration, [])]]
 
 
-def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writer.RankWriter) -> dict[str, Any]:
+def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seams.Writer) -> dict[str, Any]:
     """The prefill loop for `sc.iterations` iterations; returns what happened to each request, by iteration."""
     from sglang.srt.managers.io_struct import AbortReq
 
@@ -119,7 +120,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
         held = {r.rid for r in [*bootstrap.queue, *scheduler.disagg_prefill_inflight_queue]}
-        scheduler.ingest_requests()
+        scheduler.ingest_requests()  # SGLang's; its seam steps the iteration
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
             scheduler.abort_request(AbortReq(rid=signals[iteration]))
         scheduler.waiting_queue.extend(bootstrap.pop_bootstrapped())  # SGLang: guard, then the bootstrap poll
@@ -142,7 +143,6 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: writ
         arrived = {rid for rid, _ in [*sc.arrivals.get(iteration, []), *sc.handshakes.get(iteration, [])]}
         for rid in (held | arrived) - now_held - set(events["transferred"]):
             events["dropped"].setdefault(rid, iteration)
-        rank_writer.step()
     return {"rank": rank, "iterations": sc.iterations, **events}
 
 

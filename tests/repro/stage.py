@@ -28,7 +28,8 @@ from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
-from pdfleet.runtime.health import phases, writer
+from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import seams
 
 _rooms = itertools.count(1000)
 HANDSHAKE = "handshake"  # first field of an arrival bound for the prealloc queue: (HANDSHAKE, rid, polls)
@@ -224,7 +225,7 @@ class BroadcastReceiver:
     the aborts it decided (`local_reqs`), and SGLang's `broadcast_pyobj` sends them to every rank, as
     `_broadcast_reqs_across_ranks` does without DP attention. The ledger marks the broadcast as a collective."""
 
-    def __init__(self, rank: int, group: Any, rank_writer: writer.RankWriter, inbox: Callable[[], list[Any]]) -> None:
+    def __init__(self, rank: int, group: Any, rank_writer: seams.Writer, inbox: Callable[[], list[Any]]) -> None:
         self.rank = rank
         self.group = group
         self.writer = rank_writer
@@ -238,3 +239,32 @@ class BroadcastReceiver:
         received = broadcast_pyobj(data, self.rank, self.group, src=0)
         self.writer.begin(phases.Phase.LOCAL)
         return received
+
+
+class PhaseLog:
+    """The rank's ledger writer as the seams, the patches and the loop see it: every call is passed on, and the
+    collective phases the rank entered are noted, so a run can show which collectives it went through (a
+    patched run: pdfleet's exchanges, not the SGLang polls they replace), not only where it stopped."""
+
+    def __init__(self, inner: seams.Writer) -> None:
+        self.inner = inner
+        self.entered: set[phases.Phase] = set()
+
+    def begin(self, phase: phases.Phase) -> None:
+        self.inner.begin(phase)
+
+    def collective(self, phase: phases.Phase) -> None:
+        self.entered.add(phase)
+        self.inner.collective(phase)
+
+    def step(self) -> None:
+        self.inner.step()
+
+    def set_loop(self, loop: phases.LoopName) -> None:
+        self.inner.set_loop(loop)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def labels(self) -> list[str]:
+        return sorted(phase.label for phase in self.entered)

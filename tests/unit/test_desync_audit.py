@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import targets
 from pdfleet.runtime.patches.impl import abort_consensus, kv_poll_lockstep
 from tests.support import desync_audit
@@ -57,3 +59,14 @@ def test_the_audit_is_pinned_to_the_release_the_desync_patches_were_checked_agai
         shared = set(pins) & set(desync_audit.AUDITED)
         assert shared, f"{impl.PATCH_ID} targets no audited function"
         assert {d: pins[d] for d in shared} == {d: desync_audit.AUDITED[d] for d in shared}
+
+
+def test_every_poll_caller_the_ledger_names_is_an_audited_function() -> None:
+    assert [dotted for dotted in rank_seams.POLL_SITES if dotted not in desync_audit.AUDITED] == []
+
+
+def test_the_audit_page_says_which_phase_each_audited_collective_is_recorded_under() -> None:
+    page = AUDIT_PAGE.read_text()
+    named = [p for p in phases.Phase if p.is_collective]
+    # OTHER_COLLECTIVE is the catch-all for a collective outside the audit: no row of the page records under it.
+    assert [p.label for p in named if f"`{p.label}` ({p.value})" not in page] == ["other_collective"]

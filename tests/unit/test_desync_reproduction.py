@@ -9,6 +9,12 @@ all-reduce there, so its peers wait in the all-reduce while it waits in the next
 timeout is 120 s). With a fix patch applied to SGLang's functions in the rank processes, every rank runs all
 iterations and drops the request together.
 
+The ranks run pdfleet's real rank instrumentation, so a Desync verdict names the collective each rank waits in
+by the queue that entered it: unpatched, the peers of the rank that skipped a poll wait in that branch's own
+poll (`decode_transfer_poll`, `prealloc_handshake_poll`, `prefill_bootstrap_poll`, `prefill_inflight_poll`);
+patched, every rank goes only through pdfleet's exchanges in their place (each run reports the collectives
+it entered).
+
 The same harness injects the divergence at the decode loop's two other rank-local gates in front of a KV poll
 (a retracted request on one rank; one rank's prealloc queue losing a request before the handshake poll), at
 2 and 3 ranks: each hangs unpatched and completes with `kv-poll-lockstep`.
@@ -42,29 +48,52 @@ STARTUP_S = 120.0  # importing SGLang once, then forking the ranks, on a small C
 LOCKSTEP, CONSENSUS = "kv-poll-lockstep", "abort-consensus"
 
 
+Phase = phases.Phase
+
+
+def labels(*entered: Phase) -> list[str]:
+    """The collectives a run reports it entered, as its result file lists them."""
+    return sorted(phase.label for phase in entered)
+
+
+# With kv-poll-lockstep a decode rank goes through the broadcast and pdfleet's three collectives only: SGLang's
+# handshake and transfer polls are replaced by the exchanges, on every rank, every iteration.
+DECODE_LOCKSTEP = labels(Phase.RECV_BROADCAST, Phase.RETRACTION_AGREEMENT, Phase.PREALLOC_HANDSHAKE_EXCHANGE,
+                         Phase.DECODE_TRANSFER_EXCHANGE)
+PREFILL_LOCKSTEP = labels(Phase.RECV_BROADCAST, Phase.PREFILL_BOOTSTRAP_EXCHANGE, Phase.PREFILL_INFLIGHT_EXCHANGE)
+
+
 @dataclasses.dataclass(frozen=True)
 class Expect:
-    """What a run must show: a desync (and where), or every rank dropping `req-x` at `drop_iteration`."""
+    """What a run must show: a desync, the skipping rank's peers waiting in `waiting_in`; or every rank
+    dropping `req-x` at `drop_iteration`, having entered exactly the collectives `entered`."""
 
-    hangs: bool
     drop_iteration: int | None = None
+    waiting_in: Phase | None = None
+    entered: tuple[str, ...] = ()
 
 
+# The peers of the rank that skipped the transfer poll wait in it: SGLang's own poll of the transfer queue.
+HANGS = Expect(waiting_in=Phase.DECODE_TRANSFER_POLL)
+# Rank 2 still acts alone at iteration 3; the lockstep exchange shows its peers it no longer holds the
+# transfer, so they drop it in the same iteration.
+LOCKSTEP_DROPS = Expect(drop_iteration=3, entered=tuple(DECODE_LOCKSTEP))
+# Rank 2's local signal is ignored; rank 0's (iteration 5) rides the broadcast of iteration 6.
+BOTH_DROP = Expect(drop_iteration=6, entered=tuple(DECODE_LOCKSTEP))
 CASES = {
-    "unpatched": ((), Expect(hangs=True)),
-    # Rank 2 still acts alone at iteration 3; the lockstep exchange shows its peers it no longer holds the
-    # transfer, so they drop it in the same iteration.
-    "kv-poll-lockstep": ((LOCKSTEP,), Expect(hangs=False, drop_iteration=3)),
-    # Rank 2's local signal is ignored; rank 0's (iteration 5) rides the broadcast of iteration 6.
-    "abort-consensus": ((CONSENSUS,), Expect(hangs=False, drop_iteration=6)),
-    "both": ((LOCKSTEP, CONSENSUS), Expect(hangs=False, drop_iteration=6)),
+    "unpatched": ((), HANGS),
+    "kv-poll-lockstep": ((LOCKSTEP,), LOCKSTEP_DROPS),
+    # SGLang's own transfer poll, never skipped by one rank alone (the prealloc queue stays empty).
+    "abort-consensus": ((CONSENSUS,), Expect(drop_iteration=6,
+                                             entered=tuple(labels(Phase.RECV_BROADCAST, Phase.DECODE_TRANSFER_POLL)))),
+    "both": ((LOCKSTEP, CONSENSUS), BOTH_DROP),
 }
 # The same story in smaller groups (a world size is not a constant of the reproduction): the hang, and a fix.
 OTHER_WORLDS = {
-    "world2-unpatched": (2, (), Expect(hangs=True)),
-    "world2-kv-poll-lockstep": (2, (LOCKSTEP,), Expect(hangs=False, drop_iteration=3)),
-    "world3-unpatched": (3, (), Expect(hangs=True)),
-    "world3-both": (3, (LOCKSTEP, CONSENSUS), Expect(hangs=False, drop_iteration=6)),
+    "world2-unpatched": (2, (), HANGS),
+    "world2-kv-poll-lockstep": (2, (LOCKSTEP,), LOCKSTEP_DROPS),
+    "world3-unpatched": (3, (), HANGS),
+    "world3-both": (3, (LOCKSTEP, CONSENSUS), BOTH_DROP),
 }
 Launch = Callable[..., tuple[Scenario, subprocess.Popen[bytes]]]
 
@@ -118,14 +147,16 @@ def _run_and_judge(launch: Launch, world: int, patches: tuple[str, ...], expect:
     sc, proc = launch(patches, world)
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
-    if expect.hangs:
-        _assert_desync_is_detected_in_time(sc, proc)
+    if expect.waiting_in is not None:
+        _assert_desync_is_detected_in_time(sc, proc, expect.waiting_in)
     else:
         _assert_every_rank_completes_and_drops_together(sc, proc, expect)
 
 
-def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes], early: int | None = None) -> None:
-    """`early`: the rank that skipped the KV poll and waits in the next broadcast (the default story's)."""
+def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes], waiting_in: Phase,
+                                       early: int | None = None) -> None:
+    """`early`: the rank that skipped the KV poll and waits in the next broadcast (the default story's);
+    `waiting_in`: the skipped collective, where its peers wait, as the verdict must name it."""
     samples = group.watch(sc.ledger, sc.world, POLICY, period_s=PERIOD_S, deadline_s=30.0,
                           until=lambda v: v.health not in (verdict.Health.HEALTHY, verdict.Health.STARTING))
     last = samples[-1]
@@ -139,12 +170,12 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
     loop = prefill.LOOP if sc.role == "prefill" else phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
     assert {v.loop for v in ranks.values()} == {loop}
     assert ranks[early].phase is phases.Phase.RECV_BROADCAST
-    assert {ranks[r].phase for r in peers} == {phases.Phase.KV_POLL_ALL_REDUCE}
+    assert {ranks[r].phase for r in peers} == {waiting_in}
     n = ranks[0].collectives
     assert {v.collectives for v in ranks.values()} == {n}, "the early rank skipped the poll: its next is a broadcast"
     assert f"rank {early} in recv_broadcast at collective {n}" in last.verdict.reason
     waiting = f"rank {peers[0]}" if len(peers) == 1 else f"ranks {','.join(map(str, peers))}"
-    assert f"{waiting} in kv_poll_all_reduce at collective {n}" in last.verdict.reason
+    assert f"{waiting} in {waiting_in.label} at collective {n}" in last.verdict.reason
 
     # Time to Desync: from the moment the last rank blocked (its phase start, on this host's monotonic clock)
     # to the first verdict that said so.
@@ -179,6 +210,7 @@ def _assert_every_rank_completes_and_drops_together(
         assert result["dropped"] == {"req-x": expect.drop_iteration}
         assert result["transferred"] == {"req-y": 1}
         assert result["finished"] == {"req-y": 1 + sc.decode_steps - 1}
+        assert result["collectives_entered"] == list(expect.entered)
 
 
 def test_a_story_naming_ranks_outside_the_group_is_refused(tmp_path: Path) -> None:
@@ -208,45 +240,49 @@ def _handshake(world: int) -> dict[str, Any]:
     return {**HANDSHAKE, "local_aborts": {world - 1: {3: "req-p"}}}
 
 
+# Unpatched, the peers of the diverging rank wait in the poll it skipped: the retraction gate skips the transfer
+# poll (the prealloc queue is empty on every rank), the handshake gate the prealloc queue's handshake poll.
+RETRACTION_HANGS = Phase.DECODE_TRANSFER_POLL
+HANDSHAKE_HANGS = Phase.PREALLOC_HANDSHAKE_POLL
+# Every rank skips the polls while any rank holds a retracted request, then all resume together.
+RETRACTION_RESUMES = {"dropped": {}, "transferred": {"req-y": 1}, "finished": {"req-y": 4},
+                      "collectives_entered": DECODE_LOCKSTEP}
+# The exchange shows the holders that the last rank no longer holds `req-p`: it fails its handshake there, and
+# every rank has dropped it in the same iteration.
+HANDSHAKE_DROPS = {"dropped": {"req-p": 3}, "transferred": {}, "finished": {}, "collectives_entered": DECODE_LOCKSTEP}
 GATES = {
-    "retraction-world3-unpatched": (3, _retraction, (), None),
-    # Every rank skips the polls while any rank holds a retracted request, then all resume together.
-    "retraction-world3-kv-poll-lockstep": (3, _retraction, (LOCKSTEP,),
-                                           {"dropped": {}, "transferred": {"req-y": 1}, "finished": {"req-y": 4}}),
-    "retraction-world2-unpatched": (2, _retraction, (), None),
-    "retraction-world2-kv-poll-lockstep": (2, _retraction, (LOCKSTEP,),
-                                           {"dropped": {}, "transferred": {"req-y": 1}, "finished": {"req-y": 4}}),
-    "handshake-world2-unpatched": (2, _handshake, (), None),
-    # The exchange shows the holders that the last rank no longer holds `req-p`: it fails its handshake there,
-    # and every rank has dropped it in the same iteration.
-    "handshake-world2-kv-poll-lockstep": (2, _handshake, (LOCKSTEP,),
-                                          {"dropped": {"req-p": 3}, "transferred": {}, "finished": {}}),
-    "handshake-world3-unpatched": (3, _handshake, (), None),
-    "handshake-world3-kv-poll-lockstep": (3, _handshake, (LOCKSTEP,),
-                                          {"dropped": {"req-p": 3}, "transferred": {}, "finished": {}}),
+    "retraction-world3-unpatched": (3, _retraction, (), RETRACTION_HANGS),
+    "retraction-world3-kv-poll-lockstep": (3, _retraction, (LOCKSTEP,), RETRACTION_RESUMES),
+    "retraction-world2-unpatched": (2, _retraction, (), RETRACTION_HANGS),
+    "retraction-world2-kv-poll-lockstep": (2, _retraction, (LOCKSTEP,), RETRACTION_RESUMES),
+    "handshake-world2-unpatched": (2, _handshake, (), HANDSHAKE_HANGS),
+    "handshake-world2-kv-poll-lockstep": (2, _handshake, (LOCKSTEP,), HANDSHAKE_DROPS),
+    "handshake-world3-unpatched": (3, _handshake, (), HANDSHAKE_HANGS),
+    "handshake-world3-kv-poll-lockstep": (3, _handshake, (LOCKSTEP,), HANDSHAKE_DROPS),
 }
+Outcome = Phase | dict[str, Any]  # where the peers wait (unpatched), or what every rank reports (patched)
 
 
-@pytest.mark.parametrize(("world", "story", "patches", "events"), list(GATES.values()), ids=list(GATES))
+@pytest.mark.parametrize(("world", "story", "patches", "outcome"), list(GATES.values()), ids=list(GATES))
 def test_a_rank_local_gate_in_front_of_a_decode_poll_desyncs_unless_kv_poll_lockstep_agrees_it(
-    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...],
-    events: dict[str, dict[str, int]] | None,
+    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...], outcome: Outcome,
 ) -> None:
-    _run_gate(launch, world, story(world), patches, events,
+    _run_gate(launch, world, story(world), patches, outcome,
               {"Scheduler.process_decode_queue", "DecodePreallocQueue._update_handshake_waiters"})
 
 
-def _run_gate(launch: Launch, world: int, story: dict[str, Any], patches: tuple[str, ...],
-              events: dict[str, dict[str, int]] | None, patched: set[str]) -> None:
-    """The last rank diverges at a gate: without `events`, the group must hang and be judged Desync (that rank
-    in the broadcast, its peers in the poll); with them, every rank completes Healthy, `patched` among the
-    functions it ran patched, and reports exactly `events`."""
+def _run_gate(launch: Launch, world: int, story: dict[str, Any], patches: tuple[str, ...], outcome: Outcome,
+              patched: set[str]) -> None:
+    """The last rank diverges at a gate. With a phase for `outcome`, the group must hang and be judged Desync
+    (that rank in the broadcast, its peers in that phase, the gate's own poll); with events, every rank
+    completes Healthy, `patched` among the functions it ran patched, and reports exactly those events."""
     sc, proc = launch(patches, world, **story)
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
-    if events is None:
-        _assert_desync_is_detected_in_time(sc, proc, early=world - 1)
+    if isinstance(outcome, Phase):
+        _assert_desync_is_detected_in_time(sc, proc, outcome, early=world - 1)
         return
+    events = outcome
     _assert_every_rank_completes_healthy(sc, proc)
     for rank in range(sc.world):
         result = json.loads(sc.result_path(rank).read_text())
@@ -275,26 +311,26 @@ def _inflight(world: int) -> dict[str, Any]:
 
 # With kv-poll-lockstep the request a peer lacks is Failed on every rank that holds it (SGLang's own
 # handle_bootstrap_failure / handle_inflight_transfer_failure): every rank has dropped it in iteration 3.
+# Unpatched, the peers wait in the poll the last rank skipped: its bootstrap queue's, or its inflight queue's.
+BOOTSTRAP_DROPS = {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}, "collectives_entered": PREFILL_LOCKSTEP}
+INFLIGHT_DROPS = {"dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2},
+                  "collectives_entered": PREFILL_LOCKSTEP}
 PREFILL_GATES = {
-    "bootstrap-world2-unpatched": (2, _bootstrap, (), None),
-    "bootstrap-world2-kv-poll-lockstep": (2, _bootstrap, (LOCKSTEP,),
-                                          {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}}),
-    "bootstrap-world3-unpatched": (3, _bootstrap, (), None),
-    "bootstrap-world3-kv-poll-lockstep": (3, _bootstrap, (LOCKSTEP,),
-                                          {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}}),
-    "inflight-world2-unpatched": (2, _inflight, (), None),
-    "inflight-world2-kv-poll-lockstep": (2, _inflight, (LOCKSTEP,), {
-        "dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2}}),
-    "inflight-world3-unpatched": (3, _inflight, (), None),
-    "inflight-world3-kv-poll-lockstep": (3, _inflight, (LOCKSTEP,), {
-        "dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2}}),
+    "bootstrap-world2-unpatched": (2, _bootstrap, (), Phase.PREFILL_BOOTSTRAP_POLL),
+    "bootstrap-world2-kv-poll-lockstep": (2, _bootstrap, (LOCKSTEP,), BOOTSTRAP_DROPS),
+    "bootstrap-world3-unpatched": (3, _bootstrap, (), Phase.PREFILL_BOOTSTRAP_POLL),
+    "bootstrap-world3-kv-poll-lockstep": (3, _bootstrap, (LOCKSTEP,), BOOTSTRAP_DROPS),
+    "inflight-world2-unpatched": (2, _inflight, (), Phase.PREFILL_INFLIGHT_POLL),
+    "inflight-world2-kv-poll-lockstep": (2, _inflight, (LOCKSTEP,), INFLIGHT_DROPS),
+    "inflight-world3-unpatched": (3, _inflight, (), Phase.PREFILL_INFLIGHT_POLL),
+    "inflight-world3-kv-poll-lockstep": (3, _inflight, (LOCKSTEP,), INFLIGHT_DROPS),
 }
 
 
-@pytest.mark.parametrize(("world", "story", "patches", "events"), list(PREFILL_GATES.values()), ids=list(PREFILL_GATES))
+@pytest.mark.parametrize(("world", "story", "patches", "outcome"), list(PREFILL_GATES.values()),
+                         ids=list(PREFILL_GATES))
 def test_a_rank_local_gate_in_front_of_a_prefill_poll_desyncs_unless_kv_poll_lockstep_agrees_it(
-    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...],
-    events: dict[str, dict[str, int]] | None,
+    launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...], outcome: Outcome,
 ) -> None:
-    _run_gate(launch, world, story(world), patches, events,
+    _run_gate(launch, world, story(world), patches, outcome,
               {"PrefillBootstrapQueue.pop_bootstrapped", "Scheduler.process_disagg_prefill_inflight_queue"})

@@ -281,6 +281,42 @@ def test_each_collective_seam_records_its_own_phase(writer: Any, tmp_path: Path,
     assert read(tmp_path / "ledger").phase == Phase.LOCAL
 
 
+def test_every_audited_poll_caller_resolves_in_the_installed_sglang_to_its_own_phase() -> None:
+    sites = rank_seams.poll_sites()
+    assert len(sites) == len(rank_seams.POLL_SITES)
+    assert set(sites.values()) == set(rank_seams.POLL_SITES.values())
+    assert Phase.KV_POLL_ALL_REDUCE not in sites.values()
+
+
+def test_a_poll_seam_records_the_phase_of_the_audited_caller_that_entered_it(writer: Any, tmp_path: Path) -> None:
+    seen: list[Phase] = []
+
+    def original(*_: Any) -> None:
+        seen.append(read(tmp_path / "ledger").phase)
+
+    def audited() -> None:
+        poll([], None)
+
+    def elsewhere() -> None:
+        poll([], None)
+
+    poll = seams.poll_and_all_reduce(original, {audited.__code__: Phase.PREALLOC_HANDSHAKE_POLL})
+    audited()
+    elsewhere()
+    assert seen == [Phase.PREALLOC_HANDSHAKE_POLL, Phase.KV_POLL_ALL_REDUCE]
+    assert read(tmp_path / "ledger").collectives == 2
+
+
+def test_a_caller_under_a_catalogue_patch_is_known_by_sglang_s_own_code() -> None:
+    # A patch that defers to SGLang's original (the PP path of kv-poll-lockstep) enters the poll from the
+    # original's frame, so that is the code the site table must hold.
+    def sglang_caller() -> None:
+        pass
+
+    patched = base.mark(lambda: sglang_caller(), "kv-poll-lockstep", sglang_caller)
+    assert rank_seams.sglang_code(patched) is sglang_caller.__code__
+
+
 def test_forward_and_idle_are_phases_not_collectives(writer: Any, tmp_path: Path) -> None:
     seen = []
     seams.run_batch(lambda *a: seen.append(read(tmp_path / "ledger")))(object(), "batch")

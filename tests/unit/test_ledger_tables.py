@@ -47,7 +47,19 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "KV_POLL_ALL_REDUCE": 17,
         "MLP_SYNC_ALL_GATHER": 18,
         "OTHER_COLLECTIVE": 19,
+        "PREALLOC_HANDSHAKE_POLL": 20,
+        "DECODE_TRANSFER_POLL": 21,
+        "PREFILL_BOOTSTRAP_POLL": 22,
+        "PREFILL_INFLIGHT_POLL": 23,
+        "PREFILL_WAITING_BOOTSTRAP_POLL": 24,
+        "PREFILL_CHUNK_BOOTSTRAP_POLL": 25,
+        "RETRACTION_AGREEMENT": 26,
+        "PREALLOC_HANDSHAKE_EXCHANGE": 27,
+        "DECODE_TRANSFER_EXCHANGE": 28,
+        "PREFILL_BOOTSTRAP_EXCHANGE": 29,
+        "PREFILL_INFLIGHT_EXCHANGE": 30,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == [16, 17, 18, 19]
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 31))
+

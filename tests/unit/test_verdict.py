@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pdfleet.runtime.health import phases, verdict
+from pdfleet.runtime.health import phases, report, verdict
 from pdfleet.runtime.health.verdict import Health, RankStatus, RankView
 
 P = phases.Phase
@@ -174,3 +174,31 @@ def test_the_evidence_lists_every_rank_in_rank_order_with_its_loop() -> None:
 def test_a_policy_with_a_zero_threshold_is_refused() -> None:
     with pytest.raises(ValueError, match="positive"):
         verdict.HealthPolicy.from_seconds(desync_after=0, hang_after=300)
+
+
+def _agent_rank(n: int, phase_label: str, collectives: int, age_s: float) -> dict[str, object]:
+    return {"slot": n, "rank": n, "pid": 100 + n, "alive": True, "loop": "event_loop_overlap_disagg_decode",
+            "phase": phase_label, "phase_since_ns": 0, "phase_age_ns": int(age_s * S), "iteration": 9,
+            "collectives": collectives}
+
+
+def _judge_agent_answer(*labels: str) -> verdict.Verdict:
+    body = {"ledger": "/dev/shm/l", "now_ns": 1, "ranks": [_agent_rank(0, labels[0], 12, 40),
+                                                          _agent_rank(1, labels[1], 12, 40)]}
+    return verdict.judge(report.rank_views([report.from_json(body)], expected=[0, 1]), POLICY)
+
+
+def test_a_desync_read_from_an_agent_names_the_audited_collective_a_rank_waits_in() -> None:
+    v = _judge_agent_answer(P.PREALLOC_HANDSHAKE_POLL.label, P.RECV_BROADCAST.label)
+
+    assert v.health is Health.DESYNC
+    assert "rank 0 in prealloc_handshake_poll at collective 12" in v.reason
+    assert "rank 1 in recv_broadcast at collective 12" in v.reason
+
+
+def test_a_collective_label_the_operator_does_not_know_still_reads_as_a_desync_without_its_name() -> None:
+    # An engine newer than the operator: its label decodes to UNKNOWN, a position of its own.
+    v = _judge_agent_answer("a_collective_from_the_future", P.RECV_BROADCAST.label)
+
+    assert v.health is Health.DESYNC
+    assert "rank 0 in unknown at collective 12" in v.reason

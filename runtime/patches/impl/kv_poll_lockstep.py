@@ -20,7 +20,8 @@ What this patch does instead, on every call and on every rank whatever its queue
    transfer `held` all-reduce, the deferred releases) sees the same lengths on every rank.
 5. The original `pop_transferred` then runs; its poll step (`_poll_with_metadata_gate`) returns the agreed
    states instead of polling and reducing a second time.
-The exchange is marked as the rank's KV-poll collective in the rank-health ledger (`instrument.seams`).
+The exchange is marked in the rank-health ledger as DECODE_TRANSFER_EXCHANGE (`instrument.seams`), so a rank
+waiting in it is told apart from one in SGLang's own transfer poll (DECODE_TRANSFER_POLL).
 
 Keys are a 63-bit hash of the request id (ids are strings; every rank received the same id in the same
 broadcast). The same patch also agrees the decode loop's retraction gate and runs the prealloc queue's
@@ -241,7 +242,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         keys = [request_key(decode_req.req.rid) for decode_req in self.queue]
         polls = _local_polls(self, sg)
         ledger = seams.current()  # the rank's ledger writer (a no-op before the rank attaches)
-        ledger.collective(phases.Phase.KV_POLL_ALL_REDUCE)
+        ledger.collective(phases.Phase.DECODE_TRANSFER_EXCHANGE)
         agreement = agree(exchange(list(zip(keys, polls, strict=True)), self.gloo_group))
         ledger.begin(phases.Phase.LOCAL)
         _reconcile(self, keys, agreement, sg)

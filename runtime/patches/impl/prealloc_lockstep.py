@@ -21,7 +21,8 @@ What the patch does instead:
   so SGLang's own failed-handshake path retires it on the ranks that still hold it. SGLang's handling of
   each state (0.5.23's loop) then runs on the agreed states. The PP
   path (`pp_size > 1`) follows the pipeline's consensus and is passed through unchanged.
-Both exchanges are marked as the rank's KV-poll collective in the rank-health ledger.
+In the rank-health ledger the agreement is RETRACTION_AGREEMENT and the handshake exchange
+PREALLOC_HANDSHAKE_EXCHANGE, so a desync verdict names which of pdfleet's collectives a rank waits in.
 """
 
 from __future__ import annotations
@@ -66,10 +67,10 @@ def any_rank(flag: bool, group: Any) -> bool:
     return bool(tensor.item())
 
 
-def _in_ledger(exchange: Callable[[], Any]) -> Any:
-    """Runs one lockstep exchange marked as the rank's KV-poll collective."""
+def _in_ledger(phase: phases.Phase, exchange: Callable[[], Any]) -> Any:
+    """Runs one lockstep collective, marked in the rank-health ledger as `phase` while it waits."""
     ledger = seams.current()  # a no-op writer before the rank attaches
-    ledger.collective(phases.Phase.KV_POLL_ALL_REDUCE)
+    ledger.collective(phase)
     result = exchange()
     ledger.begin(phases.Phase.LOCAL)
     return result
@@ -146,7 +147,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         prealloc = self.disagg_decode_prealloc_queue
         self.waiting_queue.extend(prealloc.resume_retracted_reqs())
         group = self.disagg_decode_transfer_queue.gloo_group
-        if _in_ledger(lambda: any_rank(len(prealloc.retracted_queue) > 0, group)):
+        if _in_ledger(phases.Phase.RETRACTION_AGREEMENT, lambda: any_rank(len(prealloc.retracted_queue) > 0, group)):
             return  # some rank still holds a retracted request: no rank admits or polls this iteration
         _rest_of_decode_queue(self, sg)
 
@@ -159,7 +160,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         keys = [lockstep.request_key(decode_req.req.rid) for decode_req in self.queue]
         local = poll([decode_req.kv_receiver for decode_req in self.queue])
         entries = list(zip(keys, local, strict=True))
-        per_rank = _in_ledger(lambda: lockstep.exchange(entries, self.gloo_group))
+        per_rank = _in_ledger(phases.Phase.PREALLOC_HANDSHAKE_EXCHANGE,
+                              lambda: lockstep.exchange(entries, self.gloo_group))
         agreed = handshake_states(per_rank, failed=int(sg.KVPoll.Failed))
         _handle_handshake_states(self, [agreed[key] for key in keys], rids_to_check, sg)
         return None

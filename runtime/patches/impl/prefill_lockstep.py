@@ -21,8 +21,9 @@ unchanged, its poll step answering the agreed states: for the duration of the ca
 `poll_and_all_reduce_attn_cp_tp_group` (the name both bodies look up when they run) is a stand-in that
 returns them for exactly this queue's senders and defers to the real poll for any other list. The PP paths
 (`pp_size > 1`, `rids_to_check`) follow the pipeline's consensus and are passed through unchanged. The
-exchange is marked as the rank's KV-poll collective in the rank-health ledger, once per poll, as the
-instrumentation marks SGLang's own poll.
+exchange is one collective in the rank-health ledger per poll, PREFILL_BOOTSTRAP_EXCHANGE or
+PREFILL_INFLIGHT_EXCHANGE, as the instrumentation marks SGLang's own poll (PREFILL_BOOTSTRAP_POLL,
+PREFILL_INFLIGHT_POLL).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import functools
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from pdfleet.runtime.health import phases
 from pdfleet.runtime.patches.impl import kv_poll_lockstep as lockstep
 from pdfleet.runtime.patches.impl import prealloc_lockstep
 
@@ -81,12 +83,12 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
     original_pop = originals[POP_BOOTSTRAPPED]
     original_inflight = originals[PROCESS_INFLIGHT]
 
-    def lockstep_states(reqs: list[Any], cp_group: Any, tp_group: Any) -> list[int]:
+    def lockstep_states(reqs: list[Any], cp_group: Any, tp_group: Any, phase: phases.Phase) -> list[int]:
         keys = [lockstep.request_key(req.rid) for req in reqs]
         local = list(zip(keys, poll([req.disagg_kv_sender for req in reqs]), strict=True))
         exchanges = [functools.partial(lockstep.exchange, group=tp_group),
                      functools.partial(lockstep.exchange, group=cp_group)]
-        agreed = prealloc_lockstep._in_ledger(lambda: agreed_states(local, exchanges, failed))
+        agreed = prealloc_lockstep._in_ledger(phase, lambda: agreed_states(local, exchanges, failed))
         return [agreed[key] for key in keys]
 
     @functools.wraps(original_pop)
@@ -94,7 +96,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         if self.pp_size > 1:  # PP: follows the pipeline's consensus, unchanged
             return original_pop(self)
         reqs = list(self.queue)
-        states = lockstep_states(reqs, self.scheduler.attn_cp_cpu_group, self.scheduler.attn_tp_cpu_group)
+        states = lockstep_states(reqs, self.scheduler.attn_cp_cpu_group, self.scheduler.attn_tp_cpu_group,
+                                 phases.Phase.PREFILL_BOOTSTRAP_EXCHANGE)
         with _answering(prefill, [req.disagg_kv_sender for req in reqs], states):
             return original_pop(self)
 
@@ -103,7 +106,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         if rids_to_check is not None:  # PP: follows the previous stage's consensus, unchanged
             return original_inflight(self, rids_to_check)
         reqs = list(self.disagg_prefill_inflight_queue)
-        states = lockstep_states(reqs, self.attn_cp_cpu_group, self.attn_tp_cpu_group)
+        states = lockstep_states(reqs, self.attn_cp_cpu_group, self.attn_tp_cpu_group,
+                                 phases.Phase.PREFILL_INFLIGHT_EXCHANGE)
         with _answering(prefill, [req.disagg_kv_sender for req in reqs], states):
             return original_inflight(self, rids_to_check)
 
