@@ -41,6 +41,10 @@ class Phase(enum.IntEnum):
     DECODE_TRANSFER_EXCHANGE = 28  # lockstep exchange in front of pop_transferred
     PREFILL_BOOTSTRAP_EXCHANGE = 29  # lockstep exchange in place of pop_bootstrapped's poll
     PREFILL_INFLIGHT_EXCHANGE = 30  # lockstep exchange in place of the inflight queue's poll
+    # SGLang's own flag reductions (`all_reduce_flags`) called directly by the decode queues, by caller.
+    FAILED_TRANSFER_FLAGS = 31  # pop_transferred's `held` MAX over the failed transfers
+    DEFERRED_RELEASE_FLAGS = 32  # resolve_deferred_releases' `ready` MIN
+    KV_CHECKSUM_FLAGS = 33  # _verify_kv_checksums' `mismatched` MAX
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

@@ -7,10 +7,12 @@ Names are patched where they are looked up: `from x import f` copies the referen
 so the request broadcast is replaced in `request_receiver` (not in `sglang.srt.utils.common`, where it is
 defined) and the KV polls in `disaggregation.prefill`, `disaggregation.decode` and `scheduler_pp_mixin`, the
 modules whose loops call them. Functions those call in turn (`utils.poll_and_all_reduce` inside
-`poll_and_all_reduce_attn_cp_tp_group`) stay unwrapped, so each logical collective counts once.
+`poll_and_all_reduce_attn_cp_tp_group`, `utils.all_reduce_flags` inside every poll) stay unwrapped, so each
+logical collective counts once; `decode.all_reduce_flags` is only the name the decode queues call directly.
 
-A KV poll is recorded under the phase of the audited caller that entered it (`POLL_SITES`, see
-`seams`), so a desync verdict names the queue a rank waits in, not just "a KV poll".
+A KV poll, and a flag reduction a decode queue calls directly (`decode.all_reduce_flags`), is recorded under
+the phase of the audited caller that entered it (`SITES`, see `seams`), so a desync verdict names the queue a
+rank waits in, not just "a KV poll".
 
 Left out on purpose: `decode.poll_and_all_reduce_pp` (maps a consensus already reached over the pipeline;
 no collective of its own) and the loop dispatcher (the `overlap-loop-report` catalogue patch, see
@@ -45,6 +47,7 @@ WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     f"{_PREFILL}.poll_and_all_reduce_prefill_pp": seams.poll_and_all_reduce_prefill_pp,
     f"{_DECODE}.poll_and_all_reduce": seams.poll_and_all_reduce,
     f"{_DECODE}.poll_and_all_reduce_with_staging": seams.poll_and_all_reduce_with_staging,
+    f"{_DECODE}.all_reduce_flags": seams.all_reduce_flags,
     f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": seams.poll_and_all_reduce_attn_cp_tp_group,
     "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": seams.mlp_sync_all_gather,
 }
@@ -60,23 +63,25 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         f"{_PREFILL}.poll_and_all_reduce_prefill_pp": "8946ee09910fcc32",
         f"{_DECODE}.poll_and_all_reduce": "c8c7f64e3a736618",
         f"{_DECODE}.poll_and_all_reduce_with_staging": "74bd768e4c060c4e",
+        f"{_DECODE}.all_reduce_flags": "9184eae4a9a6eb5a",
         f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": "6003aaa2ccaa631a",
         "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": "1b05fef0b29417fe",
     },
 }
 
 
-# The polls whose wrapper records the caller's phase (`seams.Sites`).
+# The seams whose wrapper records the caller's phase (`seams.Sites`).
 _SITED = frozenset({
     f"{_PREFILL}.poll_and_all_reduce_attn_cp_tp_group",
     f"{_DECODE}.poll_and_all_reduce",
     f"{_DECODE}.poll_and_all_reduce_with_staging",
+    f"{_DECODE}.all_reduce_flags",
 })
 _MIXIN = f"{_PREFILL}.SchedulerDisaggregationPrefillMixin"
 
-# SGLang's callers of the KV polls above that the desync audit names (docs/desync-audit.md), and the phase a
-# rank waiting in a poll one of them entered is recorded under. Each is a rank-local branch's collective.
-POLL_SITES: Mapping[str, phases.Phase] = {
+# SGLang's callers of the KV polls and flag reductions above that the desync audit names
+# (docs/desync-audit.md), and the phase a rank waiting in a collective one of them entered is recorded under.
+SITES: Mapping[str, phases.Phase] = {
     f"{_DECODE}.DecodePreallocQueue._update_handshake_waiters": phases.Phase.PREALLOC_HANDSHAKE_POLL,
     f"{_DECODE}.DecodeTransferQueue._poll_with_metadata_gate": phases.Phase.DECODE_TRANSFER_POLL,
     f"{_DECODE}.DecodeTransferQueue._poll_with_staging": phases.Phase.DECODE_TRANSFER_POLL,
@@ -84,6 +89,9 @@ POLL_SITES: Mapping[str, phases.Phase] = {
     f"{_MIXIN}.process_disagg_prefill_inflight_queue": phases.Phase.PREFILL_INFLIGHT_POLL,
     f"{_MIXIN}.resolve_waiting_queue_bootstrap": phases.Phase.PREFILL_WAITING_BOOTSTRAP_POLL,
     f"{_MIXIN}.check_bootstrap": phases.Phase.PREFILL_CHUNK_BOOTSTRAP_POLL,
+    f"{_DECODE}.DecodeTransferQueue.pop_transferred": phases.Phase.FAILED_TRANSFER_FLAGS,
+    f"{_DECODE}.DecodeTransferQueue.resolve_deferred_releases": phases.Phase.DEFERRED_RELEASE_FLAGS,
+    f"{_DECODE}.SchedulerDisaggregationDecodeMixin._verify_kv_checksums": phases.Phase.KV_CHECKSUM_FLAGS,
 }
 
 
@@ -96,11 +104,12 @@ def sglang_code(function: Callable[..., Any]) -> CodeType:
     return code
 
 
-def poll_sites() -> seams.Sites:
-    """`POLL_SITES` by code object. A caller the installed SGLang lacks is left out (its polls then record
-    KV_POLL_ALL_REDUCE): a label is never a reason to refuse instrumenting a rank."""
+def sites_by_code() -> seams.Sites:
+    """`SITES` by code object. A caller the installed SGLang lacks is left out (its collectives then record
+    the seam's default, KV_POLL_ALL_REDUCE or OTHER_COLLECTIVE): a label is never a reason to refuse
+    instrumenting a rank."""
     sites = {}
-    for dotted, phase in POLL_SITES.items():
+    for dotted, phase in SITES.items():
         with contextlib.suppress(targets.TargetError):
             sites[sglang_code(targets.resolve(dotted).function)] = phase
     return sites
@@ -108,6 +117,6 @@ def poll_sites() -> seams.Sites:
 
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     """dotted target -> its wrapper around `originals[dotted]` (the function installed there now)."""
-    sites = poll_sites()
+    sites = sites_by_code()
     return {dotted: WRAPPERS[dotted](function, sites) if dotted in _SITED else WRAPPERS[dotted](function)
             for dotted, function in originals.items()}

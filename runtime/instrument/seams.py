@@ -16,7 +16,7 @@ is busy with its own work is never mistaken for one still waiting on its peers.
 
 SGLang calls one KV-poll function from several queues, and a desync verdict must say which of them a rank waits
 in (docs/desync-audit.md). The poll wrappers therefore take `sites`: the code object of each audited caller ->
-its phase (`rank_seams.poll_sites`). The caller is read from the interpreter's frame stack: one
+its phase (`rank_seams.sites_by_code`). The caller is read from the interpreter's frame stack: one
 `sys._getframe(1)` (CPython 3.11 materializes the caller's frame object for it, freed with that frame) and
 one dict lookup, measured at 0.4-0.5 us per poll on a loaded 2-core machine, next to a gloo all-reduce of tens
 of microseconds; it needs no extra seam on the callers, several of which catalogue patches replace. Any other
@@ -36,6 +36,7 @@ from pdfleet.runtime.health import phases
 _RECV = phases.Phase.RECV_BROADCAST
 _KV_POLL = phases.Phase.KV_POLL_ALL_REDUCE
 _MLP_SYNC = phases.Phase.MLP_SYNC_ALL_GATHER
+_OTHER = phases.Phase.OTHER_COLLECTIVE
 _LOCAL = phases.Phase.LOCAL
 _FORWARD = phases.Phase.FORWARD
 _IDLE = phases.Phase.IDLE
@@ -176,6 +177,23 @@ def poll_and_all_reduce_prefill_pp(original: Fn) -> Fn:
         w.begin(_LOCAL)
         return out
     return poll_and_all_reduce_prefill_pp
+
+
+def all_reduce_flags(original: Fn, sites: Sites = NO_SITES) -> Fn:
+    """SGLang's flag reductions called directly by a queue (the ones inside the polls count as the poll). On an
+    empty list SGLang enters no collective, and `pop_transferred` calls it so on nearly every poll: only a call
+    that reduces is marked."""
+    site, frame = sites.get, sys._getframe
+
+    def all_reduce_flags(flags: Any, group: Any, op: Any) -> Any:
+        if not flags:
+            return original(flags, group, op)
+        w = _writer
+        w.collective(site(frame(1).f_code, _OTHER))
+        out = original(flags, group, op)
+        w.begin(_LOCAL)
+        return out
+    return all_reduce_flags
 
 
 def mlp_sync_all_gather(original: Fn) -> Fn:

@@ -61,8 +61,8 @@ def test_the_audit_is_pinned_to_the_release_the_desync_patches_were_checked_agai
         assert {d: pins[d] for d in shared} == {d: desync_audit.AUDITED[d] for d in shared}
 
 
-def test_every_poll_caller_the_ledger_names_is_an_audited_function() -> None:
-    assert [dotted for dotted in rank_seams.POLL_SITES if dotted not in desync_audit.AUDITED] == []
+def test_every_caller_the_ledger_names_is_an_audited_function() -> None:
+    assert [dotted for dotted in rank_seams.SITES if dotted not in desync_audit.AUDITED] == []
 
 
 def test_the_audit_page_says_which_phase_each_audited_collective_is_recorded_under() -> None:

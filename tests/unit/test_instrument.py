@@ -281,10 +281,10 @@ def test_each_collective_seam_records_its_own_phase(writer: Any, tmp_path: Path,
     assert read(tmp_path / "ledger").phase == Phase.LOCAL
 
 
-def test_every_audited_poll_caller_resolves_in_the_installed_sglang_to_its_own_phase() -> None:
-    sites = rank_seams.poll_sites()
-    assert len(sites) == len(rank_seams.POLL_SITES)
-    assert set(sites.values()) == set(rank_seams.POLL_SITES.values())
+def test_every_audited_caller_resolves_in_the_installed_sglang_to_its_own_phase() -> None:
+    sites = rank_seams.sites_by_code()
+    assert len(sites) == len(rank_seams.SITES)
+    assert set(sites.values()) == set(rank_seams.SITES.values())
     assert Phase.KV_POLL_ALL_REDUCE not in sites.values()
 
 
@@ -305,6 +305,27 @@ def test_a_poll_seam_records_the_phase_of_the_audited_caller_that_entered_it(wri
     elsewhere()
     assert seen == [Phase.PREALLOC_HANDSHAKE_POLL, Phase.KV_POLL_ALL_REDUCE]
     assert read(tmp_path / "ledger").collectives == 2
+
+
+def test_a_flag_reduction_is_marked_only_when_it_reduces_and_under_its_caller_s_phase(
+        writer: Any, tmp_path: Path) -> None:
+    seen: list[Phase] = []
+
+    def original(flags: Any, group: Any, op: Any) -> Any:
+        seen.append(read(tmp_path / "ledger").phase)
+        return flags
+
+    def pop_transferred(flags: list[int]) -> Any:
+        return reduce(flags=flags, group=None, op="max")
+
+    reduce = seams.all_reduce_flags(original, {pop_transferred.__code__: Phase.FAILED_TRANSFER_FLAGS})
+    assert pop_transferred([]) == []  # SGLang enters no collective on an empty list: nothing is counted
+    assert read(tmp_path / "ledger").collectives == 0
+    assert pop_transferred([1]) == [1]
+    assert reduce([0], None, "min") == [0]  # any other caller
+    assert seen == [Phase.STARTING, Phase.FAILED_TRANSFER_FLAGS, Phase.OTHER_COLLECTIVE]
+    after = read(tmp_path / "ledger")
+    assert (after.phase, after.collectives) == (Phase.LOCAL, 2)
 
 
 def test_a_caller_under_a_catalogue_patch_is_known_by_sglang_s_own_code() -> None:

@@ -58,8 +58,11 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "DECODE_TRANSFER_EXCHANGE": 28,
         "PREFILL_BOOTSTRAP_EXCHANGE": 29,
         "PREFILL_INFLIGHT_EXCHANGE": 30,
+        "FAILED_TRANSFER_FLAGS": 31,
+        "DEFERRED_RELEASE_FLAGS": 32,
+        "KV_CHECKSUM_FLAGS": 33,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 31))
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 34))
 
