@@ -12,6 +12,9 @@ The JSON is the contract between an engine image and the operator, which are upg
 `now_ns` and the `*_ns` stamps are on the pod's monotonic clock; `phase_age_ns` is the only one that
 means anything off the pod. A rank that left its loop cleanly reads `"phase": "exited"`, with
 `phase_since_ns` the moment it did (engines of every version write it, so no report version change).
+`collective` says whether the phase is a collective: an operator older than the engine reads a phase name it
+does not know as `other_collective` when it is one, so a group stuck in a collective added later still reads as
+a hang, not as ranks at rest.
 `pod_uid` is the uid of the pod the agent runs in (`PDFLEET_POD_UID`, from the downward API), absent when the
 agent does not know it: an answer is about a pod only if it names that pod, so a process of another pod that
 still holds the address (a predecessor at the same IP, stopping) never speaks for it.
@@ -82,6 +85,7 @@ def _entry_json(entry: RankEntry) -> dict[str, Any]:
         "consistent": r.consistent,
         "loop": r.loop.method,
         "phase": r.phase.label,
+        "collective": r.phase.is_collective,
         "phase_since_ns": r.phase_since_ns,
         "phase_age_ns": entry.phase_age_ns,
         "iteration": r.iteration,
@@ -110,7 +114,7 @@ def _entry_from_json(item: Mapping[str, Any]) -> RankEntry:
         pid=int(item["pid"]),
         pid_start=int(item.get("pid_start", 0)),
         loop=phases.loop_from_label(str(item["loop"])),
-        phase=phases.phase_from_label(str(item["phase"])),
+        phase=_phase(item),
         phase_since_ns=int(item["phase_since_ns"]),
         iteration=int(item["iteration"]),
         collectives=int(item["collectives"]),
@@ -119,6 +123,13 @@ def _entry_from_json(item: Mapping[str, Any]) -> RankEntry:
         consistent=bool(item.get("consistent", True)),
     )
     return RankEntry(record=record, alive=bool(item["alive"]), phase_age_ns=int(item["phase_age_ns"]))
+
+
+def _phase(item: Mapping[str, Any]) -> phases.Phase:
+    phase = phases.phase_from_label(str(item["phase"]))
+    if phase is phases.Phase.UNKNOWN and item.get("collective") is True:
+        return phases.Phase.OTHER_COLLECTIVE  # a collective added after this operator: still a place ranks wait
+    return phase
 
 
 def rank_views(

@@ -202,3 +202,21 @@ def test_a_collective_label_the_operator_does_not_know_still_reads_as_a_desync_w
 
     assert v.health is Health.DESYNC
     assert "rank 0 in unknown at collective 12" in v.reason
+
+
+def _judge_stuck_in(label: str, **extra: object) -> verdict.Verdict:
+    ranks = [_agent_rank(n, label, 12, 400) | extra for n in (0, 1)]
+    body = {"ledger": "/dev/shm/l", "now_ns": 1, "ranks": ranks}
+    return verdict.judge(report.rank_views([report.from_json(body)], expected=[0, 1]), POLICY)
+
+
+def test_a_group_stuck_in_a_collective_the_operator_does_not_know_is_a_hang_when_the_agent_says_collective() -> None:
+    # An engine newer than the operator marks each phase collective or not; the operator needs no name for it.
+    body = {"ledger": "/dev/shm/l", "now_ns": 1,
+            "ranks": [_agent_rank(0, P.PREALLOC_HANDSHAKE_EXCHANGE.label, 12, 1), _agent_rank(1, P.LOCAL.label, 12, 1)]}
+    assert [r["collective"] for r in report.to_json(report.from_json(body))["ranks"]] == [True, False]
+    stuck = _judge_stuck_in("a_collective_from_the_future", collective=True)
+    assert stuck.health is Health.HANG, stuck.reason
+    assert "other_collective" in stuck.reason
+    # Without the flag (an older agent) the unknown phase is not known to be a place ranks wait.
+    assert _judge_stuck_in("a_collective_from_the_future").health is not Health.HANG
