@@ -63,7 +63,8 @@ def plan(requests: int) -> list[Probe]:
 def body(probe: Probe, *, model: str, max_tokens: int) -> dict[str, Any]:
     """The `chat.completions.create` keyword arguments of a probe."""
     prompt = TOOL_PROMPT if probe.tools else PLAIN_PROMPT
-    kwargs: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": probe.stream,
+    # max_completion_tokens, not max_tokens: OpenAI's and SGLang's (0.5.x) current name; max_tokens is deprecated.
+    kwargs: dict[str, Any] = {"model": model, "max_completion_tokens": max_tokens, "stream": probe.stream,
                               "messages": [{"role": "user", "content": prompt}]}
     if probe.tools:
         kwargs.update(tools=TOOLS, tool_choice=probe.tool_choice)

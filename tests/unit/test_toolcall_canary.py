@@ -36,6 +36,7 @@ def test_the_plan_interleaves_tool_and_plain_requests_streamed_and_not_auto_and_
                      (None, False)}
     body = tc.body(probes[0], model="m", max_tokens=8)
     assert body["tools"] == tc.TOOLS and body["tool_choice"] == "auto" and body["stream"] is True
+    assert body["max_completion_tokens"] == 8 and "max_tokens" not in body
     assert "tools" not in tc.body(probes[1], model="m", max_tokens=8)
 
 
