@@ -91,6 +91,16 @@ def current() -> Writer:
     return _writer
 
 
+def in_collective(phase: phases.Phase, collective: Callable[[], Any]) -> Any:
+    """Runs one collective a catalogue patch adds (its lockstep exchanges and agreements), marked in the rank's
+    ledger as `phase` while it waits; a no-op marking before the rank attaches."""
+    w = _writer
+    w.collective(phase)
+    result = collective()
+    w.begin(_LOCAL)
+    return result
+
+
 # --- one step per event-loop iteration ------------------------------------------------------------------
 # Every event loop of SGLang 0.5.23 (normal, overlap, pp, their disagg prefill/decode forms, overlap_mlx,
 # pdmux) calls `Scheduler.ingest_requests` exactly once per iteration (per micro-batch for pp), even with

@@ -241,10 +241,9 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
             return original_pop(self, rids_to_check)
         keys = [request_key(decode_req.req.rid) for decode_req in self.queue]
         polls = _local_polls(self, sg)
-        ledger = seams.current()  # the rank's ledger writer (a no-op before the rank attaches)
-        ledger.collective(phases.Phase.DECODE_TRANSFER_EXCHANGE)
-        agreement = agree(exchange(list(zip(keys, polls, strict=True)), self.gloo_group))
-        ledger.begin(phases.Phase.LOCAL)
+        entries = list(zip(keys, polls, strict=True))
+        agreement = agree(seams.in_collective(phases.Phase.DECODE_TRANSFER_EXCHANGE,
+                                              lambda: exchange(entries, self.gloo_group)))
         _reconcile(self, keys, agreement, sg)
         setattr(self, _AGREED, agreement.states)
         try:

@@ -67,15 +67,6 @@ def any_rank(flag: bool, group: Any) -> bool:
     return bool(tensor.item())
 
 
-def _in_ledger(phase: phases.Phase, exchange: Callable[[], Any]) -> Any:
-    """Runs one lockstep collective, marked in the rank-health ledger as `phase` while it waits."""
-    ledger = seams.current()  # a no-op writer before the rank attaches
-    ledger.collective(phase)
-    result = exchange()
-    ledger.begin(phases.Phase.LOCAL)
-    return result
-
-
 def _handle_handshake_states(queue: Any, polls: Sequence[int | None], rids_to_check: list[str] | None,
                              sg: Any) -> None:
     """0.5.23's handling of the reduced handshake states (the loop after the all-reduce), unchanged."""
@@ -147,7 +138,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         prealloc = self.disagg_decode_prealloc_queue
         self.waiting_queue.extend(prealloc.resume_retracted_reqs())
         group = self.disagg_decode_transfer_queue.gloo_group
-        if _in_ledger(phases.Phase.RETRACTION_AGREEMENT, lambda: any_rank(len(prealloc.retracted_queue) > 0, group)):
+        retracted = len(prealloc.retracted_queue) > 0
+        if seams.in_collective(phases.Phase.RETRACTION_AGREEMENT, lambda: any_rank(retracted, group)):
             return  # some rank still holds a retracted request: no rank admits or polls this iteration
         _rest_of_decode_queue(self, sg)
 
@@ -160,8 +152,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         keys = [lockstep.request_key(decode_req.req.rid) for decode_req in self.queue]
         local = poll([decode_req.kv_receiver for decode_req in self.queue])
         entries = list(zip(keys, local, strict=True))
-        per_rank = _in_ledger(phases.Phase.PREALLOC_HANDSHAKE_EXCHANGE,
-                              lambda: lockstep.exchange(entries, self.gloo_group))
+        per_rank = seams.in_collective(phases.Phase.PREALLOC_HANDSHAKE_EXCHANGE,
+                                      lambda: lockstep.exchange(entries, self.gloo_group))
         agreed = handshake_states(per_rank, failed=int(sg.KVPoll.Failed))
         _handle_handshake_states(self, [agreed[key] for key in keys], rids_to_check, sg)
         return None

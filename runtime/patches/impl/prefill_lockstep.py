@@ -34,6 +34,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import seams
 from pdfleet.runtime.patches.impl import kv_poll_lockstep as lockstep
 from pdfleet.runtime.patches.impl import prealloc_lockstep
 
@@ -88,7 +89,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         local = list(zip(keys, poll([req.disagg_kv_sender for req in reqs]), strict=True))
         exchanges = [functools.partial(lockstep.exchange, group=tp_group),
                      functools.partial(lockstep.exchange, group=cp_group)]
-        agreed = prealloc_lockstep._in_ledger(phase, lambda: agreed_states(local, exchanges, failed))
+        agreed = seams.in_collective(phase, lambda: agreed_states(local, exchanges, failed))
         return [agreed[key] for key in keys]
 
     @functools.wraps(original_pop)
