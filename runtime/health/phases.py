@@ -45,6 +45,9 @@ class Phase(enum.IntEnum):
     FAILED_TRANSFER_FLAGS = 31  # pop_transferred's `held` MAX over the failed transfers
     DEFERRED_RELEASE_FLAGS = 32  # resolve_deferred_releases' `ready` MIN
     KV_CHECKSUM_FLAGS = 33  # _verify_kv_checksums' `mismatched` MAX
+    # kv-poll-lockstep's exchanges in front of the prefill loop's two other bootstrap polls.
+    PREFILL_WAITING_BOOTSTRAP_EXCHANGE = 34  # in place of resolve_waiting_queue_bootstrap's poll
+    PREFILL_CHUNK_BOOTSTRAP_EXCHANGE = 35  # in process_prefill_chunk, in place of check_bootstrap's poll
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:
