@@ -143,7 +143,7 @@ def _queue(rids: list[str]) -> SimpleNamespace:
         queue=[SimpleNamespace(req=SimpleNamespace(rid=r, bootstrap_room=i, return_logprob=False),
                                kv_receiver=SimpleNamespace(abort=lambda: None, clear=lambda: None),
                                metadata_buffer_index=i) for i, r in enumerate(rids)],
-        tp_rank=1, enable_staging=False,
+        tp_rank=1, enable_staging=False, enable_deferred_kv_release=False, _is_host_destination=lambda d: False,
         scheduler=SimpleNamespace(output_streamer=SimpleNamespace(stream_output=lambda reqs, _: None)),
         _clean_hicache_prefetch_resources=lambda d: None, _release_request=lambda d: dropped.append(d.req.rid),
         metadata_buffers=SimpleNamespace(clear_slot=lambda i: None),

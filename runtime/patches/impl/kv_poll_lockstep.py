@@ -43,6 +43,7 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from pdfleet.runtime.patches.impl import dropped_holds
 
 logger = logging.getLogger(__name__)
 
@@ -189,7 +190,8 @@ def _local_polls(queue: Any, sg: _SGLang) -> list[int]:
 def _drop_divergent(queue: Any, decode_req: Any, sg: _SGLang) -> None:
     """Abort a transfer that some peer no longer holds: SGLang's failed-transfer clean-up, without the
     `held` all-reduce (the peer that dropped it would not join it). The receiver is aborted first so the
-    prefill side stops writing into the pages released here."""
+    prefill side stops writing; where SGLang would hold the pages until prefill acknowledges that, they are
+    held on this rank's own list (`dropped_holds`), else released at once."""
     reason = "KV transfer dropped: not held by every TP rank (pdfleet kv-poll-lockstep)"
     logger.warning("%s: rid=%s rank=%s", reason, decode_req.req.rid, queue.tp_rank)
     receiver = decode_req.kv_receiver
@@ -198,6 +200,10 @@ def _drop_divergent(queue: Any, decode_req: Any, sg: _SGLang) -> None:
     sg.prepare_abort(decode_req.req, reason, status_code=sg.status)
     queue.scheduler.output_streamer.stream_output([decode_req.req], decode_req.req.return_logprob)
     queue._clean_hicache_prefetch_resources(decode_req)
+    queue._record_transfer_failure(reason)
+    if dropped_holds.must_hold(queue, decode_req):
+        dropped_holds.hold(queue, decode_req)
+        return
     queue._release_request(decode_req)
     if receiver is not None:
         receiver.clear()
@@ -209,7 +215,6 @@ def _drop_divergent(queue: Any, decode_req: Any, sg: _SGLang) -> None:
     if idx != -1:
         queue.metadata_buffers.clear_slot(idx)
         queue.req_to_metadata_buffer_idx_allocator.free(idx)
-    queue._record_transfer_failure(reason)
 
 
 def _reconcile(queue: Any, keys: list[int], agreement: Agreement, sg: _SGLang) -> None:
@@ -239,6 +244,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
     def pop_transferred(self: Any, rids_to_check: list[str] | None = None) -> list[Any]:
         if rids_to_check is not None:  # PP: follows the previous stage's consensus, unchanged
             return original_pop(self, rids_to_check)
+        dropped_holds.release_due(self)  # rank-local: pages of earlier drops whose prefill side has let go
         keys = [request_key(decode_req.req.rid) for decode_req in self.queue]
         polls = _local_polls(self, sg)
         entries = list(zip(keys, polls, strict=True))
