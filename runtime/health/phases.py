@@ -48,6 +48,8 @@ class Phase(enum.IntEnum):
     # kv-poll-lockstep's exchanges in front of the prefill loop's two other bootstrap polls.
     PREFILL_WAITING_BOOTSTRAP_EXCHANGE = 34  # in place of resolve_waiting_queue_bootstrap's poll
     PREFILL_CHUNK_BOOTSTRAP_EXCHANGE = 35  # in process_prefill_chunk, in place of check_bootstrap's poll
+    # health-check-consensus: MIN all-reduce of "I am idle" over the ranks that share a health-check request.
+    HEALTH_CHECK_AGREEMENT = 36  # in Scheduler.is_fully_idle(for_health_check=True), from process_input_requests
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

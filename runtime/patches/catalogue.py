@@ -118,6 +118,23 @@ CATALOGUE: tuple[Patch, ...] = (
         upstream=("sgl-project/sglang#27221", "sgl-project/sglang#27164", "sgl-project/sglang#28039"),
     ),
     Patch(
+        id="health-check-consensus",
+        summary=(
+            "The ranks that receive a health-check request agree whether they are idle (one MIN all-reduce, "
+            "only in an iteration that carries one), so all queue it or all skip it instead of a busy rank "
+            "skipping what its idle peers queue."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: is_fully_idle(for_health_check=True), whose one caller is the health-check
+        # skip in process_input_requests (fingerprinted as the call site; abort-consensus replaces it). Cost:
+        # one all-reduce of one int over the TP CPU group (with DP attention: attention TP, then CP) per
+        # health-check request, none otherwise. Not covered: PP stages agree within their own TP group only.
+        targets=(
+            "sglang.srt.managers.scheduler.Scheduler.is_fully_idle",
+            "sglang.srt.managers.scheduler.Scheduler.process_input_requests",
+        ),
+    ),
+    Patch(
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "

@@ -63,8 +63,9 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "KV_CHECKSUM_FLAGS": 33,
         "PREFILL_WAITING_BOOTSTRAP_EXCHANGE": 34,
         "PREFILL_CHUNK_BOOTSTRAP_EXCHANGE": 35,
+        "HEALTH_CHECK_AGREEMENT": 36,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 36))
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 37))
 
