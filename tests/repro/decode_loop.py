@@ -25,7 +25,7 @@ from typing import Any
 
 from pdfleet.runtime.health import attach, phases, writer
 from pdfleet.runtime.instrument import seams
-from tests.repro import prefill, stage
+from tests.repro import health_check, prefill, stage
 from tests.repro import scenario as scenario_mod
 
 LOOP = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
@@ -144,7 +144,7 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
     rank_writer = join(sc, rank)
     applied = _apply_patches(sc.patches)
     log = instrument(rank_writer)
-    loop = prefill.run_loop if sc.role == "prefill" else run_loop
+    loop = prefill.run_loop if sc.role == "prefill" else health_check.run_loop if sc.health_checks else run_loop
     result = loop(sc, rank, dist.group.WORLD, log)
     result.update(applied=applied, patched=_patched_targets(), collectives_entered=log.labels())
     sc.result_path(rank).write_text(json.dumps(result))

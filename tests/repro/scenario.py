@@ -38,7 +38,8 @@ class Scenario:
     prealloc queue (then preallocated and transferred in one poll). `retracted`: rank -> [first, stop), the
     iterations in which that rank alone holds a retracted request (its own memory decided so). With
     `role="prefill"`, `arrivals` bootstrap in one poll and their KV lands `polls` polls after their prefill, and
-    `handshakes` take `polls` polls to bootstrap."""
+    `handshakes` take `polls` polls to bootstrap. `health_checks`: iteration -> rids of `/health_generate`
+    requests rank 0 broadcasts (tests/repro/health_check.py)."""
 
     port: int
     ledger: str
@@ -55,6 +56,7 @@ class Scenario:
     handshakes: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
     retracted: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     role: str = "decode"  # or "prefill": the loop the ranks run (tests/repro/prefill.py)
+    health_checks: dict[int, list[str]] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         outside = sorted(rank for rank in {*self.local_aborts, *self.retracted} if not 0 <= rank < self.world)
@@ -72,6 +74,7 @@ class Scenario:
         for field in ("arrivals", "handshakes"):
             raw[field] = {int(i): [(rid, int(n)) for rid, n in reqs] for i, reqs in raw[field].items()}
         raw["retracted"] = {int(r): [int(i) for i in window] for r, window in raw["retracted"].items()}
+        raw["health_checks"] = {int(i): list(rids) for i, rids in raw["health_checks"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)
