@@ -36,6 +36,7 @@ _RECEIVER = "sglang.srt.managers.scheduler_components.request_receiver"
 _PREFILL = "sglang.srt.disaggregation.prefill"
 _DECODE = "sglang.srt.disaggregation.decode"
 _PP_MIXIN = "sglang.srt.managers.scheduler_pp_mixin"
+_OFFLOAD = "sglang.srt.disaggregation.decode_kvcache_offload_manager.DecodeKVCacheOffloadManager"
 
 WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     f"{_SCHEDULER}.ingest_requests": seams.ingest_requests,
@@ -50,6 +51,8 @@ WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     f"{_DECODE}.all_reduce_flags": seams.all_reduce_flags,
     f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": seams.poll_and_all_reduce_attn_cp_tp_group,
     "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": seams.mlp_sync_all_gather,
+    f"{_OFFLOAD}.drain_before_retraction": seams.offload_drain,
+    f"{_OFFLOAD}.check_offload_progress": seams.offload_progress,
 }
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
@@ -66,6 +69,8 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         f"{_DECODE}.all_reduce_flags": "9184eae4a9a6eb5a",
         f"{_PP_MIXIN}.poll_and_all_reduce_attn_cp_tp_group": "6003aaa2ccaa631a",
         "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": "1b05fef0b29417fe",
+        f"{_OFFLOAD}.drain_before_retraction": "f165f14fa5eea894",
+        f"{_OFFLOAD}.check_offload_progress": "9ccbabd4e7ceea23",
     },
 }
 

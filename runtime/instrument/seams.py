@@ -40,6 +40,8 @@ _OTHER = phases.Phase.OTHER_COLLECTIVE
 _LOCAL = phases.Phase.LOCAL
 _FORWARD = phases.Phase.FORWARD
 _IDLE = phases.Phase.IDLE
+_OFFLOAD_DRAIN = phases.Phase.OFFLOAD_RETRACTION_DRAIN
+_OFFLOAD_PROGRESS = phases.Phase.OFFLOAD_PROGRESS
 
 Fn = Callable[..., Any]
 Sites = Mapping[CodeType, phases.Phase]  # an audited caller's code -> the phase of the poll it enters
@@ -215,6 +217,39 @@ def mlp_sync_all_gather(original: Fn) -> Fn:
         w.begin(_LOCAL)
         return out
     return all_gather
+
+
+_draining = False  # inside drain_before_retraction: its seam marks the whole drain, nested progress included
+
+
+def offload_drain(original: Fn) -> Fn:
+    """`DecodeKVCacheOffloadManager.drain_before_retraction`: entered only by a rank that retracts, then two
+    all-reduces (its progress check's MIN, its own MAX over pending copies); marked as one collective for the
+    whole call, so a rank that drained alone reads as waiting in the drain."""
+    def drain_before_retraction(self: Any) -> Any:
+        global _draining
+        w = _writer
+        w.collective(_OFFLOAD_DRAIN)
+        _draining = True
+        out = original(self)
+        _draining = False
+        w.begin(_LOCAL)
+        return out
+    return drain_before_retraction
+
+
+def offload_progress(original: Fn) -> Fn:
+    """`DecodeKVCacheOffloadManager.check_offload_progress`: a MIN all-reduce of two queue sizes, every
+    decode-queue pass with offload on; inside the drain it is part of the drain."""
+    def check_offload_progress(self: Any) -> Any:
+        if _draining:
+            return original(self)
+        w = _writer
+        w.collective(_OFFLOAD_PROGRESS)
+        out = original(self)
+        w.begin(_LOCAL)
+        return out
+    return check_offload_progress
 
 
 # --- forward and idle -----------------------------------------------------------------------------------

@@ -135,6 +135,24 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        id="retraction-consensus",
+        summary=(
+            "The ranks that share a decode batch agree whether its next step fits in KV memory (a MIN all-reduce "
+            "per check), so they retract the same requests, skip or drain together, and never decode batches of "
+            "different sizes because one rank's allocator is fuller."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: update_running_batch (sets the group for its duration) and check_decode_mem
+        # (agreed inside it) are replaced; retract_decode, whose loop asks check_decode_mem until the step fits,
+        # is fingerprinted. Cost: one all-reduce of one int over the batch's TP CPU group per decode step of a
+        # non-empty batch, one more per retracted request.
+        targets=(
+            "sglang.srt.managers.scheduler.Scheduler.update_running_batch",
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem",
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",
+        ),
+    ),
+    Patch(
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "

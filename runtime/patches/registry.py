@@ -11,6 +11,7 @@ MODULES: dict[str, str] = {
     "kv-poll-lockstep": "pdfleet.runtime.patches.impl.kv_poll_lockstep",
     "abort-consensus": "pdfleet.runtime.patches.impl.abort_consensus",
     "health-check-consensus": "pdfleet.runtime.patches.impl.health_check_consensus",
+    "retraction-consensus": "pdfleet.runtime.patches.impl.retraction_consensus",
     "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
     "dsml-leak-guard": "pdfleet.runtime.patches.impl.dsml_leak_guard",
     "dsml-batch-decode-guard": "pdfleet.runtime.patches.impl.dsml_batch_decode_guard",

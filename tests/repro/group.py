@@ -29,13 +29,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def start(sc: scenario_mod.Scenario) -> subprocess.Popen[bytes]:
-    """The launcher, in a new session: its ranks are its children, so one killpg ends them all."""
+def start(sc: scenario_mod.Scenario, module: str = "tests.repro.decode_loop",
+          args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
+    """The launcher (`module`, given the scenario and `args`), in a new session: its ranks are its children,
+    so one killpg ends them all."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
     log = (Path(sc.workdir) / "launcher.log").open("wb")
     with log:
         return subprocess.Popen(
-            [sys.executable, "-m", "tests.repro.decode_loop", sc.to_json()],
+            [sys.executable, "-m", module, sc.to_json(), *args],
             cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
 

@@ -64,8 +64,11 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "PREFILL_WAITING_BOOTSTRAP_EXCHANGE": 34,
         "PREFILL_CHUNK_BOOTSTRAP_EXCHANGE": 35,
         "HEALTH_CHECK_AGREEMENT": 36,
+        "DECODE_MEMORY_AGREEMENT": 37,
+        "OFFLOAD_RETRACTION_DRAIN": 38,
+        "OFFLOAD_PROGRESS": 39,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 37))
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 40))
 
