@@ -98,10 +98,15 @@ def test_the_catalogue_the_registry_and_the_fingerprints_name_the_same_targets()
 def test_the_call_site_is_the_health_check_skip_and_its_only_caller() -> None:
     """The agreement relies on `is_fully_idle(for_health_check=True)` being reached from the health-check
     branch only: every rank of the group then enters it at the same request of the same broadcast."""
+    from pathlib import Path
+
+    import sglang
     import sglang.srt.managers.scheduler as scheduler_module
 
-    source = inspect.getsource(scheduler_module)
-    assert source.count("for_health_check=True") == 1
+    callers = [path for path in Path(sglang.__file__).parent.rglob("*.py")
+               if "for_health_check=True" in path.read_text(errors="replace")]
+    assert callers == [Path(scheduler_module.__file__)]
+    assert inspect.getsource(scheduler_module).count("for_health_check=True") == 1
     branch = inspect.getsource(scheduler_module.Scheduler.process_input_requests)
     assert "if is_health_check_generate_req(recv_req) and not self.is_fully_idle(\n" \
            "                for_health_check=True\n            ):" in branch
