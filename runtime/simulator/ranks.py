@@ -5,7 +5,7 @@ iteration, crosses the phases and collectives SGLang's loop crosses:
 
     collective(RECV_BROADCAST)      recv_requests' broadcast          -> barrier "recv"
     begin(LOCAL)
-    collective(KV_POLL_ALL_REDUCE)  PD loops poll their KV transfers -> barrier "kv_poll"
+    collective(<the role's KV poll>) PD loops poll their KV transfers -> barrier "kv_poll"
     begin(FORWARD) while a batch runs, else begin(IDLE)
     step()
 
@@ -13,6 +13,11 @@ A collective is a real rendezvous: one `multiprocessing.Barrier` per collective 
 ranks. So a rank that enters another collective than its peers (the `desync` fault) leaves everyone blocked,
 each in its own barrier, with the ledger showing it: exactly the failure the operator detects. Barriers do
 not cross pods: the ranks of a multi-node group rendezvous within each pod only.
+
+The KV poll is recorded under the phase pdfleet's rank instrumentation gives SGLang's first KV poll of the
+role's loop: a decode rank's transfer-queue poll (DECODE_TRANSFER_POLL, in `pop_transferred`), a prefill
+rank's bootstrap-queue poll (PREFILL_BOOTSTRAP_POLL, in `pop_bootstrapped`). So a desync's evidence names
+the same collective as on a real engine.
 
 Requests advance only while the loop turns: rank 0 writes one byte per iteration to a pipe the HTTP side
 counts (`ticks`), and every prefill and decode step waits for it. A stuck loop stalls every request while
@@ -42,7 +47,13 @@ log = logging.getLogger(__name__)
 _CTX = multiprocessing.get_context("fork")
 _PR_SET_PDEATHSIG = 1
 _RECV = phases.Phase.RECV_BROADCAST
-_KV_POLL = phases.Phase.KV_POLL_ALL_REDUCE
+_KV_POLL = phases.Phase.KV_POLL_ALL_REDUCE  # the barrier's key; the ledger gets `kv_poll_phase(engine)`
+_ROLE_POLL = {"decode": phases.Phase.DECODE_TRANSFER_POLL, "prefill": phases.Phase.PREFILL_BOOTSTRAP_POLL}
+
+
+def kv_poll_phase(engine: Engine) -> phases.Phase:
+    """The ledger phase of the role's KV poll, as the instrumentation records it on a real engine."""
+    return _ROLE_POLL.get(engine.mode, phases.Phase.KV_POLL_ALL_REDUCE)
 
 
 class Control:
@@ -86,6 +97,7 @@ class _Stop(Exception):
 def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int) -> None:
     writer = attach.attach_rank(slot=slot, rank=engine.first_rank + slot, slots=engine.local_ranks)
     loop, wrong = engine.loop(), engine.wrong_loop()
+    poll = kv_poll_phase(engine)
     latched = Fault.NONE  # desync, hang and dead-rank never heal
     stalls_seen = control.stalls.value
     try:
@@ -106,12 +118,12 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
                     time.sleep(control.stall_ms.value / 1000)
             if engine.pd:
                 if latched is Fault.HANG:
-                    writer.collective(_KV_POLL)
+                    writer.collective(poll)
                     control.never.wait()
                 if latched is Fault.DESYNC and mine:
                     # Skips the KV poll its peers enter: it waits in the next broadcast, they in the poll.
                     _collective(writer, control, _RECV)
-                _collective(writer, control, _KV_POLL)
+                _collective(writer, control, _KV_POLL, poll)
             elif latched is Fault.HANG or (latched is Fault.DESYNC and mine):
                 # No KV poll outside PD: the odd rank goes into a collective its peers never enter.
                 writer.collective(phases.Phase.OTHER_COLLECTIVE if latched is Fault.DESYNC else _RECV)
@@ -134,9 +146,11 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
     writer.close()
 
 
-def _collective(writer: rank_writer.RankWriter, control: Control, phase: phases.Phase) -> None:
-    writer.collective(phase)
-    control.barriers[phase].wait()
+def _collective(writer: rank_writer.RankWriter, control: Control, barrier: phases.Phase,
+                recorded: phases.Phase | None = None) -> None:
+    """Enter the `barrier` rendezvous, recorded in the ledger as `recorded` (the barrier's own phase if None)."""
+    writer.collective(recorded or barrier)
+    control.barriers[barrier].wait()
 
 
 def _rank_main(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int) -> None:

@@ -109,8 +109,8 @@ def test_a_desync_is_captured_as_evidence_then_the_group_is_restarted_as_a_unit(
     assert "verdict: Desync" in data["summary.txt"] and "agents that did not answer: none" in data["summary.txt"]
     [records] = [json.loads(v) for k, v in data.items() if k.endswith(".ranks.json")]
     assert sorted(r["rank"] for r in records["ranks"]) == [0, 1]
-    # The desynced rank waits in the next request broadcast; its peer in the KV-poll all-reduce.
-    assert "recv_broadcast" in json.dumps(records) and "kv_poll_all_reduce" in json.dumps(records)
+    # The desynced rank waits in the next request broadcast; its peer in the decode transfer queue's KV poll.
+    assert "recv_broadcast" in json.dumps(records) and "decode_transfer_poll" in json.dumps(records)
     # Real stacks of the simulator's rank processes, captured while they were blocked.
     [stacks] = [json.loads(v) for k, v in data.items() if k.endswith(".stacks.json")]
     assert "Thread" in json.dumps(stacks) or "File" in json.dumps(stacks)

@@ -197,7 +197,7 @@ def test_a_desync_is_judged_desync_while_health_says_200_and_requests_stall(flee
     found = until(lambda: (v := verdict.judge(views(engine), POLICY)).health is verdict.Health.DESYNC and v,
                   deadline, "a Desync verdict")
     phases = {v.rank: v.phase for v in found.ranks}
-    assert phases == {0: verdict.phases.Phase.KV_POLL_ALL_REDUCE, 1: verdict.phases.Phase.RECV_BROADCAST}
+    assert phases == {0: verdict.phases.Phase.DECODE_TRANSFER_POLL, 1: verdict.phases.Phase.RECV_BROADCAST}
     assert httpx.get(engine.url + "/health").status_code == 200
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(engine.url + "/generate", json={"text": "stuck", **FAKE_BOOTSTRAP}, timeout=1.5)
@@ -255,7 +255,7 @@ def test_a_straggler_reads_as_desync_while_it_stalls_then_the_group_recovers(fle
     found = until(lambda: (v := verdict.judge(views(engine), POLICY)).health is verdict.Health.DESYNC and v,
                   deadline, "a Desync verdict while rank 1 stalls")
     phases = {v.rank: v.phase for v in found.ranks}
-    assert phases == {0: verdict.phases.Phase.KV_POLL_ALL_REDUCE, 1: verdict.phases.Phase.LOCAL}
+    assert phases == {0: verdict.phases.Phase.DECODE_TRANSFER_POLL, 1: verdict.phases.Phase.LOCAL}
     until(lambda: verdict.judge(views(engine), POLICY).health is verdict.Health.HEALTHY, deadline,
           "Healthy again once the straggler caught up")
     engine.annotate()
