@@ -80,17 +80,20 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="kv-poll-lockstep",
         summary=(
-            "Every TP rank joins the KV polls (decode transfer and prealloc handshake, prefill bootstrap and "
-            "inflight) on every loop iteration with a fixed-shape payload, even with an empty local queue or a "
-            "retracted request on one rank, so ranks can never enter different collectives there."
+            "Every TP rank joins the KV polls (decode transfer and prealloc handshake; prefill bootstrap, "
+            "inflight, waiting-queue bootstrap and chunked-request bootstrap) on every loop iteration with a "
+            "fixed-shape payload, even with an empty local queue, no chunked request or a retracted request on "
+            "one rank, so ranks can never enter different collectives there."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
         # Checked against 0.5.23: the decode transfer queue's poll (the overlap-abort desync), the decode
         # loop's retraction gate in front of every decode poll (agreed by a MAX all-reduce) and the prealloc
         # queue's handshake poll (the same fixed-shape exchange), and the prefill bootstrap and inflight queues'
-        # polls (the exchange over attention TP then CP). Patching utils.poll_and_all_reduce would not reach
-        # decode.py or prefill.py, which bind the name at import. Not yet covered: the prefill waiting queue's
-        # bootstrap resolution and check_bootstrap (docs/desync-audit.md).
+        # polls, the waiting queue's bootstrap resolution and the chunked request's check_bootstrap (the
+        # exchange over attention TP then CP; the chunked one entered from process_prefill_chunk, in front of
+        # its `chunked_req is not None` gate). Patching utils.poll_and_all_reduce would not reach decode.py or
+        # prefill.py, which bind the name at import. Which requests each rank admits or moves on (memory,
+        # metadata buffers) is not agreed here (docs/desync-audit.md).
         targets=(
             "sglang.srt.disaggregation.decode.DecodeTransferQueue.pop_transferred",
             "sglang.srt.disaggregation.decode.DecodeTransferQueue._poll_with_metadata_gate",
@@ -98,6 +101,8 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.disaggregation.decode.DecodePreallocQueue._update_handshake_waiters",
             "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_bootstrapped",
             "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
+            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap",
+            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk",
         ),
         upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
     ),

@@ -61,7 +61,8 @@ def _patched_targets() -> dict[str, str]:
     for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue, PrefillBootstrapQueue):
         for name in ("abort_request", "process_input_requests", "_poll_timeout_aborts", "pop_transferred",
                      "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters",
-                     "pop_bootstrapped", "process_disagg_prefill_inflight_queue"):
+                     "pop_bootstrapped", "process_disagg_prefill_inflight_queue",
+                     "resolve_waiting_queue_bootstrap", "process_prefill_chunk"):
             patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
             if patch_id:
                 found[f"{owner.__name__}.{name}"] = patch_id

@@ -18,10 +18,11 @@ it entered).
 The same harness injects the divergence at the decode loop's two other rank-local gates in front of a KV poll
 (a retracted request on one rank; one rank's prealloc queue losing a request before the handshake poll), at
 2 and 3 ranks: each hangs unpatched and completes with `kv-poll-lockstep`.
-And in the prefill loop (tests/repro/prefill.py): one rank's bootstrap queue, or its queue of transfers in
-flight, loses a request on its own, so that rank skips the bootstrap poll (`pop_bootstrapped`) or the transfer
-poll (`process_disagg_prefill_inflight_queue`) its peers enter; at 2 and 3 ranks each hangs unpatched and
-completes with `kv-poll-lockstep`.
+And in the prefill loop (tests/repro/prefill.py): one rank's bootstrap queue, its queue of transfers in
+flight, its waiting queue or its chunked request loses a request on its own, so that rank skips the bootstrap
+poll (`pop_bootstrapped`), the transfer poll (`process_disagg_prefill_inflight_queue`), the waiting queue's
+bootstrap poll (`resolve_waiting_queue_bootstrap`) or the chunked request's (`process_prefill_chunk` ->
+`check_bootstrap`) its peers enter; at 2 and 3 ranks each hangs unpatched and completes with `kv-poll-lockstep`.
 """
 
 from __future__ import annotations
@@ -60,7 +61,8 @@ def labels(*entered: Phase) -> list[str]:
 # handshake and transfer polls are replaced by the exchanges, on every rank, every iteration.
 DECODE_LOCKSTEP = labels(Phase.RECV_BROADCAST, Phase.RETRACTION_AGREEMENT, Phase.PREALLOC_HANDSHAKE_EXCHANGE,
                          Phase.DECODE_TRANSFER_EXCHANGE)
-PREFILL_LOCKSTEP = labels(Phase.RECV_BROADCAST, Phase.PREFILL_BOOTSTRAP_EXCHANGE, Phase.PREFILL_INFLIGHT_EXCHANGE)
+PREFILL_LOCKSTEP = labels(Phase.RECV_BROADCAST, Phase.PREFILL_BOOTSTRAP_EXCHANGE, Phase.PREFILL_INFLIGHT_EXCHANGE,
+                          Phase.PREFILL_WAITING_BOOTSTRAP_EXCHANGE, Phase.PREFILL_CHUNK_BOOTSTRAP_EXCHANGE)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -309,21 +311,47 @@ def _inflight(world: int) -> dict[str, Any]:
             "local_aborts": {world - 1: {3: "req-i"}}}
 
 
+# Waiting queue: `resolve_waiting_queue_bootstrap` returns at once when no waiting request is left to poll.
+# `held-w` was prefilled optimistically (its bootstrap never completes) but admission never takes it, so it
+# waits in every rank's waiting queue; the last rank alone aborts it at iteration 3 (SGLang's abort_request pops
+# it there): unpatched, that rank skips the waiting queue's bootstrap poll its peers enter.
+# Chunked request: `process_prefill_chunk` calls `check_bootstrap` only while `self.chunked_req is not None`.
+# `chunked-c` was prefilled optimistically and is chunked on every rank from iteration 0; the last rank alone
+# aborts it at iteration 3 (SGLang's process_pending_chunked_abort clears its chunked request): unpatched, that
+# rank skips the chunked request's bootstrap poll its peers enter.
+def _waiting(world: int) -> dict[str, Any]:
+    return {"role": "prefill", "arrivals": {}, "handshakes": {0: [("held-w", 10_000)]},
+            "local_aborts": {world - 1: {3: "held-w"}}}
+
+
+def _chunked(world: int) -> dict[str, Any]:
+    return {"role": "prefill", "arrivals": {}, "handshakes": {0: [("chunked-c", 10_000)]},
+            "local_aborts": {world - 1: {3: "chunked-c"}}}
+
+
 # With kv-poll-lockstep the request a peer lacks is Failed on every rank that holds it (SGLang's own
 # handle_bootstrap_failure / handle_inflight_transfer_failure): every rank has dropped it in iteration 3.
 # Unpatched, the peers wait in the poll the last rank skipped: its bootstrap queue's, or its inflight queue's.
 BOOTSTRAP_DROPS = {"dropped": {"req-b": 3}, "prefilled": {}, "transferred": {}, "collectives_entered": PREFILL_LOCKSTEP}
 INFLIGHT_DROPS = {"dropped": {"req-i": 3}, "prefilled": {"req-i": 0, "req-ok": 0}, "transferred": {"req-ok": 2},
                   "collectives_entered": PREFILL_LOCKSTEP}
+# With kv-poll-lockstep the last rank's abort shows in the exchange: its peers get Failed for the request it no
+# longer holds, and SGLang's handle_bootstrap_failure (through handle_pending_bootstrap for the chunked one, which
+# process_prefill_chunk then lets go) retires it: every rank has dropped it in iteration 3.
+WAITING_DROPS = {"dropped": {"held-w": 3}, "prefilled": {}, "transferred": {}, "collectives_entered": PREFILL_LOCKSTEP}
+CHUNKED_DROPS = {"dropped": {"chunked-c": 3}, "prefilled": {}, "transferred": {},
+                 "collectives_entered": PREFILL_LOCKSTEP}
+# Each prefill gate: its story, where the peers wait unpatched, what every rank reports patched; at 2 and 3 ranks.
+PREFILL_STORIES = (
+    ("bootstrap", _bootstrap, Phase.PREFILL_BOOTSTRAP_POLL, BOOTSTRAP_DROPS),
+    ("inflight", _inflight, Phase.PREFILL_INFLIGHT_POLL, INFLIGHT_DROPS),
+    ("waiting", _waiting, Phase.PREFILL_WAITING_BOOTSTRAP_POLL, WAITING_DROPS),
+    ("chunked", _chunked, Phase.PREFILL_CHUNK_BOOTSTRAP_POLL, CHUNKED_DROPS),
+)
 PREFILL_GATES = {
-    "bootstrap-world2-unpatched": (2, _bootstrap, (), Phase.PREFILL_BOOTSTRAP_POLL),
-    "bootstrap-world2-kv-poll-lockstep": (2, _bootstrap, (LOCKSTEP,), BOOTSTRAP_DROPS),
-    "bootstrap-world3-unpatched": (3, _bootstrap, (), Phase.PREFILL_BOOTSTRAP_POLL),
-    "bootstrap-world3-kv-poll-lockstep": (3, _bootstrap, (LOCKSTEP,), BOOTSTRAP_DROPS),
-    "inflight-world2-unpatched": (2, _inflight, (), Phase.PREFILL_INFLIGHT_POLL),
-    "inflight-world2-kv-poll-lockstep": (2, _inflight, (LOCKSTEP,), INFLIGHT_DROPS),
-    "inflight-world3-unpatched": (3, _inflight, (), Phase.PREFILL_INFLIGHT_POLL),
-    "inflight-world3-kv-poll-lockstep": (3, _inflight, (LOCKSTEP,), INFLIGHT_DROPS),
+    f"{name}-world{world}-{LOCKSTEP if patched else 'unpatched'}":
+        (world, story, (LOCKSTEP,) if patched else (), drops if patched else hangs)
+    for name, story, hangs, drops in PREFILL_STORIES for world in (2, 3) for patched in (False, True)
 }
 
 
@@ -333,4 +361,5 @@ def test_a_rank_local_gate_in_front_of_a_prefill_poll_desyncs_unless_kv_poll_loc
     launch: Launch, world: int, story: Callable[[int], dict[str, Any]], patches: tuple[str, ...], outcome: Outcome,
 ) -> None:
     _run_gate(launch, world, story(world), patches, outcome,
-              {"PrefillBootstrapQueue.pop_bootstrapped", "Scheduler.process_disagg_prefill_inflight_queue"})
+              {"PrefillBootstrapQueue.pop_bootstrapped", "Scheduler.process_disagg_prefill_inflight_queue",
+               "Scheduler.resolve_waiting_queue_bootstrap", "Scheduler.process_prefill_chunk"})

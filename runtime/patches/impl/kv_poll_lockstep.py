@@ -56,8 +56,12 @@ POP_BOOTSTRAPPED = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.pop_
 PROCESS_INFLIGHT = (
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue"
 )
+RESOLVE_WAITING_BOOTSTRAP = (
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap"
+)
+PROCESS_PREFILL_CHUNK = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk"
 TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE, PROCESS_DECODE_QUEUE, UPDATE_HANDSHAKE_WAITERS,
-           POP_BOOTSTRAPPED, PROCESS_INFLIGHT)
+           POP_BOOTSTRAPPED, PROCESS_INFLIGHT, RESOLVE_WAITING_BOOTSTRAP, PROCESS_PREFILL_CHUNK)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
@@ -67,6 +71,8 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         UPDATE_HANDSHAKE_WAITERS: "48508b8bf97ac7db",
         POP_BOOTSTRAPPED: "0ecb934dee8b9774",
         PROCESS_INFLIGHT: "b67e2acef55ff84f",
+        RESOLVE_WAITING_BOOTSTRAP: "d46052adb7948a70",
+        PROCESS_PREFILL_CHUNK: "fb613f761a11235d",
     },
 }
 
