@@ -55,14 +55,16 @@ def _patched_targets() -> dict[str, str]:
     """Which of SGLang's functions this process runs patched, read back from SGLang itself."""
     from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeTransferQueue
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
 
     found = {}
-    for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue, PrefillBootstrapQueue):
+    for owner in (Scheduler, DecodeTransferQueue, DecodePreallocQueue, PrefillBootstrapQueue, ScheduleBatch):
         for name in ("abort_request", "process_input_requests", "_poll_timeout_aborts", "pop_transferred",
                      "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters",
                      "pop_bootstrapped", "process_disagg_prefill_inflight_queue",
-                     "resolve_waiting_queue_bootstrap", "process_prefill_chunk"):
+                     "resolve_waiting_queue_bootstrap", "process_prefill_chunk", "is_fully_idle",
+                     "update_running_batch", "check_decode_mem"):
             patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
             if patch_id:
                 found[f"{owner.__name__}.{name}"] = patch_id

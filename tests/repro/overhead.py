@@ -1,13 +1,15 @@
-"""What the desync fixes cost per decode-loop iteration, on the reproduction harness with nothing diverging.
+"""What the desync fixes cost per loop iteration, on the reproduction harness with nothing diverging.
 
-`python -m tests.repro.overhead --world N --iterations I --rounds R --workdir DIR --patches ID...` forks N
-ranks on a real gloo group (as `decode_loop` does). Each rank installs the patches once with pdfleet's patch
-framework, keeping SGLang's original functions as well, and then switches its SGLang classes between the two
-in place. It runs the
-decode loop of `decode_loop.run_loop` (SGLang's own intake, `process_decode_queue`, prealloc handshake and
-transfer polls; no forward pause) in blocks of `sc.iterations` iterations, per workload: one warm-up block
-of each variant, then `ROUNDS` times unpatched, patched, patched, unpatched (so a drift of the machine's load
-weighs on both). Every block starts from fresh SGLang objects and sees the same arrivals.
+`python -m tests.repro.overhead --world N --iterations I --rounds R --workdir DIR --patches ID... [--role R]`
+forks N ranks on a real gloo group (as `decode_loop` does). Each rank installs the patches once with pdfleet's
+patch framework, keeping SGLang's original functions as well, and then switches its SGLang classes between the
+two in place. With `--role decode` it runs the decode loop of `decode_loop.run_loop` (SGLang's own intake,
+`process_decode_queue`, prealloc handshake and transfer polls) and the decode step of `retraction.run_loop`
+(SGLang's `update_running_batch` on a running batch); with `--role prefill` the prefill loop of
+`prefill.run_loop` (intake, bootstrap, waiting-queue and chunk polls, inflight poll). No forward pause. Each
+workload runs in blocks of `sc.iterations` iterations: one warm-up block of each variant, then `ROUNDS` times
+unpatched, patched, patched, unpatched (so a drift of the machine's load weighs on both). Every block starts
+from fresh SGLang objects and sees the same arrivals.
 
 Each rank writes `overhead-rank{N}.json` in `sc.workdir`: per workload and variant, every iteration's wall
 time in ns, the collective calls per iteration, the block outcomes (which must not differ between variants:
@@ -24,25 +26,36 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.repro import decode_loop
+from tests.repro import decode_loop, prefill, retraction
 from tests.repro import scenario as scenario_mod
 
 UNPATCHED, PATCHED = "unpatched", "patched"
 # No divergence anywhere. `idle`: no request at all, so unpatched SGLang enters only the request broadcast
 # (its poll guards skip the rest) while the patched loop still exchanges every iteration: the worst ratio.
-# `busy`: one request arrives in the transfer queue and one in the prealloc queue every iteration (their KV
-# lands after 6 polls, their handshake after 3), so both loops poll a few requests in flight every iteration.
+# `busy`: one request arrives in the transfer (prefill: bootstrap) queue and one in the prealloc (prefill:
+# bootstrap, three polls) queue every iteration, so both loops poll a few requests in flight every iteration.
+# `decoding` (decode role): a running batch of 4 requests through SGLang's `update_running_batch` every
+# iteration, the step retraction-consensus agrees (nothing is ever retracted: every rank has room).
 BUSY_SPAN = 10_000  # more iterations than any block runs: arrivals never stop within a block
+NEVER = 1 << 30  # no rank's pool ever fills
+# What a block's result says besides what became of its requests.
+_BOOKKEEPING = frozenset({"rank", "iterations", "iteration_ns"})
+
+Loop = Callable[[scenario_mod.Scenario, int, Any, Any], dict[str, Any]]
 
 
-def workloads() -> dict[str, dict[str, Any]]:
-    return {
-        "idle": {"arrivals": {}, "handshakes": {}},
-        "busy": {
-            "arrivals": {i: [(f"t{i}", 6)] for i in range(BUSY_SPAN)},
-            "handshakes": {i: [(f"h{i}", 3)] for i in range(BUSY_SPAN)},
-        },
-    }
+def _decoding(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any) -> dict[str, Any]:
+    return retraction.run_loop(sc, rank, group, rank_writer, offload=False, tight_from=NEVER)
+
+
+def workloads(role: str) -> dict[str, tuple[Loop, dict[str, Any]]]:
+    """name -> (the loop, the scenario fields it runs with), for a harness run of `role`."""
+    busy = {"arrivals": {i: [(f"t{i}", 6)] for i in range(BUSY_SPAN)},
+            "handshakes": {i: [(f"h{i}", 3)] for i in range(BUSY_SPAN)}}
+    idle: dict[str, Any] = {"arrivals": {}, "handshakes": {}}
+    if role == "prefill":
+        return {"idle": (prefill.run_loop, idle), "busy": (prefill.run_loop, busy)}
+    return {"idle": (decode_loop.run_loop, idle), "busy": (decode_loop.run_loop, busy), "decoding": (_decoding, idle)}
 
 
 def result_path(sc: scenario_mod.Scenario, rank: int) -> Path:
@@ -92,13 +105,13 @@ class CollectiveCount:
         return collective
 
 
-def _block(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any, story: Mapping[str, Any],
-           count: CollectiveCount) -> tuple[list[int], dict[str, Any], int]:
+def _block(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any, loop: Loop,
+           story: Mapping[str, Any], count: CollectiveCount) -> tuple[list[int], dict[str, Any], int]:
     """One block from fresh SGLang objects: each iteration's time, what became of each request, and how
     many collective calls the block made."""
     before = count.calls
-    result = decode_loop.run_loop(dataclasses.replace(sc, **story), rank, group, rank_writer)
-    outcome = {key: result[key] for key in ("dropped", "transferred", "finished")}
+    result = loop(dataclasses.replace(sc, **story), rank, group, rank_writer)
+    outcome = {key: value for key, value in result.items() if key not in _BOOKKEEPING}
     return result["iteration_ns"], outcome, count.calls - before
 
 
@@ -113,13 +126,13 @@ def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
     report: dict[str, Any] = {"rank": rank, "applied": switch.applied, "patched_targets": {},
                               "workloads": {}}
     order = [UNPATCHED, PATCHED] + [v for _ in range(rounds) for v in (UNPATCHED, PATCHED, PATCHED, UNPATCHED)]
-    for name, story in workloads().items():
+    for name, (loop, story) in workloads(sc.role).items():
         times: dict[str, list[int]] = {UNPATCHED: [], PATCHED: []}
         outcomes: dict[str, list[dict[str, Any]]] = {UNPATCHED: [], PATCHED: []}
         calls = {UNPATCHED: 0, PATCHED: 0}
         for index, variant in enumerate(order):
             report["patched_targets"][variant] = switch.install(variant)
-            iteration_ns, outcome, block_calls = _block(sc, rank, group, log, story, count)
+            iteration_ns, outcome, block_calls = _block(sc, rank, group, log, loop, story, count)
             outcomes[variant].append(outcome)
             calls[variant] += block_calls
             if index >= 2:  # the first block of each variant warms caches and gloo's buffers
@@ -142,11 +155,12 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--rounds", type=int, required=True, help="unpatched, patched, patched, unpatched rounds")
     parser.add_argument("--workdir", required=True)
     parser.add_argument("--patches", nargs="+", required=True)
+    parser.add_argument("--role", choices=("decode", "prefill"), default="decode", help="the loops to run")
     args = parser.parse_args(argv)
     sc = scenario_mod.Scenario(
         port=group.free_port(), ledger=str(Path(args.workdir) / "ledger"), workdir=args.workdir,
         patches=tuple(args.patches), world=args.world, iterations=args.iterations, local_aborts={},
-        forward_s=0.0, idle_s=0.0,
+        forward_s=0.0, idle_s=0.0, role=args.role,
     )
     return decode_loop.launch(sc, rank_fn=lambda s, rank: bench_rank(s, rank, args.rounds))
 

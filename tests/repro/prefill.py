@@ -190,8 +190,10 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
     events: dict[str, dict[str, int]] = {"dropped": {}, "prefilled": {}, "transferred": {}}
     running_batch = SimpleNamespace(batch_is_full=False)
     last_batch = None
+    iteration_ns: list[int] = []  # each iteration's wall time on this rank (tests.repro.overhead reads it)
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
+        started_ns = time.perf_counter_ns()
         held = _held(scheduler)
         scheduler.ingest_requests()  # SGLang's; its seam steps the iteration
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)
@@ -221,7 +223,8 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
         arrived = {rid for rid, _ in [*sc.arrivals.get(iteration, []), *sc.handshakes.get(iteration, [])]}
         for rid in (held | arrived) - now_held - set(events["transferred"]):
             events["dropped"].setdefault(rid, iteration)
-    return {"rank": rank, "iterations": sc.iterations, **events}
+        iteration_ns.append(time.perf_counter_ns() - started_ns)
+    return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, **events}
 
 
 def _held(scheduler: Any) -> set[str]:

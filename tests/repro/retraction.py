@@ -129,8 +129,10 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
     scheduler = _scheduler(rank, group, receiver, allocator, offload, retracted)
     batch = _batch(allocator)
     batches: list[list[str]] = []
+    iteration_ns: list[int] = []  # each iteration's wall time on this rank (tests.repro.overhead reads it)
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
+        started_ns = time.perf_counter_ns()
         scheduler.ingest_requests()  # SGLang's: the request broadcast (its seam steps the iteration)
         tight = rank == sc.world - 1 and iteration >= tight_from
         allocator.free = ROOM if tight else PLENTY
@@ -142,7 +144,9 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
             req.kv.kv_committed_len += 1
             req.output_ids.append(0)
         scheduler.forward_ct += 1
-    return {"rank": rank, "iterations": sc.iterations, "batches": batches, "retracted": retracted}
+        iteration_ns.append(time.perf_counter_ns() - started_ns)
+    return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, "batches": batches,
+            "retracted": retracted}
 
 
 def rank_main(sc: scenario_mod.Scenario, rank: int, *, offload: bool, tight_from: int) -> None:

@@ -10,16 +10,29 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from tests.repro import group
 
-FIXES = ("kv-poll-lockstep", "abort-consensus")
-TIMEOUT_S = 180.0  # SGLang's import on a loaded 2-core machine, then 2 x 6 blocks of 10 iterations
+FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus")
+TIMEOUT_S = 180.0  # SGLang's import on a loaded 2-core machine, then 2 x 6 blocks of 10 iterations per workload
+# Collective calls per iteration, unpatched -> patched, by role and workload. Decode idle: SGLang enters only the
+# request broadcast; the fixes add the retraction gate's all-reduce and the handshake and transfer exchanges.
+# Decode busy: SGLang polls both queues itself; the gate is the one addition. Decoding: the memory check's
+# agreement, once per step (nothing retracts). Prefill idle: the bootstrap, waiting-queue, chunk and inflight
+# exchanges (attention CP is 1: one group each). Prefill busy: SGLang polls three queues itself; the chunk
+# exchange is the addition (no chunked request: SGLang's gate skips its poll).
+COLLECTIVES = {
+    "decode": {"idle": (1.0, 4.0), "busy": (4.0, 5.0), "decoding": (1.0, 2.0)},
+    "prefill": {"idle": (1.0, 5.0), "busy": (5.0, 6.0)},
+}
 
 
-def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_ranks(tmp_path: Path) -> None:
+def _run(tmp_path: Path, role: str) -> list[dict[str, Any]]:
     argv = [sys.executable, "-m", "tests.repro.overhead", "--world", "2", "--iterations", "10", "--rounds", "1",
-            "--workdir", str(tmp_path), "--patches", *FIXES]
+            "--workdir", str(tmp_path), "--role", role, "--patches", *FIXES]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
     proc = subprocess.Popen(argv, cwd=group.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             start_new_session=True)
@@ -28,25 +41,30 @@ def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_rank
     finally:
         group.kill(proc)  # the ranks too, whatever happened
     assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    return [json.loads((tmp_path / f"overhead-rank{rank}.json").read_text()) for rank in range(2)]
 
-    for rank in range(2):
-        report = json.loads((tmp_path / f"overhead-rank{rank}.json").read_text())
+
+@pytest.mark.parametrize("role", sorted(COLLECTIVES))
+def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_ranks(tmp_path: Path, role: str) -> None:
+    for report in _run(tmp_path, role):
         assert sorted(report["applied"]) == sorted(FIXES)
         assert report["patched_targets"]["unpatched"] == {}
         patched = report["patched_targets"]["patched"]
         assert set(patched.values()) == set(FIXES)
-        assert {"DecodeTransferQueue.pop_transferred", "Scheduler.abort_request"} <= set(patched)
+        assert {"DecodeTransferQueue.pop_transferred", "Scheduler.abort_request", "Scheduler.is_fully_idle",
+                "ScheduleBatch.check_decode_mem"} <= set(patched)
 
-        idle, busy = report["workloads"]["idle"], report["workloads"]["busy"]
-        # Idle: SGLang enters only the request broadcast; the fixes add the retraction gate's all-reduce and the
-        # handshake and transfer exchanges. Busy: SGLang polls both queues itself; the gate is the one addition.
-        assert idle["collectives"] == {"unpatched": 1.0, "patched": 4.0}
-        assert busy["collectives"] == {"unpatched": 4.0, "patched": 5.0}
-        for workload in (idle, busy):
+        workloads = report["workloads"]
+        assert {name: (w["collectives"]["unpatched"], w["collectives"]["patched"]) for name, w in
+                workloads.items()} == COLLECTIVES[role]
+        for workload in workloads.values():
             # One warm-up block per variant is left out; 2 measured blocks of 10 iterations each remain.
             assert {v: len(times) for v, times in workload["iteration_ns"].items()} == {"unpatched": 20,
                                                                                      "patched": 20}
             outcomes = [o for blocks in workload["outcomes"].values() for o in blocks]
             assert all(o == outcomes[0] for o in outcomes)
-        finished = busy["outcomes"]["patched"][0]["finished"]
-        assert finished and not busy["outcomes"]["patched"][0]["dropped"], "the busy load must decode requests"
+        busy = workloads["busy"]["outcomes"]["patched"][0]
+        assert busy["transferred"] and not busy["dropped"], "the busy load must carry requests through"
+        if role == "decode":
+            assert busy["finished"], "the busy load must decode requests"
+            assert workloads["decoding"]["outcomes"]["patched"][0]["batches"][-1] == [f"req-{i}" for i in range(4)]
