@@ -91,7 +91,9 @@ CATALOGUE: tuple[Patch, ...] = (
         # queue's handshake poll (the same fixed-shape exchange), and the prefill bootstrap and inflight queues'
         # polls, the waiting queue's bootstrap resolution and the chunked request's check_bootstrap (the
         # exchange over attention TP then CP; the chunked one entered from process_prefill_chunk, in front of
-        # its `chunked_req is not None` gate). Patching utils.poll_and_all_reduce would not reach decode.py or
+        # its `chunked_req is not None` gate). A transfer the decode exchange drops keeps its pages until the
+        # prefill side lets go, on a rank-local list that release_memory_occupation (the KV pool torn down)
+        # clears, as SGLang clears its own. Patching utils.poll_and_all_reduce would not reach decode.py or
         # prefill.py, which bind the name at import. Which requests each rank admits or moves on (memory,
         # metadata buffers) is not agreed here (docs/desync-audit.md).
         targets=(
@@ -103,6 +105,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_disagg_prefill_inflight_queue",
             "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap",
             "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk",
+            "sglang.srt.disaggregation.decode.DecodeTransferQueue.release_memory_occupation",
         ),
         upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
     ),

@@ -49,6 +49,8 @@ AUDITED: dict[str, str] = {
         "e19c6b7a87fec58e",
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort":
         "c625b2339c100456",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": "14cbb57bc0ad75bb",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode": "578d1d97495f802e",
     "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
         "289c1bd9057ca786",
     "sglang.srt.managers.scheduler.Scheduler.on_idle":

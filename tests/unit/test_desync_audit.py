@@ -11,7 +11,12 @@ import pytest
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import targets
-from pdfleet.runtime.patches.impl import abort_consensus, health_check_consensus, kv_poll_lockstep
+from pdfleet.runtime.patches.impl import (
+    abort_consensus,
+    health_check_consensus,
+    kv_poll_lockstep,
+    retraction_consensus,
+)
 from tests.support import desync_audit
 
 AUDIT_PAGE = Path(__file__).resolve().parents[2] / "docs" / "desync-audit.md"
@@ -54,7 +59,7 @@ def test_the_audit_page_names_every_listed_function() -> None:
 def test_the_audit_is_pinned_to_the_release_the_desync_patches_were_checked_against() -> None:
     """Where a desync patch targets an audited function, both pins agree: the audit and the patch describe
     the same code."""
-    for impl in (kv_poll_lockstep, abort_consensus, health_check_consensus):
+    for impl in (kv_poll_lockstep, abort_consensus, health_check_consensus, retraction_consensus):
         pins = impl.FINGERPRINTS[desync_audit.SGLANG_VERSION]
         shared = set(pins) & set(desync_audit.AUDITED)
         assert shared, f"{impl.PATCH_ID} targets no audited function"

@@ -213,3 +213,22 @@ def test_the_patched_transfer_poll_releases_acknowledged_holds_on_its_next_call(
         dist.destroy_process_group()
     assert released.pages == ["acked"]
     assert [h.decode_req.req.rid for h in dropped_holds.holds(queue)] == ["waiting"]
+
+
+def test_tearing_the_kv_pool_down_forgets_held_pages_instead_of_releasing_them_later() -> None:
+    """SGLang's `release_memory_occupation` drops its own held entries without a release (the pool is gone);
+    the patched one drops the lockstep's holds the same way, so no later poll frees pages of a dead pool."""
+    from pdfleet.runtime.patches import targets
+
+    released, mgr = Released(), _manager(deferred=True)
+    queue = _queue(released, deferred=True)
+    _drop(queue, _transfer(queue, _receiver(mgr, room=31), "held"))
+    queue.queue = []
+    originals = {dotted: targets.resolve(dotted).function for dotted in lockstep.TARGETS}
+    release = lockstep.replacements(originals)[lockstep.RELEASE_MEMORY_OCCUPATION]
+
+    release(queue)
+
+    assert dropped_holds.holds(queue) == [] and released.pages == []
+    _ack_all(mgr, 31)
+    assert dropped_holds.release_due(queue) == 0

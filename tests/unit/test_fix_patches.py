@@ -177,7 +177,8 @@ def test_the_poll_step_returns_the_agreed_states_instead_of_reducing_again() -> 
                  kv_poll_lockstep.POP_BOOTSTRAPPED: lambda self: [],
                  kv_poll_lockstep.PROCESS_INFLIGHT: lambda self, *a: [],
                  kv_poll_lockstep.RESOLVE_WAITING_BOOTSTRAP: lambda self: None,
-                 kv_poll_lockstep.PROCESS_PREFILL_CHUNK: lambda self, **kw: None}
+                 kv_poll_lockstep.PROCESS_PREFILL_CHUNK: lambda self, **kw: None,
+                 kv_poll_lockstep.RELEASE_MEMORY_OCCUPATION: lambda self: None}
     replaced = kv_poll_lockstep.replacements(originals)[kv_poll_lockstep.POLL_WITH_METADATA_GATE]
     queue = _queue(["a", "b"])
     setattr(queue, kv_poll_lockstep._AGREED, {kv_poll_lockstep.request_key("a"): S,

@@ -77,6 +77,13 @@ def hold(queue: Any, decode_req: Any, now: float | None = None) -> Hold:
     return entry
 
 
+def forget(queue: Any) -> None:
+    """Drop every hold without releasing it: `DecodeTransferQueue.release_memory_occupation` is tearing the KV
+    pool down (SGLang clears its own hold list there too); a later release would free pages of a pool that is
+    gone."""
+    setattr(queue, _HOLDS, [])
+
+
 def _drained(entry: Hold) -> bool:
     receiver = entry.decode_req.kv_receiver
     if entry.deadline is None:

@@ -26,7 +26,9 @@ waiting in it is told apart from one in SGLang's own transfer poll (DECODE_TRANS
 Keys are a 63-bit hash of the request id (ids are strings; every rank received the same id in the same
 broadcast). The same patch also agrees the decode loop's retraction gate and runs the prealloc queue's
 handshake poll as a lockstep exchange (`prealloc_lockstep`), so no decode KV poll is skipped by one rank, and
-does the same for the prefill bootstrap and inflight polls (`prefill_lockstep`). Not covered here (see the
+does the same for the prefill loop's bootstrap, waiting-queue, chunked-request and inflight polls
+(`prefill_lockstep`). A transfer dropped in step 4 keeps its pages until the prefill side lets go
+(`dropped_holds`). Not covered here (see the
 catalogue entry): the PP path (`rids_to_check`), which follows the previous stage's consensus and is passed
 through unchanged. With SGLang's staging buffer the
 original staging poll still runs after the exchange, on queues that now agree.
@@ -60,8 +62,10 @@ RESOLVE_WAITING_BOOTSTRAP = (
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap"
 )
 PROCESS_PREFILL_CHUNK = "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk"
+RELEASE_MEMORY_OCCUPATION = "sglang.srt.disaggregation.decode.DecodeTransferQueue.release_memory_occupation"
 TARGETS = (POP_TRANSFERRED, POLL_WITH_METADATA_GATE, PROCESS_DECODE_QUEUE, UPDATE_HANDSHAKE_WAITERS,
-           POP_BOOTSTRAPPED, PROCESS_INFLIGHT, RESOLVE_WAITING_BOOTSTRAP, PROCESS_PREFILL_CHUNK)
+           POP_BOOTSTRAPPED, PROCESS_INFLIGHT, RESOLVE_WAITING_BOOTSTRAP, PROCESS_PREFILL_CHUNK,
+           RELEASE_MEMORY_OCCUPATION)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
@@ -73,6 +77,7 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         PROCESS_INFLIGHT: "b67e2acef55ff84f",
         RESOLVE_WAITING_BOOTSTRAP: "d46052adb7948a70",
         PROCESS_PREFILL_CHUNK: "fb613f761a11235d",
+        RELEASE_MEMORY_OCCUPATION: "3bb2541446acb6ff",
     },
 }
 
@@ -245,6 +250,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
     sg = _bind_sglang()
     original_pop = originals[POP_TRANSFERRED]
     original_poll = originals[POLL_WITH_METADATA_GATE]
+    original_release = originals[RELEASE_MEMORY_OCCUPATION]
 
     @functools.wraps(original_pop)
     def pop_transferred(self: Any, rids_to_check: list[str] | None = None) -> list[Any]:
@@ -271,5 +277,11 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
             return original_poll(self)
         return states
 
+    @functools.wraps(original_release)
+    def release_memory_occupation(self: Any) -> Any:
+        dropped_holds.forget(self)  # the pool is torn down: held pages go with it, as SGLang's own holds do
+        return original_release(self)
+
     return {POP_TRANSFERRED: pop_transferred, POLL_WITH_METADATA_GATE: _poll_with_metadata_gate,
+            RELEASE_MEMORY_OCCUPATION: release_memory_occupation,
             **prealloc_lockstep.replacements(originals), **prefill_lockstep.replacements(originals)}
