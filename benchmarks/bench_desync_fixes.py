@@ -12,11 +12,12 @@ processes, on the same gloo group, under the same load.
 Workloads: `idle` (no request: unpatched SGLang enters only the request broadcast, its poll guards skip the
 rest; the patched loop still exchanges every iteration: the worst case), `busy` (a request arrives in each of
 two queues every iteration) and, for decode, `decoding` (a running batch of 4 through `update_running_batch`,
-where retraction-consensus agrees the memory check every step). The loops have no forward: a real iteration
-adds a model forward (milliseconds on a GPU) to both variants, so the ratios here are upper bounds and the added
-time per iteration is the figure that carries over. Figures are rank 0's per-iteration wall times. Nothing is
-asserted about time (a shared 2-core machine); the run fails only if the harness does, or if the two variants
-did not do the same thing to every request.
+where retraction-consensus agrees the memory check every step) and `resuming` (`resume_retracted_reqs` over
+three retracted requests, where admission-consensus agrees the free capacity; the call alone). The loops have
+no forward: a real iteration adds a model forward (milliseconds on a GPU) to both variants, so the ratios here
+are upper bounds and the added time per iteration is the figure that carries over. Figures are rank 0's
+per-iteration wall times. Nothing is asserted about time (a shared 2-core machine); the run fails only if the
+harness does, or if the two variants did not do the same thing to every request.
 
     python benchmarks/bench_desync_fixes.py [--tp 2 4 8] [--quick]
 """
@@ -38,7 +39,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 # The catalogue's desync fixes: every patch that keeps a TP group's ranks in the same collectives.
-DESYNC_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus")
+DESYNC_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
+                "admission-consensus")
 ROLES = ("decode", "prefill")
 # (iterations per block, rounds of unpatched-patched-patched-unpatched): TP 8 forks 8 ranks that share the
 # machine's cores, so it runs fewer iterations (its p99 is then close to the maximum).

@@ -55,6 +55,8 @@ class Phase(enum.IntEnum):
     # SGLang's decode KV offload (--disaggregation-decode-enable-offload-kvcache): its two all-reduce sites.
     OFFLOAD_RETRACTION_DRAIN = 38  # DecodeKVCacheOffloadManager.drain_before_retraction (both its all-reduces)
     OFFLOAD_PROGRESS = 39  # DecodeKVCacheOffloadManager.check_offload_progress, each decode-queue pass
+    # admission-consensus: MIN all-reduce of the free capacities a decode prealloc queue admits and resumes by.
+    ADMISSION_AGREEMENT = 40  # DecodePreallocQueue.pop_preallocated / resume_retracted_reqs
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

@@ -161,6 +161,25 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        id="admission-consensus",
+        summary=(
+            "The decode ranks that share a prealloc queue agree their free KV, request and metadata capacity "
+            "before admitting or resuming requests (a MIN all-reduce per call), so they move on and resume the "
+            "same requests instead of one rank's fuller pool aborting or splitting them."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: pop_preallocated and resume_retracted_reqs are replaced (each runs SGLang's own
+        # body with the pools' capacity readers clamped to the group's smallest); _allocatable_token_budgets,
+        # which reads the KV allocator for both, is fingerprinted. Cost: one all-reduce of five integers per
+        # call, two per decode iteration. Not agreed: the decode radix cache's evictable size, HiSparse, Mamba
+        # slot reclaim, LoRA slots, the host-receive threshold.
+        targets=(
+            "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
+            "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs",
+            "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets",
+        ),
+    ),
+    Patch(
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "

@@ -64,7 +64,7 @@ def _patched_targets() -> dict[str, str]:
                      "_poll_with_metadata_gate", "process_decode_queue", "_update_handshake_waiters",
                      "pop_bootstrapped", "process_disagg_prefill_inflight_queue",
                      "resolve_waiting_queue_bootstrap", "process_prefill_chunk", "is_fully_idle",
-                     "update_running_batch", "check_decode_mem"):
+                     "update_running_batch", "check_decode_mem", "pop_preallocated", "resume_retracted_reqs"):
             patch_id = getattr(getattr(owner, name, None), "__pdfleet_patch__", None)
             if patch_id:
                 found[f"{owner.__name__}.{name}"] = patch_id

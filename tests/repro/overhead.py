@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.repro import decode_loop, prefill, retraction
+from tests.repro import admission, decode_loop, prefill, retraction
 from tests.repro import scenario as scenario_mod
 
 UNPATCHED, PATCHED = "unpatched", "patched"
@@ -36,6 +36,8 @@ UNPATCHED, PATCHED = "unpatched", "patched"
 # bootstrap, three polls) queue every iteration, so both loops poll a few requests in flight every iteration.
 # `decoding` (decode role): a running batch of 4 requests through SGLang's `update_running_batch` every
 # iteration, the step retraction-consensus agrees (nothing is ever retracted: every rank has room).
+# `resuming` (decode role): SGLang's `resume_retracted_reqs` over three retracted requests that all fit, the call
+# admission-consensus agrees (measured alone: the call is short, so its ratio is an upper bound).
 BUSY_SPAN = 10_000  # more iterations than any block runs: arrivals never stop within a block
 NEVER = 1 << 30  # no rank's pool ever fills
 # What a block's result says besides what became of its requests.
@@ -55,7 +57,8 @@ def workloads(role: str) -> dict[str, tuple[Loop, dict[str, Any]]]:
     idle: dict[str, Any] = {"arrivals": {}, "handshakes": {}}
     if role == "prefill":
         return {"idle": (prefill.run_loop, idle), "busy": (prefill.run_loop, busy)}
-    return {"idle": (decode_loop.run_loop, idle), "busy": (decode_loop.run_loop, busy), "decoding": (_decoding, idle)}
+    return {"idle": (decode_loop.run_loop, idle), "busy": (decode_loop.run_loop, busy), "decoding": (_decoding, idle),
+            "resuming": (admission.run_loop, idle)}
 
 
 def result_path(sc: scenario_mod.Scenario, rank: int) -> Path:

@@ -16,16 +16,18 @@ import pytest
 
 from tests.repro import group
 
-FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus")
+FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
+         "admission-consensus")
 TIMEOUT_S = 180.0  # SGLang's import on a loaded 2-core machine, then 2 x 6 blocks of 10 iterations per workload
 # Collective calls per iteration, unpatched -> patched, by role and workload. Decode idle: SGLang enters only the
 # request broadcast; the fixes add the retraction gate's all-reduce and the handshake and transfer exchanges.
 # Decode busy: SGLang polls both queues itself; the gate is the one addition. Decoding: the memory check's
-# agreement, once per step (nothing retracts). Prefill idle: the bootstrap, waiting-queue, chunk and inflight
+# agreement, once per step (nothing retracts). Resuming: admission-consensus's capacity agreement, once per
+# call (SGLang's resume enters none). Prefill idle: the bootstrap, waiting-queue, chunk and inflight
 # exchanges (attention CP is 1: one group each). Prefill busy: SGLang polls three queues itself; the chunk
 # exchange is the addition (no chunked request: SGLang's gate skips its poll).
 COLLECTIVES = {
-    "decode": {"idle": (1.0, 4.0), "busy": (4.0, 5.0), "decoding": (1.0, 2.0)},
+    "decode": {"idle": (1.0, 4.0), "busy": (4.0, 5.0), "decoding": (1.0, 2.0), "resuming": (0.0, 1.0)},
     "prefill": {"idle": (1.0, 5.0), "busy": (5.0, 6.0)},
 }
 
@@ -52,7 +54,7 @@ def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_rank
         patched = report["patched_targets"]["patched"]
         assert set(patched.values()) == set(FIXES)
         assert {"DecodeTransferQueue.pop_transferred", "Scheduler.abort_request", "Scheduler.is_fully_idle",
-                "ScheduleBatch.check_decode_mem"} <= set(patched)
+                "ScheduleBatch.check_decode_mem", "DecodePreallocQueue.resume_retracted_reqs"} <= set(patched)
 
         workloads = report["workloads"]
         assert {name: (w["collectives"]["unpatched"], w["collectives"]["patched"]) for name, w in
@@ -68,3 +70,4 @@ def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_rank
         if role == "decode":
             assert busy["finished"], "the busy load must decode requests"
             assert workloads["decoding"]["outcomes"]["patched"][0]["batches"][-1] == [f"req-{i}" for i in range(4)]
+            assert workloads["resuming"]["outcomes"]["patched"][0]["resumed"][-1] == ["req-0", "req-1", "req-2"]

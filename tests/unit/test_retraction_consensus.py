@@ -26,7 +26,7 @@ from pdfleet.runtime.patches import base, registry, targets
 from pdfleet.runtime.patches.impl import retraction_consensus
 from tests.repro import group, retraction
 from tests.repro.scenario import SGLANG_VERSION, Scenario
-from tests.support import requires
+from tests.support import patched_sglang, requires
 
 PATCH = retraction_consensus.PATCH_ID
 FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", PATCH)
@@ -130,12 +130,7 @@ def test_without_offload_only_the_patch_keeps_the_ranks_batches_equal(
 
 @pytest.fixture
 def restore_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Re-setting each target to itself makes monkeypatch put it back after the test, patched or not."""
-    requires.installed("sglang")
-    for impl in registry.implementations(FIXES).values():
-        for dotted in impl.TARGETS:  # type: ignore[attr-defined]
-            t = targets.resolve(dotted)
-            monkeypatch.setattr(t.owner, t.attr, inspect.getattr_static(t.owner, t.attr))
+    patched_sglang.restore_after_test(monkeypatch, FIXES)
 
 
 def test_the_patch_installs_with_the_other_desync_fixes_and_agrees_only_inside_update_running_batch(

@@ -1,0 +1,136 @@
+"""admission-consensus: the decode ranks that share a prealloc queue admit and resume the same requests.
+
+Why. Which requests a decode rank preallocates (`DecodePreallocQueue.pop_preallocated`: moved on to the
+transfer queue) and which retracted requests it resumes (`DecodePreallocQueue.resume_retracted_reqs`) is decided,
+request by request, from this rank's own free capacity: free KV tokens (`token_to_kv_pool_allocator`, through
+`_allocatable_token_budgets`), free request slots (`req_to_token_pool`) and free metadata buffers
+(`req_to_metadata_buffer_idx_allocator`). Ranks of one TP group normally have the same free capacity, but nothing
+forces it (fragmentation, pages held on one rank for a dropped transfer, a leak). A rank with less admits fewer:
+`kv-poll-lockstep` then aborts the request its peers moved on (it is not held by every rank), or, for a resumed
+request, the ranks decode different batches and their forward's collectives no longer pair.
+
+What the patch does: at the start of each of the two calls, the ranks MIN-all-reduce a fixed vector of their free
+capacities over the queue's group (the group SGLang's handshake poll reduces over), and for the duration of the
+call each capacity reader answers its real value minus this rank's surplus over the smallest (`slack`). Every
+rank then starts from the same capacity and, deciding on the same queue with the same requests, takes the same
+branches and allocates the same amounts, so the answers stay equal through the call. The surplus is not lost:
+the readers are SGLang's own again afterwards. One all-reduce of a few integers per call, two per decode
+iteration (ledger phase ADMISSION_AGREEMENT).
+
+Agreed readers: `available_size` of the three pools, and `full_available_size` / `swa_available_size` of a KV
+allocator that has them (SWA and hybrid pools). Not agreed: the decode radix cache's evictable size
+(`--disaggregation-decode-enable-radix-cache`), HiSparse's device buffers, Mamba slot reclaim, LoRA slots and the
+host-receive threshold's pool usage; with those features the admission can still differ (docs/desync-audit.md).
+The PP path (`pp_size > 1`) follows the pipeline's consensus and is passed through.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from pdfleet.runtime.health import phases
+from pdfleet.runtime.instrument import seams
+
+PATCH_ID = "admission-consensus"
+POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
+RESUME_RETRACTED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs"
+ALLOCATABLE_BUDGETS = "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets"  # checked
+TARGETS = (POP_PREALLOCATED, RESUME_RETRACTED, ALLOCATABLE_BUDGETS)
+
+FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
+    "0.5.23": {
+        POP_PREALLOCATED: "b9905e593525ae62",
+        RESUME_RETRACTED: "d85f66df1e512238",
+        ALLOCATABLE_BUDGETS: "f22540486a78f6c4",
+    },
+}
+
+# (queue attribute, reader): the capacities agreed, in a fixed order (a missing one counts 0 on every rank).
+READERS: tuple[tuple[str, str], ...] = (
+    ("token_to_kv_pool_allocator", "available_size"),
+    ("token_to_kv_pool_allocator", "full_available_size"),
+    ("token_to_kv_pool_allocator", "swa_available_size"),
+    ("req_to_token_pool", "available_size"),
+    ("req_to_metadata_buffer_idx_allocator", "available_size"),
+)
+
+ReduceMin = Callable[[list[int], Any], list[int]]
+_CLASS_READER = object()  # the reader was the class's method, not an attribute of the instance
+
+
+def slack(mine: Sequence[int], agreed: Sequence[int]) -> list[int]:
+    """How much each of this rank's capacities exceeds the smallest of the group's (never negative)."""
+    return [max(0, m - a) for m, a in zip(mine, agreed, strict=True)]
+
+
+def _readers(queue: Any) -> list[tuple[Any, str] | None]:
+    out: list[tuple[Any, str] | None] = []
+    for attr, name in READERS:
+        owner = getattr(queue, attr, None)
+        out.append((owner, name) if owner is not None and callable(getattr(owner, name, None)) else None)
+    return out
+
+
+@contextlib.contextmanager
+def agreed_capacity(queue: Any, group: Any, reduce_min: ReduceMin) -> Iterator[list[int]]:
+    """While inside, each capacity reader of `queue`'s pools answers its real value minus this rank's surplus
+    over the group's smallest; yields the surpluses. Every rank of `group` must enter with the same call."""
+    readers = _readers(queue)
+    mine = [int(getattr(r[0], r[1])()) if r is not None else 0 for r in readers]
+    surplus = slack(mine, seams.in_collective(phases.Phase.ADMISSION_AGREEMENT, lambda: reduce_min(mine, group)))
+    clamped: list[tuple[Any, str, Any]] = []
+    for reader, extra in zip(readers, surplus, strict=True):
+        if reader is None or extra == 0:
+            continue
+        owner, name = reader
+        clamped.append((owner, name, vars(owner).get(name, _CLASS_READER)))
+        setattr(owner, name, functools.partial(_less, getattr(owner, name), extra))
+    try:
+        yield surplus
+    finally:
+        for owner, name, before in clamped:
+            if before is _CLASS_READER:
+                delattr(owner, name)  # the class's own reader again
+            else:
+                setattr(owner, name, before)
+
+
+def _less(real: Callable[[], int], extra: int) -> int:
+    return int(real()) - extra
+
+
+def gloo_min(values: list[int], group: Any) -> list[int]:
+    """One MIN all-reduce of a few int64 over a gloo CPU group."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_world_size(group) == 1:
+        return list(values)
+    tensor = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
+    return [int(v) for v in tensor.tolist()]
+
+
+def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
+    original_pop = originals[POP_PREALLOCATED]
+    original_resume = originals[RESUME_RETRACTED]
+
+    @functools.wraps(original_pop)
+    def pop_preallocated(self: Any, rids_to_check: list[str] | None = None, pp_good_rids: list[str] | None = None,
+                         pp_bad_rids: list[str] | None = None) -> Any:
+        if self.pp_size > 1:  # PP: the pipeline's consensus decides, unchanged
+            return original_pop(self, rids_to_check, pp_good_rids, pp_bad_rids)
+        with agreed_capacity(self, self.gloo_group, gloo_min):
+            return original_pop(self, rids_to_check, pp_good_rids, pp_bad_rids)
+
+    @functools.wraps(original_resume)
+    def resume_retracted_reqs(self: Any, rids_to_check: list[str] | None = None) -> Any:
+        if self.pp_size > 1:
+            return original_resume(self, rids_to_check)
+        with agreed_capacity(self, self.gloo_group, gloo_min):
+            return original_resume(self, rids_to_check)
+
+    return {POP_PREALLOCATED: pop_preallocated, RESUME_RETRACTED: resume_retracted_reqs}
