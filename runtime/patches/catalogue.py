@@ -163,20 +163,22 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="admission-consensus",
         summary=(
-            "The decode ranks that share a prealloc queue agree their free KV, request and metadata capacity "
-            "before admitting or resuming requests (a MIN all-reduce per call), so they move on and resume the "
-            "same requests instead of one rank's fuller pool aborting or splitting them."
+            "The ranks of a group agree their free capacity before admitting requests: decode before "
+            "preallocating or resuming (KV, request slots, metadata buffers), prefill before giving a bootstrapped "
+            "request a metadata buffer, so one rank's fuller pools never make it move on or resume requests alone."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
         # Checked against 0.5.23: pop_preallocated and resume_retracted_reqs are replaced (each runs SGLang's own
         # body with the pools' capacity readers clamped to the group's smallest); _allocatable_token_budgets,
         # which reads the KV allocator for both, is fingerprinted. Cost: one all-reduce of five integers per
-        # call, two per decode iteration. Not agreed: the decode radix cache's evictable size, HiSparse, Mamba
-        # slot reclaim, LoRA slots, the host-receive threshold.
+        # call, two per decode iteration; on prefill ensure_metadata_buffer is replaced (one all-reduce of one
+        # integer per request that needs a buffer). Not agreed: the decode radix cache's evictable size,
+        # HiSparse, Mamba slot reclaim, LoRA slots, the host-receive threshold, prefill admission's KV budget.
         targets=(
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets",
+            "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer",
         ),
     ),
     Patch(

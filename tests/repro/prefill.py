@@ -83,8 +83,10 @@ def new_request(rid: str, sender: stage.SlowReceiver) -> Any:
     return req
 
 
-def build(rank: int, tp_group: Any, cp_group: Any, receiver: Any) -> Any:
-    """The prefill scheduler of one rank; its bootstrap queue is `disagg_prefill_bootstrap_queue`."""
+def build(rank: int, tp_group: Any, cp_group: Any, receiver: Any,
+          metadata_slots: int = scenario_mod.METADATA_SLOTS) -> Any:
+    """The prefill scheduler of one rank; its bootstrap queue is `disagg_prefill_bootstrap_queue`, with
+    `metadata_slots` free metadata buffers."""
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.disaggregation.utils import DisaggregationMode, ReqToMetadataIdxAllocator
     from sglang.srt.managers.io_struct import AbortReq
@@ -93,7 +95,7 @@ def build(rank: int, tp_group: Any, cp_group: Any, receiver: Any) -> Any:
     scheduler = object.__new__(Scheduler)
     bootstrap = object.__new__(PrefillBootstrapQueue)
     tree_cache = SimpleNamespace(supports_mamba=lambda: True, finish=_noop, checkpoint=_noop)
-    metadata = ReqToMetadataIdxAllocator(64)
+    metadata = ReqToMetadataIdxAllocator(metadata_slots)
     vars(scheduler).update(
         stage.intake_attributes(receiver), disaggregation_mode=DisaggregationMode.PREFILL,
         disagg_prefill_bootstrap_queue=bootstrap, disagg_prefill_inflight_queue=[],
@@ -185,7 +187,8 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
 
     iteration = 0
     receiver = stage.BroadcastReceiver(rank, group, rank_writer, inbox=lambda: inbox(sc, iteration))
-    scheduler = build(rank, group, singleton_groups(rank, sc.world), receiver)
+    scheduler = build(rank, group, singleton_groups(rank, sc.world), receiver,
+                      sc.metadata_slots.get(rank, scenario_mod.METADATA_SLOTS))
     signals = sc.local_aborts.get(rank, {})
     events: dict[str, dict[str, int]] = {"dropped": {}, "prefilled": {}, "transferred": {}}
     running_batch = SimpleNamespace(batch_is_full=False)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 SGLANG_VERSION = "0.5.23"
+METADATA_SLOTS = 64  # free metadata buffers of a prefill rank unless a scenario says otherwise
 
 # The default story. Two transfers arrive at iteration 0: `req-y` completes after 2 polls and is decoded;
 # `req-x` stays in flight. One rank's own clock (rank 2, or the last rank of a smaller group) says `req-x`
@@ -39,7 +40,8 @@ class Scenario:
     iterations in which that rank alone holds a retracted request (its own memory decided so). With
     `role="prefill"`, `arrivals` bootstrap in one poll and their KV lands `polls` polls after their prefill, and
     `handshakes` take `polls` polls to bootstrap. `health_checks`: iteration -> rids of `/health_generate`
-    requests rank 0 broadcasts (tests/repro/health_check.py)."""
+    requests rank 0 broadcasts (tests/repro/health_check.py). `metadata_slots`: rank -> the free metadata
+    buffers of that rank's prefill bootstrap queue (`METADATA_SLOTS` for any other rank)."""
 
     port: int
     ledger: str
@@ -57,9 +59,11 @@ class Scenario:
     retracted: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     role: str = "decode"  # or "prefill": the loop the ranks run (tests/repro/prefill.py)
     health_checks: dict[int, list[str]] = dataclasses.field(default_factory=dict)
+    metadata_slots: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        outside = sorted(rank for rank in {*self.local_aborts, *self.retracted} if not 0 <= rank < self.world)
+        ranked = {*self.local_aborts, *self.retracted, *self.metadata_slots}
+        outside = sorted(rank for rank in ranked if not 0 <= rank < self.world)
         if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
             raise ValueError(f"local events for ranks {outside} outside a group of {self.world}; "
                              f"use local_aborts_for({self.world})")
@@ -75,6 +79,7 @@ class Scenario:
             raw[field] = {int(i): [(rid, int(n)) for rid, n in reqs] for i, reqs in raw[field].items()}
         raw["retracted"] = {int(r): [int(i) for i in window] for r, window in raw["retracted"].items()}
         raw["health_checks"] = {int(i): list(rids) for i, rids in raw["health_checks"].items()}
+        raw["metadata_slots"] = {int(r): int(n) for r, n in raw["metadata_slots"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)

@@ -50,6 +50,7 @@ AUDITED: dict[str, str] = {
     "sglang.srt.managers.scheduler.Scheduler.process_pending_chunked_abort":
         "c625b2339c100456",
     "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets": "f22540486a78f6c4",
+    "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer": "af49e2a51061f56e",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": "14cbb57bc0ad75bb",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode": "578d1d97495f802e",
     "sglang.srt.managers.scheduler.Scheduler.update_running_batch":

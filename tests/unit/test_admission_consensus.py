@@ -1,4 +1,4 @@
-"""admission-consensus: a decode rank with less free memory no longer resumes (or admits) fewer requests alone.
+"""admission-consensus: a rank with less free memory no longer resumes, admits or moves on requests alone.
 
 Reproduced on a real gloo group (tests/repro/admission.py) with SGLang 0.5.23's own
 `DecodePreallocQueue.resume_retracted_reqs`, token budget and allocator checks: every rank holds the same three
@@ -6,6 +6,13 @@ retracted requests; the last rank has room for two. Unpatched, it resumes two wh
 ranks decode different batches from then on, and that rank alone still holds a retracted request (the retraction
 gate's input: without `kv-poll-lockstep` the decode polls hang on it, as test_desync_reproduction shows). Patched,
 every rank agrees the smallest free capacity first and resumes the same two, keeping its own surplus.
+
+Prefill (tests/repro/prefill.py, SGLang's own `pop_bootstrapped`, `ensure_metadata_buffer` and metadata
+allocator): two requests that may be prefilled before their bootstrap completes arrive together; the last rank has
+one free metadata buffer, its peers plenty. With `kv-poll-lockstep` alone, the last rank moves one on and keeps the
+other, its peers move both: the lockstep then fails the second on every rank (no rank can complete it), a request
+lost to one rank's scarcity. With `admission-consensus` too, every rank agrees no buffer is free for the second,
+keeps it, and nothing is dropped.
 """
 
 from __future__ import annotations
@@ -71,6 +78,29 @@ def test_patched_every_rank_resumes_the_same_requests_and_keeps_its_surplus(run:
     # Each rank spent the same; the roomier ones keep what they had beyond the smallest (their readers are
     # SGLang's own again after the call).
     assert [r["free_tokens"] for r in results[:-1]] == [admission.FREE - spent] * (world - 1)
+
+
+@pytest.mark.parametrize(("world", "patches", "dropped"), [
+    (2, ("kv-poll-lockstep",), True), (3, ("kv-poll-lockstep",), True),
+    (2, ("kv-poll-lockstep", ac.PATCH_ID), False), (3, ("kv-poll-lockstep", ac.PATCH_ID), False),
+], ids=["lockstep-2", "lockstep-3", "agreed-2", "agreed-3"])
+def test_a_prefill_rank_short_of_metadata_buffers_moves_requests_on_with_its_peers_only_when_agreed(
+        tmp_path: Path, world: int, patches: tuple[str, ...], dropped: bool) -> None:
+    requires.installed("sglang")
+    sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path), patches=patches,
+                  world=world, iterations=6, arrivals={}, local_aborts={}, role="prefill",
+                  handshakes={0: [("held-a", 10_000), ("held-b", 10_000)]}, metadata_slots={world - 1: 1},
+                  forward_s=0.01, idle_s=0.01)
+    proc = group.start(sc)
+    try:
+        assert proc.wait(timeout=150) == 0, (tmp_path / "launcher.log").read_text(errors="replace")[-4000:]
+    finally:
+        group.kill(proc)
+    for rank in range(world):
+        result = json.loads(sc.result_path(rank).read_text())
+        assert result["applied"] == list(patches)
+        assert set(result["dropped"]) == ({"held-b"} if dropped else set()), f"rank {rank}: {result['dropped']}"
+        assert (phases.Phase.ADMISSION_AGREEMENT.label in result["collectives_entered"]) is not dropped
 
 
 class _Pool:

@@ -1,4 +1,5 @@
-"""admission-consensus: the decode ranks that share a prealloc queue admit and resume the same requests.
+"""admission-consensus: the ranks that share a decode prealloc queue admit and resume the same requests, and
+the ranks of a prefill group move the same requests out of their bootstrap queues.
 
 Why. Which requests a decode rank preallocates (`DecodePreallocQueue.pop_preallocated`: moved on to the
 transfer queue) and which retracted requests it resumes (`DecodePreallocQueue.resume_retracted_reqs`) is decided,
@@ -17,7 +18,16 @@ branches and allocates the same amounts, so the answers stay equal through the c
 the readers are SGLang's own again afterwards. One all-reduce of a few integers per call, two per decode
 iteration (ledger phase ADMISSION_AGREEMENT).
 
-Agreed readers: `available_size` of the three pools, and `full_available_size` / `swa_available_size` of a KV
+Prefill: `PrefillBootstrapQueue.pop_bootstrapped` moves a request on (to the waiting queue, to be prefilled) only
+once `ensure_metadata_buffer` found it a free metadata buffer on this rank; a rank with none left keeps it while its
+peers move it, so their bootstrap and waiting queues differ (unpatched, one rank then polls a queue its peers
+skip: a hang; with `kv-poll-lockstep`, the request is failed on every rank). The patch agrees that one answer:
+when a request needs a buffer, the ranks MIN-all-reduce "I have one" over the attention-TP group, then the
+attention-CP group, as the bootstrap poll reduces (phase ADMISSION_AGREEMENT), and allocate only if every rank
+can. Every call of `ensure_metadata_buffer` comes from a branch taken on agreed poll states, and a request that
+already holds a buffer needs no agreement, so every rank asks the same questions in the same order.
+
+Agreed readers (decode): `available_size` of the three pools, and `full_available_size` / `swa_available_size` of a KV
 allocator that has them (SWA and hybrid pools). Not agreed: the decode radix cache's evictable size
 (`--disaggregation-decode-enable-radix-cache`), HiSparse's device buffers, Mamba slot reclaim, LoRA slots and the
 host-receive threshold's pool usage; with those features the admission can still differ (docs/desync-audit.md).
@@ -38,13 +48,15 @@ PATCH_ID = "admission-consensus"
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
 RESUME_RETRACTED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs"
 ALLOCATABLE_BUDGETS = "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets"  # checked
-TARGETS = (POP_PREALLOCATED, RESUME_RETRACTED, ALLOCATABLE_BUDGETS)
+ENSURE_METADATA_BUFFER = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer"
+TARGETS = (POP_PREALLOCATED, RESUME_RETRACTED, ALLOCATABLE_BUDGETS, ENSURE_METADATA_BUFFER)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
         POP_PREALLOCATED: "b9905e593525ae62",
         RESUME_RETRACTED: "d85f66df1e512238",
         ALLOCATABLE_BUDGETS: "f22540486a78f6c4",
+        ENSURE_METADATA_BUFFER: "af49e2a51061f56e",
     },
 }
 
@@ -114,9 +126,18 @@ def gloo_min(values: list[int], group: Any) -> list[int]:
     return [int(v) for v in tensor.tolist()]
 
 
+def every_rank_can(mine: bool, groups: Sequence[Any], reduce_min: ReduceMin) -> bool:
+    """True only if every rank of every group answered yes: MIN over attention TP, then attention CP."""
+    vote = [int(mine)]
+    for group in groups:
+        vote = reduce_min(vote, group)
+    return bool(vote[0])
+
+
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
     original_pop = originals[POP_PREALLOCATED]
     original_resume = originals[RESUME_RETRACTED]
+    original_ensure = originals[ENSURE_METADATA_BUFFER]
 
     @functools.wraps(original_pop)
     def pop_preallocated(self: Any, rids_to_check: list[str] | None = None, pp_good_rids: list[str] | None = None,
@@ -133,4 +154,16 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         with agreed_capacity(self, self.gloo_group, gloo_min):
             return original_resume(self, rids_to_check)
 
-    return {POP_PREALLOCATED: pop_preallocated, RESUME_RETRACTED: resume_retracted_reqs}
+    @functools.wraps(original_ensure)
+    def ensure_metadata_buffer(self: Any, req: Any) -> bool:
+        if req.metadata_buffer_index >= 0 or self.pp_size > 1:  # holds one already; PP: unchanged
+            return bool(original_ensure(self, req))
+        scheduler = self.scheduler
+        groups = [scheduler.attn_tp_cpu_group, scheduler.attn_cp_cpu_group]
+        mine = self.req_to_metadata_buffer_idx_allocator.available_size() > 0
+        agreed = seams.in_collective(phases.Phase.ADMISSION_AGREEMENT,
+                                     lambda: every_rank_can(mine, groups, gloo_min))
+        return bool(original_ensure(self, req)) if agreed else False
+
+    return {POP_PREALLOCATED: pop_preallocated, RESUME_RETRACTED: resume_retracted_reqs,
+            ENSURE_METADATA_BUFFER: ensure_metadata_buffer}
