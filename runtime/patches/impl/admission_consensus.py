@@ -43,6 +43,7 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from pdfleet.runtime.patches.impl import gloo_min
 
 PATCH_ID = "admission-consensus"
 POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated"
@@ -114,18 +115,6 @@ def _less(real: Callable[[], int], extra: int) -> int:
     return int(real()) - extra
 
 
-def gloo_min(values: list[int], group: Any) -> list[int]:
-    """One MIN all-reduce of a few int64 over a gloo CPU group."""
-    import torch
-    import torch.distributed as dist
-
-    if dist.get_world_size(group) == 1:
-        return list(values)
-    tensor = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
-    return [int(v) for v in tensor.tolist()]
-
-
 def every_rank_can(mine: bool, groups: Sequence[Any], reduce_min: ReduceMin) -> bool:
     """True only if every rank of every group answered yes: MIN over attention TP, then attention CP."""
     vote = [int(mine)]
@@ -144,14 +133,14 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
                          pp_bad_rids: list[str] | None = None) -> Any:
         if self.pp_size > 1:  # PP: the pipeline's consensus decides, unchanged
             return original_pop(self, rids_to_check, pp_good_rids, pp_bad_rids)
-        with agreed_capacity(self, self.gloo_group, gloo_min):
+        with agreed_capacity(self, self.gloo_group, gloo_min.all_min):
             return original_pop(self, rids_to_check, pp_good_rids, pp_bad_rids)
 
     @functools.wraps(original_resume)
     def resume_retracted_reqs(self: Any, rids_to_check: list[str] | None = None) -> Any:
         if self.pp_size > 1:
             return original_resume(self, rids_to_check)
-        with agreed_capacity(self, self.gloo_group, gloo_min):
+        with agreed_capacity(self, self.gloo_group, gloo_min.all_min):
             return original_resume(self, rids_to_check)
 
     @functools.wraps(original_ensure)
@@ -162,7 +151,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         groups = [scheduler.attn_tp_cpu_group, scheduler.attn_cp_cpu_group]
         mine = self.req_to_metadata_buffer_idx_allocator.available_size() > 0
         agreed = seams.in_collective(phases.Phase.ADMISSION_AGREEMENT,
-                                     lambda: every_rank_can(mine, groups, gloo_min))
+                                     lambda: every_rank_can(mine, groups, gloo_min.all_min))
         return bool(original_ensure(self, req)) if agreed else False
 
     return {POP_PREALLOCATED: pop_preallocated, RESUME_RETRACTED: resume_retracted_reqs,

@@ -35,6 +35,7 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from pdfleet.runtime.patches.impl import gloo_min as gloo_reduce
 
 PATCH_ID = "health-check-consensus"
 IS_FULLY_IDLE = "sglang.srt.managers.scheduler.Scheduler.is_fully_idle"
@@ -71,13 +72,8 @@ def sharing_groups(scheduler: Any, *, dp_attention: bool, sizes: Callable[[Any],
 
 
 def gloo_min(vote: int, group: Any) -> int:
-    """One MIN all-reduce of a single int64 over a gloo CPU group."""
-    import torch
-    import torch.distributed as dist
-
-    tensor = torch.tensor([vote], dtype=torch.int64)
-    dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=group)
-    return int(tensor.item())
+    """One MIN all-reduce of a single int over a gloo CPU group."""
+    return gloo_reduce.all_min([vote], group)[0]
 
 
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:

@@ -35,6 +35,7 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from pdfleet.runtime.patches.impl import gloo_min
 
 PATCH_ID = "retraction-consensus"
 UPDATE_RUNNING_BATCH = "sglang.srt.managers.scheduler.Scheduler.update_running_batch"
@@ -58,13 +59,9 @@ _AGREEING: contextvars.ContextVar[Any] = contextvars.ContextVar("pdfleet_retract
 def agreed(fits: bool, group: Any) -> bool:
     """The step fits on every rank of `group`: MIN of each rank's answer. Every rank calls this with the
     same group at the same check."""
-    import torch
-    import torch.distributed as dist
-
-    flag = torch.tensor([1 if fits else 0], dtype=torch.int32)
-    seams.in_collective(phases.Phase.DECODE_MEMORY_AGREEMENT,
-                        lambda: dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group))
-    return bool(flag.item())
+    [every] = seams.in_collective(phases.Phase.DECODE_MEMORY_AGREEMENT,
+                                  lambda: gloo_min.all_min([int(fits)], group))
+    return bool(every)
 
 
 def batch_group(scheduler: Any) -> Any:
