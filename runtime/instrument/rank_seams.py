@@ -12,7 +12,11 @@ logical collective counts once; `decode.all_reduce_flags` is only the name the d
 
 A KV poll, and a flag reduction a decode queue calls directly (`decode.all_reduce_flags`), is recorded under
 the phase of the audited caller that entered it (`SITES`, see `seams`), so a desync verdict names the queue a
-rank waits in, not just "a KV poll".
+rank waits in, not just "a KV poll". So is `torch.distributed.all_gather_object` when the grammar queue
+(`GrammarManager.get_ready_grammar_requests`) or `Scheduler._gather_vmm_materialization_errors` enters it;
+seamed there because both call it inline (the grammar gather sits between a rank-local poll for compiled
+grammars and the PP hand-off, so wrapping the caller would mark local work as a collective). Any other caller
+of it is not marked.
 
 Left out on purpose: `decode.poll_and_all_reduce_pp` (maps a consensus already reached over the pipeline;
 no collective of its own) and the loop dispatcher (the `overlap-loop-report` catalogue patch, see
@@ -37,6 +41,9 @@ _PREFILL = "sglang.srt.disaggregation.prefill"
 _DECODE = "sglang.srt.disaggregation.decode"
 _PP_MIXIN = "sglang.srt.managers.scheduler_pp_mixin"
 _OFFLOAD = "sglang.srt.disaggregation.decode_kvcache_offload_manager.DecodeKVCacheOffloadManager"
+# torch's, not SGLang's: SGLang looks it up on `torch.distributed` at each call, so this is where its scheduler
+# callers find it. torch is pinned by the SGLang release (0.5.23: torch 2.14.1), so the pin below is too.
+_ALL_GATHER_OBJECT = "torch.distributed.all_gather_object"
 
 WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     f"{_SCHEDULER}.ingest_requests": seams.ingest_requests,
@@ -53,6 +60,7 @@ WRAPPERS: dict[str, Callable[..., seams.Fn]] = {
     "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": seams.mlp_sync_all_gather,
     f"{_OFFLOAD}.drain_before_retraction": seams.offload_drain,
     f"{_OFFLOAD}.check_offload_progress": seams.offload_progress,
+    _ALL_GATHER_OBJECT: seams.all_gather_object,
 }
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
@@ -71,6 +79,7 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather": "1b05fef0b29417fe",
         f"{_OFFLOAD}.drain_before_retraction": "f165f14fa5eea894",
         f"{_OFFLOAD}.check_offload_progress": "9ccbabd4e7ceea23",
+        _ALL_GATHER_OBJECT: "b181d8e1016a370b",
     },
 }
 
@@ -81,10 +90,11 @@ _SITED = frozenset({
     f"{_DECODE}.poll_and_all_reduce",
     f"{_DECODE}.poll_and_all_reduce_with_staging",
     f"{_DECODE}.all_reduce_flags",
+    _ALL_GATHER_OBJECT,
 })
 _MIXIN = f"{_PREFILL}.SchedulerDisaggregationPrefillMixin"
 
-# SGLang's callers of the KV polls and flag reductions above that the desync audit names
+# SGLang's callers of the KV polls, flag reductions and object all-gathers above that the desync audit names
 # (docs/desync-audit.md), and the phase a rank waiting in a collective one of them entered is recorded under.
 SITES: Mapping[str, phases.Phase] = {
     f"{_DECODE}.DecodePreallocQueue._update_handshake_waiters": phases.Phase.PREALLOC_HANDSHAKE_POLL,
@@ -97,6 +107,9 @@ SITES: Mapping[str, phases.Phase] = {
     f"{_DECODE}.DecodeTransferQueue.pop_transferred": phases.Phase.FAILED_TRANSFER_FLAGS,
     f"{_DECODE}.DecodeTransferQueue.resolve_deferred_releases": phases.Phase.DEFERRED_RELEASE_FLAGS,
     f"{_DECODE}.SchedulerDisaggregationDecodeMixin._verify_kv_checksums": phases.Phase.KV_CHECKSUM_FLAGS,
+    "sglang.srt.constrained.grammar_manager.GrammarManager.get_ready_grammar_requests":
+        phases.Phase.GRAMMAR_READY_GATHER,
+    f"{_SCHEDULER}._gather_vmm_materialization_errors": phases.Phase.VMM_ERROR_GATHER,
 }
 
 

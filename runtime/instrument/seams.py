@@ -208,6 +208,25 @@ def all_reduce_flags(original: Fn, sites: Sites = NO_SITES) -> Fn:
     return all_reduce_flags
 
 
+def all_gather_object(original: Fn, sites: Sites = NO_SITES) -> Fn:
+    """`torch.distributed.all_gather_object`, which SGLang calls as an attribute of `torch.distributed` at call
+    time: marked only when an audited caller entered it (the grammar queue's ready/failed gather, the VMM
+    materialization errors). Every other caller (model load, LoRA, weight updates) passes through unmarked,
+    after the frame lookup only: a gather of pickled objects costs far more than that."""
+    site, frame = sites.get, sys._getframe
+
+    def all_gather_object(object_list: Any, obj: Any, group: Any = None, weights_only: bool = False) -> Any:
+        phase = site(frame(1).f_code)
+        if phase is None:
+            return original(object_list, obj, group, weights_only)
+        w = _writer
+        w.collective(phase)
+        out = original(object_list, obj, group, weights_only)
+        w.begin(_LOCAL)
+        return out
+    return all_gather_object
+
+
 def mlp_sync_all_gather(original: Fn) -> Fn:
     """`MLPSyncBatchInfo.all_gather`: the DP-attention batch sync, entered only when the gather happens."""
     def all_gather(self: Any, device: Any, group: Any, use_all_reduce: bool = False) -> Any:
