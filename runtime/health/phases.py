@@ -50,8 +50,9 @@ class Phase(enum.IntEnum):
     PREFILL_CHUNK_BOOTSTRAP_EXCHANGE = 35  # in process_prefill_chunk, in place of check_bootstrap's poll
     # health-check-consensus: MIN all-reduce of "I am idle" over the ranks that share a health-check request.
     HEALTH_CHECK_AGREEMENT = 36  # in Scheduler.is_fully_idle(for_health_check=True), from process_input_requests
-    # retraction-consensus: MIN all-reduce of "the next decode step fits in my KV pool" over the batch's ranks.
-    DECODE_MEMORY_AGREEMENT = 37  # ScheduleBatch.check_decode_mem, inside Scheduler.update_running_batch
+    # retraction-consensus: MIN all-reduce of "the next decode step fits in my KV pool" (and, with a host-pool
+    # retraction backup, of "my host pool took this request's backup") over the batch's ranks.
+    DECODE_MEMORY_AGREEMENT = 37  # ScheduleBatch.check_decode_mem / release_req, inside update_running_batch
     # SGLang's decode KV offload (--disaggregation-decode-enable-offload-kvcache): its two all-reduce sites.
     OFFLOAD_RETRACTION_DRAIN = 38  # DecodeKVCacheOffloadManager.drain_before_retraction (both its all-reduces)
     OFFLOAD_PROGRESS = 39  # DecodeKVCacheOffloadManager.check_offload_progress, each decode-queue pass

@@ -147,17 +147,24 @@ CATALOGUE: tuple[Patch, ...] = (
         summary=(
             "The ranks that share a decode batch agree whether its next step fits in KV memory (a MIN all-reduce "
             "per check), so they retract the same requests, skip or drain together, and never decode batches of "
-            "different sizes because one rank's allocator is fuller."
+            "different sizes because one rank's allocator is fuller; with a host-pool retraction backup they also "
+            "agree whether each retracted request was backed up, so all keep it retracted or all abort it."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
-        # Checked against 0.5.23: update_running_batch (sets the group for its duration) and check_decode_mem
-        # (agreed inside it) are replaced; retract_decode, whose loop asks check_decode_mem until the step fits,
-        # is fingerprinted. Cost: one all-reduce of one int over the batch's TP CPU group per decode step of a
-        # non-empty batch, one more per retracted request.
+        # Checked against 0.5.23: update_running_batch (sets the group for its duration), check_decode_mem and
+        # ScheduleBatch.release_req (agreed inside it; a backup the group aborts is discarded) are replaced;
+        # retract_decode, whose loop asks check_decode_mem until the step fits and aborts a request release_req
+        # could not back up, release_req, backup_kv_cache and discard_kv_cache_backup are fingerprinted. Cost:
+        # one all-reduce of one int over the batch's TP CPU group per decode step of a non-empty batch, one more
+        # per retracted request, one more per request retracted with a host-pool backup.
         targets=(
             "sglang.srt.managers.scheduler.Scheduler.update_running_batch",
             "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem",
             "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode",
+            "sglang.srt.managers.schedule_batch.ScheduleBatch.release_req",
+            "sglang.srt.managers.schedule_batch.release_req",
+            "sglang.srt.mem_cache.common.backup_kv_cache",
+            "sglang.srt.mem_cache.common.discard_kv_cache_backup",
         ),
     ),
     Patch(

@@ -53,6 +53,9 @@ AUDITED: dict[str, str] = {
     "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer": "af49e2a51061f56e",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.check_decode_mem": "14cbb57bc0ad75bb",
     "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode": "578d1d97495f802e",
+    "sglang.srt.managers.schedule_batch.ScheduleBatch.release_req": "5a21d297725bfd06",
+    "sglang.srt.managers.schedule_batch.release_req": "8b5877a5ccb39124",
+    "sglang.srt.mem_cache.common.backup_kv_cache": "850800f592e56d1c",
     "sglang.srt.managers.scheduler.Scheduler.update_running_batch":
         "289c1bd9057ca786",
     "sglang.srt.managers.scheduler.Scheduler.on_idle":

@@ -8,6 +8,12 @@ group hangs, and pdfleet judges Desync naming the drain. Without offload nothing
 batches differ (2 requests on one rank, 4 on its peers: their forward's collectives no longer pair). With the
 patch every rank agrees the step does not fit, drains together, retracts the same two requests and decodes the
 same batch, Healthy.
+
+With a host-pool retraction backup (`--host-pool`: SGLang's own `release_req`, `backup_kv_cache` and
+`UnifiedRadixCache.backup_kv_cache` into a real `MHATokenToKVPoolHost` per rank) every rank's KV pool fills, so
+the ranks retract the same two requests even unpatched, but the last rank's host pool has room for the first
+one's backup only: unpatched it aborts the second request while its peers keep it retracted. Patched, every rank
+aborts it, and the peers give back the backup they took: each host pool holds exactly the retracted request's.
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ import json
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -24,7 +31,7 @@ import pytest
 from pdfleet.runtime.health import phases, verdict
 from pdfleet.runtime.patches import base, registry, targets
 from pdfleet.runtime.patches.impl import retraction_consensus
-from tests.repro import group, retraction
+from tests.repro import group, host_backup, retraction
 from tests.repro.scenario import SGLANG_VERSION, Scenario
 from tests.support import patched_sglang, requires
 
@@ -43,13 +50,15 @@ def run(tmp_path: Path) -> Iterator[Run]:
     requires.installed("sglang")
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(world: int, patches: tuple[str, ...], offload: bool) -> tuple[Scenario, subprocess.Popen[bytes]]:
+    def start(world: int, patches: tuple[str, ...], offload: bool,
+              host_pool: bool = False) -> tuple[Scenario, subprocess.Popen[bytes]]:
         workdir = tmp_path / f"w{len(started)}"
         workdir.mkdir()
         sc = Scenario(port=group.free_port(), ledger=str(workdir / "ledger"), workdir=str(workdir),
                       patches=patches, world=world, iterations=ITERATIONS, arrivals={}, local_aborts={},
                       forward_s=0.05, idle_s=0.05)
-        args = ("--tight-from", str(TIGHT_FROM), *(("--offload",) if offload else ()))
+        args = ("--tight-from", str(TIGHT_FROM), *(("--offload",) if offload else ()),
+                *(("--host-pool",) if host_pool else ()))
         started.append(group.start(sc, module="tests.repro.retraction", args=args))
         return sc, started[-1]
 
@@ -128,6 +137,44 @@ def test_without_offload_only_the_patch_keeps_the_ranks_batches_equal(
     assert sizes[0] == (sizes[1] if agree else [4] * ITERATIONS), sizes
 
 
+FIRST_BACKUP = 27  # host slots req-0's backup takes when it is retracted (seqlen 28 at iteration 2)
+
+
+def _same_batches(results: list[dict[str, Any]]) -> None:
+    assert len({json.dumps(r["batches"]) for r in results}) == 1, "the KV checks agree: every pool is tight"
+    assert [len(b) for b in results[0]["batches"]] == [4] * TIGHT_FROM + [2] * (ITERATIONS - TIGHT_FROM)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_unpatched_with_a_host_pool_backup_the_tight_rank_aborts_a_request_its_peers_retract(
+        run: Run, world: int) -> None:
+    sc, proc = run(world, (), offload=False, host_pool=True)
+    results = _results(sc, proc)
+    _same_batches(results)
+    *peers, tight = results
+    assert tight["host_slots"] == retraction.TIGHT_HOST_SLOTS
+    assert (tight["retracted"], tight["aborted"]) == (["req-0"], ["req-1"])
+    for peer in peers:
+        assert (peer["retracted"], peer["aborted"]) == (["req-0", "req-1"], [])
+        assert peer["host_held"] > FIRST_BACKUP  # it keeps req-1's backup, for a request its tight peer aborted
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_patched_every_rank_aborts_what_one_rank_could_not_back_up_and_leaks_no_host_slot(
+        run: Run, world: int) -> None:
+    sc, proc = run(world, (PATCH,), offload=False, host_pool=True)
+    results = _results(sc, proc)
+    _same_batches(results)
+    for result in results:
+        assert (result["retracted"], result["aborted"]) == (["req-0"], ["req-1"])
+        assert result["host_held"] == FIRST_BACKUP
+        # free after every retracting iteration = the pool less req-0's backup: req-1's was given back
+        assert result["host_free"][TIGHT_FROM:] == [result["host_slots"] - FIRST_BACKUP] * (ITERATIONS - TIGHT_FROM)
+        assert result["collectives_entered"] == sorted(
+            p.label for p in (Phase.RECV_BROADCAST, Phase.DECODE_MEMORY_AGREEMENT))
+    assert [r["host_slots"] for r in results] == [retraction.HOST_SLOTS] * (world - 1) + [retraction.TIGHT_HOST_SLOTS]
+
+
 @pytest.fixture
 def restore_sglang(monkeypatch: pytest.MonkeyPatch) -> None:
     patched_sglang.restore_after_test(monkeypatch, FIXES)
@@ -146,6 +193,26 @@ def test_the_patch_installs_with_the_other_desync_fixes_and_agrees_only_inside_u
     assert batch.check_decode_mem() is False  # 4 requests need 4 new tokens at page size 1
     batch.token_to_kv_pool_allocator.free = 4
     assert batch.check_decode_mem() is True
+
+
+def test_outside_update_running_batch_release_req_is_sglangs_own(restore_sglang: None,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The patched release_req agrees nothing outside update_running_batch (no process group exists here): a
+    backup the host pool takes is kept, one it cannot take fails, as SGLang decides."""
+    from sglang.srt.managers import schedule_batch
+
+    base.apply(FIXES, SGLANG_VERSION, registry.implementations(FIXES))
+    release = targets.resolve(retraction_consensus.BATCH_RELEASE_REQ).function
+    assert release.__pdfleet_patch__ == PATCH  # type: ignore[attr-defined]
+    monkeypatch.setattr(schedule_batch, "release_kv_cache", host_backup.release_kv_cache)
+    monkeypatch.setattr(schedule_batch, "get_disagg", lambda: SimpleNamespace(
+        disaggregation_mode="decode", disaggregation_decode_retraction_backup=retraction_consensus.HOST_POOL))
+    device, host, cache = host_backup.build(retraction.REQUESTS, retraction.TIGHT_HOST_SLOTS)
+    batch = retraction._batch(retraction.Allocator(device), cache)
+    assert batch.release_req(0, 3) is True  # req-0 (seqlen 26): 25 slots
+    assert batch.release_req(1, 2) is False  # req-1 (seqlen 27) needs 26 of the 15 left
+    assert host.available_size() == retraction.TIGHT_HOST_SLOTS - 25
+    assert batch.reqs[0].kv.retraction_backup is not None and batch.reqs[1].kv.retraction_backup is None
 
 
 def test_a_changed_target_is_refused_and_nothing_is_installed(restore_sglang: None,
