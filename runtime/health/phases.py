@@ -57,7 +57,7 @@ class Phase(enum.IntEnum):
     OFFLOAD_RETRACTION_DRAIN = 38  # DecodeKVCacheOffloadManager.drain_before_retraction (both its all-reduces)
     OFFLOAD_PROGRESS = 39  # DecodeKVCacheOffloadManager.check_offload_progress, each decode-queue pass
     # admission-consensus: MIN all-reduce of the free capacities a decode prealloc queue admits and resumes by.
-    ADMISSION_AGREEMENT = 40  # DecodePreallocQueue.pop_preallocated / resume_retracted_reqs
+    ADMISSION_AGREEMENT = 40  # decode pop_preallocated / resume_retracted_reqs; prefill admission, metadata buffers
     # SGLang's own `all_gather_object` calls from the scheduler loop, by the audited caller that entered them.
     GRAMMAR_READY_GATHER = 41  # GrammarManager.get_ready_grammar_requests' ready/failed indices (sync size > 1)
     VMM_ERROR_GATHER = 42  # Scheduler._gather_vmm_materialization_errors, from process_input_requests

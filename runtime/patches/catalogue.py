@@ -171,21 +171,26 @@ CATALOGUE: tuple[Patch, ...] = (
         id="admission-consensus",
         summary=(
             "The ranks of a group agree their free capacity before admitting requests: decode before "
-            "preallocating or resuming (KV, request slots, metadata buffers), prefill before giving a bootstrapped "
-            "request a metadata buffer, so one rank's fuller pools never make it move on or resume requests alone."
+            "preallocating or resuming (KV, request slots, metadata buffers, host pools, radix-cache, HiSparse and "
+            "Mamba capacity), prefill before giving a bootstrapped request a metadata buffer and before building "
+            "each prefill batch, so one rank's fuller pools never make it admit, chunk, move on or resume requests "
+            "alone."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
-        # Checked against 0.5.23: pop_preallocated and resume_retracted_reqs are replaced (each runs SGLang's own
-        # body with the pools' capacity readers clamped to the group's smallest); _allocatable_token_budgets,
-        # which reads the KV allocator for both, is fingerprinted. Cost: one all-reduce of five integers per
-        # call, two per decode iteration; on prefill ensure_metadata_buffer is replaced (one all-reduce of one
-        # integer per request that needs a buffer). Not agreed: the decode radix cache's evictable size,
-        # HiSparse, Mamba slot reclaim, LoRA slots, the host-receive threshold, prefill admission's KV budget.
+        # Checked against 0.5.23: pop_preallocated, resume_retracted_reqs and Scheduler._get_new_batch_prefill_raw
+        # are replaced (each runs SGLang's own body with the pools' capacity readers clamped to the group's
+        # smallest); _allocatable_token_budgets and PrefillBudget._available_and_evictable, which read the pools
+        # for them, are fingerprinted. Cost: one all-reduce of seventeen integers per call: two per decode
+        # iteration, one per prefill iteration; ensure_metadata_buffer is replaced (one all-reduce of one
+        # integer per prefill request that needs a buffer). Not agreed: the unified SWA pool's own capacity in
+        # the decode host-receive threshold's usage; LoRA slots need none (they follow the broadcast).
         targets=(
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets",
             "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer",
+            "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
+            "sglang.srt.mem_cache.prefill_budget.PrefillBudget._available_and_evictable",
         ),
     ),
     Patch(

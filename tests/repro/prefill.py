@@ -37,8 +37,8 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
+from tests.repro import prefill_admission, stage
 from tests.repro import scenario as scenario_mod
-from tests.repro import stage
 
 LOOP = phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_PREFILL
 # Kinds of optimistic request, by rid prefix (a handshake's rid: its bootstrap takes that many polls).
@@ -84,9 +84,10 @@ def new_request(rid: str, sender: stage.SlowReceiver) -> Any:
 
 
 def build(rank: int, tp_group: Any, cp_group: Any, receiver: Any,
-          metadata_slots: int = scenario_mod.METADATA_SLOTS) -> Any:
+          metadata_slots: int = scenario_mod.METADATA_SLOTS, kv_free: int | None = None) -> Any:
     """The prefill scheduler of one rank; its bootstrap queue is `disagg_prefill_bootstrap_queue`, with
-    `metadata_slots` free metadata buffers."""
+    `metadata_slots` free metadata buffers. With `kv_free`, admission is SGLang's own over a KV pool with that
+    many free tokens, and the requests are SGLang's `Req` (tests/repro/prefill_admission.py)."""
     from sglang.srt.disaggregation.prefill import PrefillBootstrapQueue
     from sglang.srt.disaggregation.utils import DisaggregationMode, ReqToMetadataIdxAllocator
     from sglang.srt.managers.io_struct import AbortReq
@@ -112,8 +113,15 @@ def build(rank: int, tp_group: Any, cp_group: Any, receiver: Any,
         req_to_metadata_buffer_idx_allocator=metadata,
         can_prefill_before_bootstrap=lambda req: req.rid.startswith((HELD, CHUNKED)), finalize_bootstrap=_finalize,
     )
+    make = new_request
+    if kv_free is not None:
+        prefill_admission.equip(scheduler, kv_free)
+
+        def make(rid: str, sender: stage.SlowReceiver) -> Any:
+            return prefill_admission.real_request(rid, vars(new_request(rid, sender)))
+
     handlers: dict[type, Callable[[Any], Any]] = {AbortReq: lambda r: scheduler.abort_request(r)}
-    scheduler._request_dispatcher = lambda r: handlers.get(type(r), lambda item: _arrive(scheduler, *item))(r)
+    scheduler._request_dispatcher = lambda r: handlers.get(type(r), lambda item: _arrive(scheduler, make, *item))(r)
     return scheduler
 
 
@@ -159,7 +167,7 @@ def _admit(scheduler: Any, running_batch: Any) -> Any:
     return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
 
 
-def _arrive(scheduler: Any, kind: str, rid: str, polls: int) -> None:
+def _arrive(scheduler: Any, make: Callable[[str, stage.SlowReceiver], Any], kind: str, rid: str, polls: int) -> None:
     """A request arrives in the bootstrap queue (on every rank: it came in the broadcast). `kind` is
     `stage.HANDSHAKE` for one whose bootstrap takes `polls` polls (its KV then lands in one), or `transfer`
     for one bootstrapped in one poll whose KV lands `polls` polls after its prefill."""
@@ -171,7 +179,7 @@ def _arrive(scheduler: Any, kind: str, rid: str, polls: int) -> None:
 
     handshake, transfer = (polls, 1) if kind == stage.HANDSHAKE else (1, polls)
     sender = stage.SlowReceiver(transfer, release_now, handshake_polls=handshake)
-    scheduler.disagg_prefill_bootstrap_queue.queue.append(new_request(rid, sender))
+    scheduler.disagg_prefill_bootstrap_queue.queue.append(make(rid, sender))
 
 
 def inbox(sc: scenario_mod.Scenario, iteration: int) -> list[tuple[Any, ...]]:
@@ -187,11 +195,14 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
 
     iteration = 0
     receiver = stage.BroadcastReceiver(rank, group, rank_writer, inbox=lambda: inbox(sc, iteration))
+    real_admission = bool(sc.kv_free)
     scheduler = build(rank, group, singleton_groups(rank, sc.world), receiver,
-                      sc.metadata_slots.get(rank, scenario_mod.METADATA_SLOTS))
+                      sc.metadata_slots.get(rank, scenario_mod.METADATA_SLOTS),
+                      sc.kv_free.get(rank, scenario_mod.KV_FREE) if real_admission else None)
     signals = sc.local_aborts.get(rank, {})
     events: dict[str, dict[str, int]] = {"dropped": {}, "prefilled": {}, "transferred": {}}
-    running_batch = SimpleNamespace(batch_is_full=False)
+    batches: dict[int, list[str]] = {}  # iteration -> the rids of the batch this rank ran
+    running_batch = prefill_admission.running_batch() if real_admission else SimpleNamespace(batch_is_full=False)
     last_batch = None
     iteration_ns: list[int] = []  # each iteration's wall time on this rank (tests.repro.overhead reads it)
     rank_writer.set_loop(LOOP)
@@ -208,6 +219,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
         running_batch, batch = plan.running_batch, plan.batch_to_run
         rank_writer.begin(phases.Phase.LOCAL)
         if batch:
+            batches[iteration] = [req.rid for req in batch.reqs]
             rank_writer.begin(phases.Phase.FORWARD)
             time.sleep(sc.forward_s)
             done = [req for req in batch.reqs if req is not scheduler.chunked_req]
@@ -227,7 +239,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
         for rid in (held | arrived) - now_held - set(events["transferred"]):
             events["dropped"].setdefault(rid, iteration)
         iteration_ns.append(time.perf_counter_ns() - started_ns)
-    return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, **events}
+    return {"rank": rank, "iterations": sc.iterations, "iteration_ns": iteration_ns, "batches": batches, **events}
 
 
 def _held(scheduler: Any) -> set[str]:

@@ -9,6 +9,7 @@ from typing import Any
 
 SGLANG_VERSION = "0.5.23"
 METADATA_SLOTS = 64  # free metadata buffers of a prefill rank unless a scenario says otherwise
+KV_FREE = 2000  # free KV tokens of a prefill rank with SGLang's own admission unless a scenario says otherwise
 
 # The default story. Two transfers arrive at iteration 0: `req-y` completes after 2 polls and is decoded;
 # `req-x` stays in flight. One rank's own clock (rank 2, or the last rank of a smaller group) says `req-x`
@@ -41,7 +42,9 @@ class Scenario:
     `role="prefill"`, `arrivals` bootstrap in one poll and their KV lands `polls` polls after their prefill, and
     `handshakes` take `polls` polls to bootstrap. `health_checks`: iteration -> rids of `/health_generate`
     requests rank 0 broadcasts (tests/repro/health_check.py). `metadata_slots`: rank -> the free metadata
-    buffers of that rank's prefill bootstrap queue (`METADATA_SLOTS` for any other rank)."""
+    buffers of that rank's prefill bootstrap queue (`METADATA_SLOTS` for any other rank). `kv_free`: rank -> the
+    free KV tokens of that rank's prefill pool; when set, prefill admission is SGLang's own
+    (tests/repro/prefill_admission.py, `KV_FREE` for any other rank) instead of the fixed stand-in."""
 
     port: int
     ledger: str
@@ -60,9 +63,10 @@ class Scenario:
     role: str = "decode"  # or "prefill": the loop the ranks run (tests/repro/prefill.py)
     health_checks: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     metadata_slots: dict[int, int] = dataclasses.field(default_factory=dict)
+    kv_free: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ranked = {*self.local_aborts, *self.retracted, *self.metadata_slots}
+        ranked = {*self.local_aborts, *self.retracted, *self.metadata_slots, *self.kv_free}
         outside = sorted(rank for rank in ranked if not 0 <= rank < self.world)
         if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
             raise ValueError(f"local events for ranks {outside} outside a group of {self.world}; "
@@ -80,6 +84,7 @@ class Scenario:
         raw["retracted"] = {int(r): [int(i) for i in window] for r, window in raw["retracted"].items()}
         raw["health_checks"] = {int(i): list(rids) for i, rids in raw["health_checks"].items()}
         raw["metadata_slots"] = {int(r): int(n) for r, n in raw["metadata_slots"].items()}
+        raw["kv_free"] = {int(r): int(n) for r, n in raw["kv_free"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)

@@ -94,6 +94,16 @@ AUDITED: dict[str, str] = {
         "0ecb934dee8b9774",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run":
         "ea73fd6db9788a26",
+    "sglang.srt.managers.scheduler.Scheduler.get_new_batch_prefill":
+        "6c648f1cb7e482bf",
+    "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw":
+        "cc447dbdf748b6ac",
+    "sglang.srt.mem_cache.prefill_budget.PrefillBudget._available_and_evictable":
+        "0f8a1220faecb84c",
+    "sglang.srt.managers.schedule_policy.PrefillAdder.add_one_req":
+        "2759f73ad5f207b3",
+    "sglang.srt.managers.prefill_delayer.PrefillDelayer._gather_info":
+        "dfe78562921b99f2",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.resolve_waiting_queue_bootstrap":
         "d46052adb7948a70",
     "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_prefill_chunk":

@@ -7,7 +7,12 @@ ranks decode different batches from then on, and that rank alone still holds a r
 gate's input: without `kv-poll-lockstep` the decode polls hang on it, as test_desync_reproduction shows). Patched,
 every rank agrees the smallest free capacity first and resumes the same two, keeping its own surplus.
 
-Prefill (tests/repro/prefill.py, SGLang's own `pop_bootstrapped`, `ensure_metadata_buffer` and metadata
+Prefill admission (tests/repro/prefill.py with tests/repro/prefill_admission.py: SGLang's own
+`get_new_batch_prefill`, `PrefillAdder` and budget over a real radix cache and allocator): three requests arrive
+together; the last rank has room for two. Unpatched the group desyncs; with `kv-poll-lockstep` alone the batches
+differ and the third request is lost; agreed, every rank prefills the same two and drops nothing.
+
+Prefill bootstrap (tests/repro/prefill.py, SGLang's own `pop_bootstrapped`, `ensure_metadata_buffer` and metadata
 allocator): two requests that may be prefilled before their bootstrap completes arrive together; the last rank has
 one free metadata buffer, its peers plenty. With `kv-poll-lockstep` alone, the last rank moves one on and keeps the
 other, its peers move both: the lockstep then fails the second on every rank (no rank can complete it), a request
@@ -119,25 +124,61 @@ class _SwaPool(_Pool):
         return self.free // 2
 
 
-def test_the_readers_answer_the_groups_smallest_capacity_inside_and_their_own_after() -> None:
-    kv, slots, meta = _SwaPool(1000), _Pool(10), _Pool(8)
-    queue = SimpleNamespace(token_to_kv_pool_allocator=kv, req_to_token_pool=slots,
-                            req_to_metadata_buffer_idx_allocator=meta)
-    sent: list[list[int]] = []
+def _vector(**by_reader: int) -> list[int]:
+    """A capacity vector in `READERS` order, from `owner_path__reader=value` (0 elsewhere)."""
+    return [by_reader.get(f"{path.replace('.', '__')}__{name}", 0) for path, name in ac.READERS]
 
-    def reduce_min(values: list[int], group: Any) -> list[int]:  # a peer with 600 tokens and 12 slots
+
+class _Tree:
+    def __init__(self, evictable: int) -> None:
+        self.evictable = evictable
+
+    def evictable_size(self) -> int:
+        return self.evictable
+
+
+def test_the_readers_answer_the_groups_smallest_capacity_inside_and_their_own_after() -> None:
+    kv, slots, meta, tree = _SwaPool(1000), _Pool(10), _Pool(8), _Tree(70)
+    queue = SimpleNamespace(token_to_kv_pool_allocator=kv, req_to_token_pool=slots,
+                            req_to_metadata_buffer_idx_allocator=meta, tree_cache=tree)
+    sent: list[list[int]] = []
+    peer = _vector(token_to_kv_pool_allocator__available_size=600, token_to_kv_pool_allocator__full_available_size=600,
+                   token_to_kv_pool_allocator__swa_available_size=300, req_to_token_pool__available_size=12,
+                   req_to_metadata_buffer_idx_allocator__available_size=8, tree_cache__evictable_size=50)
+
+    def reduce_min(values: list[int], group: Any) -> list[int]:  # a peer with 600 tokens, 12 slots, 50 evictable
         sent.append(list(values))
-        return [min(v, p) for v, p in zip(values, [600, 600, 300, 12, 8], strict=True)]
+        return [min(v, p) for v, p in zip(values, peer, strict=True)]
 
     with ac.agreed_capacity(queue, "group", reduce_min) as surplus:
-        assert surplus == [400, 400, 200, 0, 0]
+        assert surplus == _vector(token_to_kv_pool_allocator__available_size=400,
+                                  token_to_kv_pool_allocator__full_available_size=400,
+                                  token_to_kv_pool_allocator__swa_available_size=200, tree_cache__evictable_size=20)
         assert (kv.available_size(), kv.full_available_size(), kv.swa_available_size()) == (600, 600, 300)
         kv.free -= 100  # an allocation inside the call: the clamp follows the real pool
-        assert kv.available_size() == 500
+        tree.evictable -= 10  # a prefix locked inside the call: the same on every rank
+        assert (kv.available_size(), tree.evictable_size()) == (500, 40)
         assert (slots.available_size(), meta.available_size()) == (10, 8)
-    assert sent == [[1000, 1000, 500, 10, 8]]
-    assert (kv.available_size(), kv.swa_available_size()) == (900, 450)
-    assert "available_size" not in vars(kv)
+    assert sent == [_vector(token_to_kv_pool_allocator__available_size=1000,
+                            token_to_kv_pool_allocator__full_available_size=1000,
+                            token_to_kv_pool_allocator__swa_available_size=500, req_to_token_pool__available_size=10,
+                            req_to_metadata_buffer_idx_allocator__available_size=8, tree_cache__evictable_size=70)]
+    assert (kv.available_size(), kv.swa_available_size(), tree.evictable_size()) == (900, 450, 60)
+    assert "available_size" not in vars(kv) and "evictable_size" not in vars(tree)
+
+
+def test_nested_pools_are_agreed_and_one_pool_reached_twice_counts_once() -> None:
+    mamba = SimpleNamespace(schedulable_available_size=lambda: 9)
+    hisparse = _Pool(30)
+    kv = SimpleNamespace(available_size=lambda: 100, mamba_allocator=mamba, hisparse_attn_allocator=hisparse)
+    root = SimpleNamespace(token_to_kv_pool_allocator=kv, req_to_token_pool=SimpleNamespace(mamba_allocator=mamba))
+    sent: list[list[int]] = []
+    with ac.agreed_capacity(root, "group", lambda values, group: sent.append(list(values)) or [0] * len(values)):
+        assert (mamba.schedulable_available_size(), hisparse.available_size()) == (0, 0)
+    assert sent == [_vector(token_to_kv_pool_allocator__available_size=100,
+                            token_to_kv_pool_allocator__hisparse_attn_allocator__available_size=30,
+                            req_to_token_pool__mamba_allocator__schedulable_available_size=9)]
+    assert mamba.schedulable_available_size() == 9
 
 
 def test_a_pool_without_a_reader_counts_zero_and_an_instance_reader_is_put_back() -> None:
@@ -146,7 +187,7 @@ def test_a_pool_without_a_reader_counts_zero_and_an_instance_reader_is_put_back(
                             req_to_metadata_buffer_idx_allocator=None)
     before = own.available_size
     with ac.agreed_capacity(queue, "group", lambda values, group: [min(v, 40) for v in values]) as surplus:
-        assert surplus == [30, 0, 0, 10, 0]
+        assert surplus == _vector(token_to_kv_pool_allocator__available_size=30, req_to_token_pool__available_size=10)
         assert own.available_size() == 40
     assert own.available_size is before
 
@@ -177,7 +218,7 @@ def test_the_patch_installs_with_every_other_desync_fix_and_passes_pp_through(re
 
     applied = base.apply(FIXES, SGLANG_VERSION, registry.implementations(FIXES))
     assert [a.id for a in applied] == list(FIXES)
-    for dotted in (ac.POP_PREALLOCATED, ac.RESUME_RETRACTED):
+    for dotted in (ac.POP_PREALLOCATED, ac.RESUME_RETRACTED, ac.PREFILL_ADMISSION):
         assert targets.resolve(dotted).function.__pdfleet_patch__ == ac.PATCH_ID  # type: ignore[attr-defined]
     queue = object.__new__(DecodePreallocQueue)
     vars(queue).update(pp_size=2, retracted_queue=[])  # PP: no agreement (no process group exists here)
@@ -186,3 +227,97 @@ def test_the_patch_installs_with_every_other_desync_fix_and_passes_pp_through(re
     vars(queue)["_uses_swa_reservation"] = lambda: False
     assert queue.resume_retracted_reqs() == []
     assert calls  # SGLang's own body ran, unagreed
+
+
+@pytest.mark.parametrize(("world", "patches", "agreed"), [
+    (2, ("kv-poll-lockstep",), False), (3, ("kv-poll-lockstep",), False),
+    (2, ("kv-poll-lockstep", ac.PATCH_ID), True), (3, ("kv-poll-lockstep", ac.PATCH_ID), True),
+    (2, (ac.PATCH_ID,), True),
+], ids=["lockstep-2", "lockstep-3", "agreed-2", "agreed-3", "agreement-alone-2"])
+def test_a_prefill_rank_with_less_free_kv_builds_the_same_batches_as_its_peers_only_when_agreed(
+        tmp_path: Path, world: int, patches: tuple[str, ...], agreed: bool) -> None:
+    """SGLang's own prefill admission (tests/repro/prefill_admission.py). With `kv-poll-lockstep` alone no poll
+    hangs, but the last rank prefills two requests while its peers prefill three (different batches: different
+    forwards, whose TP collectives no longer pair on a GPU), and the third, waiting on the last rank and in
+    flight on its peers, is then failed everywhere: lost to one rank's scarcity. Agreed, every rank prefills the
+    same two, keeps the third waiting, and nothing is dropped."""
+    requires.installed("sglang")
+    rids = list(PREFILL_REQUESTS)
+    sc = _prefill_short_of_kv(tmp_path, world, patches)
+    proc = group.start(sc)
+    try:
+        assert proc.wait(timeout=150) == 0, (tmp_path / "launcher.log").read_text(errors="replace")[-4000:]
+    finally:
+        group.kill(proc)
+    results = [json.loads(sc.result_path(rank).read_text()) for rank in range(world)]
+    first = {rank: result["batches"][min(result["batches"])] for rank, result in enumerate(results)}
+    if agreed:
+        assert all(batch == rids[:2] for batch in first.values()), first
+        assert all(result["dropped"] == {} for result in results)
+        assert all(phases.Phase.ADMISSION_AGREEMENT.label in r["collectives_entered"] for r in results)
+    else:
+        assert first[world - 1] == rids[:2] and all(first[rank] == rids for rank in range(world - 1)), first
+        assert all(phases.Phase.ADMISSION_AGREEMENT.label not in r["collectives_entered"] for r in results)
+    for result in results:
+        assert result["applied"] == list(patches)
+        assert set(result["dropped"]) == ({"req-c"} if not agreed else set()), result["dropped"]
+
+
+
+PREFILL_REQUESTS = ("req-a", "req-b", "req-c")
+
+
+def _prefill_short_of_kv(tmp_path: Path, world: int, patches: tuple[str, ...]) -> Scenario:
+    """Three requests arrive together; the last rank's KV pool has room for two, its peers' for all three."""
+    return Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path), patches=patches,
+                    world=world, iterations=4, arrivals={0: [(rid, 10_000) for rid in PREFILL_REQUESTS]},
+                    local_aborts={}, role="prefill", kv_free={world - 1: 1000}, forward_s=0.01, idle_s=0.01)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_unpatched_a_prefill_rank_with_less_free_kv_desyncs_the_group(tmp_path: Path, world: int) -> None:
+    """SGLang's own admission prefills two requests on the last rank and three on its peers. Their inflight
+    queues then differ in length (gloo pairs polls of different sizes without noticing), and the last rank
+    alone still has a waiting request, so it alone enters the waiting queue's bootstrap poll: from there it is
+    one collective ahead, and pdfleet reports Desync with the last rank in the next broadcast and its peers in
+    the transfer poll."""
+    from pdfleet.runtime.health import verdict
+    from tests.unit.test_desync_reproduction import PERIOD_S, POLICY
+
+    requires.installed("sglang")
+    sc = _prefill_short_of_kv(tmp_path, world, ())
+    proc = group.start(sc)
+    try:
+        samples = group.watch(sc.ledger, sc.world, POLICY, period_s=PERIOD_S, deadline_s=60.0,
+                              until=lambda v: v.health not in (verdict.Health.HEALTHY, verdict.Health.STARTING))
+        last = samples[-1].verdict
+        assert last.health is verdict.Health.DESYNC, last.reason
+        assert proc.poll() is None, "the ranks must still be hanging, not have failed"
+    finally:
+        group.kill(proc)
+    ranks = {v.rank: v for v in last.ranks}
+    tight, peers = ranks[world - 1], [ranks[r] for r in range(world - 1)]
+    assert tight.phase is phases.Phase.RECV_BROADCAST
+    assert {p.phase for p in peers} == {phases.Phase.PREFILL_INFLIGHT_POLL}
+    assert {p.collectives for p in peers} == {tight.collectives - 1}, "the last rank entered one poll alone"
+    assert f"rank {world - 1} in recv_broadcast" in last.reason and "prefill_inflight_poll" in last.reason
+
+
+def test_the_host_receive_thresholds_pool_usage_is_read_through_the_agreed_readers() -> None:
+    """SGLang's pool-usage observer, which `pop_preallocated` asks whether to preallocate on the host
+    (`--disaggregation-decode-host-receive-threshold`), reads the same allocator and radix cache as the queue: inside
+    the agreement its usage is the group's (here a peer with 300 free tokens of 1000), not this rank's."""
+    requires.installed("sglang")
+    from sglang.srt.managers.scheduler_components.pool_stats_observer import SchedulerPoolStatsObserver
+
+    kv, tree = _Pool(800), _Tree(0)
+    observer = SchedulerPoolStatsObserver(
+        tree_cache=tree, token_to_kv_pool_allocator=kv, req_to_token_pool=None, session_controller=None,
+        hisparse_coordinator=None, is_hybrid_swa=False, is_hybrid_ssm=False, enable_hisparse=False,
+        full_tokens_per_layer=None, swa_tokens_per_layer=None, max_total_num_tokens=1000)
+    queue = SimpleNamespace(token_to_kv_pool_allocator=kv, tree_cache=tree)
+    peer = _vector(token_to_kv_pool_allocator__available_size=300)
+    assert observer.get_pool_stats().full_token_usage == pytest.approx(0.2)
+    with ac.agreed_capacity(queue, "group", lambda values, _: [min(v, p) for v, p in zip(values, peer, strict=True)]):
+        assert observer.get_pool_stats().full_token_usage == pytest.approx(0.7)
+    assert observer.get_pool_stats().full_token_usage == pytest.approx(0.2)

@@ -1,5 +1,5 @@
 """admission-consensus: the ranks that share a decode prealloc queue admit and resume the same requests, and
-the ranks of a prefill group move the same requests out of their bootstrap queues.
+the ranks of a prefill group move the same requests out of their bootstrap queues and into the same batches.
 
 Why. Which requests a decode rank preallocates (`DecodePreallocQueue.pop_preallocated`: moved on to the
 transfer queue) and which retracted requests it resumes (`DecodePreallocQueue.resume_retracted_reqs`) is decided,
@@ -27,11 +27,27 @@ attention-CP group, as the bootstrap poll reduces (phase ADMISSION_AGREEMENT), a
 can. Every call of `ensure_metadata_buffer` comes from a branch taken on agreed poll states, and a request that
 already holds a buffer needs no agreement, so every rank asks the same questions in the same order.
 
-Agreed readers (decode): `available_size` of the three pools, and `full_available_size` / `swa_available_size` of a KV
-allocator that has them (SWA and hybrid pools). Not agreed: the decode radix cache's evictable size
-(`--disaggregation-decode-enable-radix-cache`), HiSparse's device buffers, Mamba slot reclaim, LoRA slots and the
-host-receive threshold's pool usage; with those features the admission can still differ (docs/desync-audit.md).
-The PP path (`pp_size > 1`) follows the pipeline's consensus and is passed through.
+Prefill admission: `Scheduler._get_new_batch_prefill_raw` (replaced) builds the next prefill batch with SGLang's
+`PrefillAdder`, which takes waiting requests, and decides whether to chunk one, by this rank's own free KV tokens and
+evictable radix-cache tokens (`PrefillBudget`), free request slots (`get_num_allocatable_reqs`) and Mamba slots. A rank
+with less takes fewer: its batch, and so its forward, differ from its peers', and the request it left waiting is
+failed on the others by `kv-poll-lockstep`. The patch agrees the same capacity vector at the start of every call
+(attention TP, then attention CP: the ranks that build one batch) and clamps the readers for the call, as on decode;
+the radix cache's own eviction inside the call reads the clamped sizes too, so every rank evicts alike. One
+all-reduce per call, one per prefill iteration, entered whether or not anything waits: a queue-emptiness gate in
+front of it would be the very kind of branch this patch set removes.
+
+Agreed readers, in a fixed order (a reader an object lacks counts 0 on every rank; one object reached by two paths
+counts once): the KV allocator's `available_size`, `full_available_size`, `swa_available_size` (and the unified SWA
+pool's `conserve_*` variants), HiSparse's device
+allocator, the request slots and their Mamba slots, the decode host pools (`--disaggregation-decode-host-receive-
+threshold`), the metadata buffers (decode), and the radix cache's evictable sizes (full, SWA, Mamba; decode's with
+`--disaggregation-decode-enable-radix-cache`). SGLang's pool-usage observer reads the same allocator and radix
+cache through these readers (for SWA pools through `swa_capacity_and_available`, which calls them), so the
+host-receive threshold's usage is agreed with them; only the unified SWA pool's `current_*_capacity`, the
+denominator it moves on its own, is not, and there the lockstep's abort remains the backstop. LoRA slots need no
+agreement: adapters load through the broadcast and the running set follows the agreed batches. The PP path
+(`pp_size > 1`) follows the pipeline's consensus and is passed through.
 """
 
 from __future__ import annotations
@@ -50,7 +66,10 @@ POP_PREALLOCATED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_pre
 RESUME_RETRACTED = "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs"
 ALLOCATABLE_BUDGETS = "sglang.srt.disaggregation.decode.DecodePreallocQueue._allocatable_token_budgets"  # checked
 ENSURE_METADATA_BUFFER = "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.ensure_metadata_buffer"
-TARGETS = (POP_PREALLOCATED, RESUME_RETRACTED, ALLOCATABLE_BUDGETS, ENSURE_METADATA_BUFFER)
+PREFILL_ADMISSION = "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw"
+PREFILL_BUDGET = "sglang.srt.mem_cache.prefill_budget.PrefillBudget._available_and_evictable"  # checked
+TARGETS = (POP_PREALLOCATED, RESUME_RETRACTED, ALLOCATABLE_BUDGETS, ENSURE_METADATA_BUFFER, PREFILL_ADMISSION,
+           PREFILL_BUDGET)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
@@ -58,16 +77,30 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         RESUME_RETRACTED: "d85f66df1e512238",
         ALLOCATABLE_BUDGETS: "f22540486a78f6c4",
         ENSURE_METADATA_BUFFER: "af49e2a51061f56e",
+        PREFILL_ADMISSION: "cc447dbdf748b6ac",
+        PREFILL_BUDGET: "0f8a1220faecb84c",
     },
 }
 
-# (queue attribute, reader): the capacities agreed, in a fixed order (a missing one counts 0 on every rank).
+# (owner path from the queue or scheduler, reader): the capacities agreed, in a fixed order.
 READERS: tuple[tuple[str, str], ...] = (
     ("token_to_kv_pool_allocator", "available_size"),
     ("token_to_kv_pool_allocator", "full_available_size"),
     ("token_to_kv_pool_allocator", "swa_available_size"),
+    ("token_to_kv_pool_allocator", "conserve_full_available_size"),
+    ("token_to_kv_pool_allocator", "conserve_swa_available_size"),
+    ("token_to_kv_pool_allocator.hisparse_attn_allocator", "available_size"),
     ("req_to_token_pool", "available_size"),
+    ("req_to_token_pool.mamba_allocator", "schedulable_available_size"),
+    ("req_to_token_pool.mamba_allocator", "available_size"),
+    ("token_to_kv_pool_allocator.mamba_allocator", "schedulable_available_size"),
+    ("host_pool", "available_size"),
+    ("host_swa_pool", "available_size"),
     ("req_to_metadata_buffer_idx_allocator", "available_size"),
+    ("tree_cache", "evictable_size"),
+    ("tree_cache", "full_evictable_size"),
+    ("tree_cache", "swa_evictable_size"),
+    ("tree_cache", "mamba_evictable_size"),
 )
 
 ReduceMin = Callable[[list[int], Any], list[int]]
@@ -79,19 +112,33 @@ def slack(mine: Sequence[int], agreed: Sequence[int]) -> list[int]:
     return [max(0, m - a) for m, a in zip(mine, agreed, strict=True)]
 
 
-def _readers(queue: Any) -> list[tuple[Any, str] | None]:
+def _owner(root: Any, path: str) -> Any:
+    for attr in path.split("."):
+        root = getattr(root, attr, None)
+        if root is None:
+            return None
+    return root
+
+
+def _readers(root: Any) -> list[tuple[Any, str] | None]:
     out: list[tuple[Any, str] | None] = []
-    for attr, name in READERS:
-        owner = getattr(queue, attr, None)
-        out.append((owner, name) if owner is not None and callable(getattr(owner, name, None)) else None)
+    seen: set[tuple[int, str]] = set()
+    for path, name in READERS:
+        owner = _owner(root, path)
+        if owner is None or not callable(getattr(owner, name, None)) or (id(owner), name) in seen:
+            out.append(None)  # counted once, and clamped once, however many paths reach it
+            continue
+        seen.add((id(owner), name))
+        out.append((owner, name))
     return out
 
 
 @contextlib.contextmanager
-def agreed_capacity(queue: Any, group: Any, reduce_min: ReduceMin) -> Iterator[list[int]]:
-    """While inside, each capacity reader of `queue`'s pools answers its real value minus this rank's surplus
-    over the group's smallest; yields the surpluses. Every rank of `group` must enter with the same call."""
-    readers = _readers(queue)
+def agreed_capacity(root: Any, group: Any, reduce_min: ReduceMin) -> Iterator[list[int]]:
+    """While inside, each capacity reader of the pools `root` (a prealloc queue, a scheduler) holds answers its
+    real value minus this rank's surplus over the group's smallest; yields the surpluses. Every rank of `group`
+    must enter with the same call."""
+    readers = _readers(root)
     mine = [int(getattr(r[0], r[1])()) if r is not None else 0 for r in readers]
     surplus = slack(mine, seams.in_collective(phases.Phase.ADMISSION_AGREEMENT, lambda: reduce_min(mine, group)))
     clamped: list[tuple[Any, str, Any]] = []
@@ -115,6 +162,14 @@ def _less(real: Callable[[], int], extra: int) -> int:
     return int(real()) - extra
 
 
+def over_groups(values: list[int], groups: Sequence[Any]) -> list[int]:
+    """The element-wise MIN over every rank of every group in turn (attention TP, then attention CP): each rank
+    of the second group already holds its first group's MIN, so the result is the MIN over all of them."""
+    for group in groups:
+        values = gloo_min.all_min(values, group)
+    return values
+
+
 def every_rank_can(mine: bool, groups: Sequence[Any], reduce_min: ReduceMin) -> bool:
     """True only if every rank of every group answered yes: MIN over attention TP, then attention CP."""
     vote = [int(mine)]
@@ -127,6 +182,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
     original_pop = originals[POP_PREALLOCATED]
     original_resume = originals[RESUME_RETRACTED]
     original_ensure = originals[ENSURE_METADATA_BUFFER]
+    original_prefill = originals[PREFILL_ADMISSION]
 
     @functools.wraps(original_pop)
     def pop_preallocated(self: Any, rids_to_check: list[str] | None = None, pp_good_rids: list[str] | None = None,
@@ -154,5 +210,16 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
                                      lambda: every_rank_can(mine, groups, gloo_min.all_min))
         return bool(original_ensure(self, req)) if agreed else False
 
+    @functools.wraps(original_prefill)
+    def get_new_batch_prefill_raw(self: Any, prefill_delayer_single_pass: Any, running_batch: Any) -> Any:
+        from sglang.srt.runtime_context import get_parallel
+
+        if get_parallel().pp_size > 1:  # PP: the pipeline's consensus decides, unchanged
+            return original_prefill(self, prefill_delayer_single_pass=prefill_delayer_single_pass,
+                                    running_batch=running_batch)
+        with agreed_capacity(self, (self.attn_tp_cpu_group, self.attn_cp_cpu_group), over_groups):
+            return original_prefill(self, prefill_delayer_single_pass=prefill_delayer_single_pass,
+                                    running_batch=running_batch)
+
     return {POP_PREALLOCATED: pop_preallocated, RESUME_RETRACTED: resume_retracted_reqs,
-            ENSURE_METADATA_BUFFER: ensure_metadata_buffer}
+            ENSURE_METADATA_BUFFER: ensure_metadata_buffer, PREFILL_ADMISSION: get_new_batch_prefill_raw}
