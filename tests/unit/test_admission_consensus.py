@@ -321,3 +321,19 @@ def test_the_host_receive_thresholds_pool_usage_is_read_through_the_agreed_reade
     with ac.agreed_capacity(queue, "group", lambda values, _: [min(v, p) for v, p in zip(values, peer, strict=True)]):
         assert observer.get_pool_stats().full_token_usage == pytest.approx(0.7)
     assert observer.get_pool_stats().full_token_usage == pytest.approx(0.2)
+
+
+def test_agreement_over_attention_tp_then_cp_is_the_min_over_both() -> None:
+    """Each rank of the CP group already holds its TP group's MIN, so reducing group by group is the MIN over the
+    whole DP group; a single no anywhere is every rank's no."""
+    seen: list[str] = []
+
+    def reduce_min(values: list[int], group: Any) -> list[int]:  # this rank's TP peer has less; its CP peer more
+        seen.append(group)
+        peer = {"tp": [5, 1], "cp": [9, 0]}[group]
+        return [min(v, p) for v, p in zip(values, peer, strict=True)]
+
+    assert ac.over_groups([7, 1], ("tp", "cp"), reduce_min) == [5, 0]
+    assert seen == ["tp", "cp"]
+    assert ac.every_rank_can(True, ("tp",), lambda v, g: v) is True
+    assert ac.every_rank_can(True, ("tp", "cp"), lambda v, g: [0] if g == "cp" else v) is False

@@ -162,20 +162,17 @@ def _less(real: Callable[[], int], extra: int) -> int:
     return int(real()) - extra
 
 
-def over_groups(values: list[int], groups: Sequence[Any]) -> list[int]:
+def over_groups(values: list[int], groups: Sequence[Any], reduce_min: ReduceMin = gloo_min.all_min) -> list[int]:
     """The element-wise MIN over every rank of every group in turn (attention TP, then attention CP): each rank
     of the second group already holds its first group's MIN, so the result is the MIN over all of them."""
     for group in groups:
-        values = gloo_min.all_min(values, group)
+        values = reduce_min(values, group)
     return values
 
 
 def every_rank_can(mine: bool, groups: Sequence[Any], reduce_min: ReduceMin) -> bool:
-    """True only if every rank of every group answered yes: MIN over attention TP, then attention CP."""
-    vote = [int(mine)]
-    for group in groups:
-        vote = reduce_min(vote, group)
-    return bool(vote[0])
+    """True only if every rank of every group answered yes."""
+    return bool(over_groups([int(mine)], groups, reduce_min)[0])
 
 
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
