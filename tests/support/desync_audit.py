@@ -126,4 +126,45 @@ AUDITED: dict[str, str] = {
         "6003aaa2ccaa631a",
     "sglang.srt.disaggregation.utils.poll_and_all_reduce_with_staging":
         "74bd768e4c060c4e",
+    "sglang.srt.managers.scheduler_components.dp_attn.MLPSyncBatchInfo.all_gather":
+        "1b05fef0b29417fe",
+    "sglang.srt.managers.scheduler_components.dp_attn.exchange_sync_rows":
+        "c8fd0ccbf766a759",
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._finalize_shm_features":
+        "dcc370f77593c627",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.update_weights_from_tensor":
+        "c27c2951392de4ab",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.update_weights_from_ipc":
+        "d6e656f2caeeb6c3",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.begin_weight_update":
+        "48879d3023946c1a",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.end_weight_update":
+        "2df556bb57eaf1cc",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.release_memory_occupation":
+        "2a37179bbf6488dc",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.resume_memory_occupation":
+        "633b086bf4a770bd",
+    "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.check_weights":
+        "97998570d5862446",
+    "sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._start_profile":
+        "ee2d6191b4d6665c",
+    "sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile":
+        "f219e33d2c645ab9",
+}
+
+# Functions of the scanned modules (tests/support/collective_scan.py) that enter a collective but have no row of
+# their own on the page, each with the reason; the page names each of them too.
+UNLISTED: dict[str, str] = {
+    "sglang.srt.disaggregation.utils._all_reduce_polls":
+        "the all-reduce the audited polls (poll_and_all_reduce and its variants) share: covered by their rows",
+    "sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator.collect_ready_reqs":
+        "called only from Scheduler.get_next_batch_to_run, the batch builder of the non-PD loops",
+    "sglang.srt.managers.scheduler._prewarm_hccl_group":
+        "start-up (Ascend HCCL warm-up), before any loop",
+    "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
+        "start-up (Scheduler.__init__), before any loop",
+    "sglang.srt.managers.tp_worker.TpModelWorker.__init__":
+        "start-up, before any loop",
+    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
+        "its point-to-point receive runs on pipeline stages after the first only (PP loops are out of scope)",
 }
