@@ -4,18 +4,21 @@ For each TP size (2, 4, 8) and role (decode, prefill), one run of the reproducti
 (`tests.repro.overhead`) forks that many ranks on a real gloo group on 127.0.0.1. Each rank runs SGLang
 0.5.23's own loop steps with nothing diverging (decode: request broadcast, `process_decode_queue`, the prealloc
 handshake and transfer polls, and `update_running_batch` on a running batch; prefill: request broadcast, the
-bootstrap, waiting-queue, chunk and inflight polls), and switches its SGLang functions between the shipped
-ones and the patched ones (every desync fix in the catalogue, installed once by pdfleet's patch framework)
-block by block, in the order unpatched, patched, patched, unpatched. So both variants run in the same
-processes, on the same gloo group, under the same load.
+bootstrap, waiting-queue, chunk and inflight polls, and SGLang's own prefill admission), and switches its SGLang
+functions between the shipped ones and the patched ones (every desync fix in the catalogue, installed once by
+pdfleet's patch framework) block by block, in the order unpatched, patched, patched, unpatched. So both variants
+run in the same processes, on the same gloo group, under the same load.
 
 Workloads: `idle` (no request: unpatched SGLang enters only the request broadcast, its poll guards skip the
 rest; the patched loop still exchanges every iteration: the worst case), `busy` (a request arrives in each of
 two queues every iteration) and, for decode, `decoding` (a running batch of 4 through `update_running_batch`,
 where retraction-consensus agrees the memory check every step) and `resuming` (`resume_retracted_reqs` over
-three retracted requests, where admission-consensus agrees the free capacity; the call alone). The loops have
-no forward: a real iteration adds a model forward (milliseconds on a GPU) to both variants, so the ratios here
-are upper bounds and the added time per iteration is the figure that carries over. Figures are rank 0's
+three retracted requests, where admission-consensus agrees the free capacity; the call alone) and, for prefill,
+`admitting` (`get_new_batch_prefill` with SGLang's PrefillAdder over a real radix cache and KV pools, three waiting
+requests that fit, fresh pools each call, where admission-consensus agrees the capacity every prefill iteration;
+the call alone: the prefill loops admit with a fixed stand-in). The loops have no forward: a real iteration
+adds a model forward (milliseconds on a GPU) to both variants, so the ratios here are upper bounds and the added
+time per iteration is the figure that carries over. Figures are rank 0's
 per-iteration wall times. Nothing is asserted about time (a shared 2-core machine); the run fails only if the
 harness does, or if the two variants did not do the same thing to every request.
 
@@ -104,7 +107,7 @@ def rows(tp: int, role: str, report: dict[str, Any]) -> list[str]:
         p99_b, p99_f = percentile(base, 0.99) / 1e3, percentile(fixed, 0.99) / 1e3
         calls = workload["collectives"]
         lines.append(
-            f"{tp:>3} {role:<7} {name:<8} {len(base):>7} {calls['unpatched']:>4.1f} -> {calls['patched']:<4.1f}"
+            f"{tp:>3} {role:<7} {name:<9} {len(base):>7} {calls['unpatched']:>4.1f} -> {calls['patched']:<4.1f}"
             f" {med_b:>9.0f} {med_f:>9.0f} {med_f / med_b:>6.2f}x {med_f - med_b:>+8.0f}"
             f" {p99_b:>9.0f} {p99_f:>9.0f} {p99_f / p99_b:>6.2f}x"
         )
@@ -123,9 +126,9 @@ def main() -> int:
         iterations, rounds = plan[tp]
         print(f"TP {tp}: {2 * rounds} blocks of {iterations} iterations per variant and workload, after one "
               "warm-up block each" + (" (fewer at TP 8: 8 ranks share this machine's cores)" if tp == 8 else ""))
-    print(f"{'TP':>3} {'loop':<7} {'load':<8} {'samples':>7} {'collectives':<11} {'median us':>9} {'':>9} {'ratio':>7}"
+    print(f"{'TP':>3} {'loop':<7} {'load':<9} {'samples':>7} {'collectives':<11} {'median us':>9} {'':>9} {'ratio':>7}"
           f" {'added us':>8} {'p99 us':>9} {'':>9} {'ratio':>7}")
-    print(f"{'':>3} {'':<7} {'':<8} {'/variant':>7} {'per iter':<11} {'unpatched':>9} {'patched':>9} {'':>7} {'':>8}"
+    print(f"{'':>3} {'':<7} {'':<9} {'/variant':>7} {'per iter':<11} {'unpatched':>9} {'patched':>9} {'':>7} {'':>8}"
           f" {'unpatched':>9} {'patched':>9}")
     problems = []
     for tp in args.tp:

@@ -6,10 +6,11 @@ patch framework, keeping SGLang's original functions as well, and then switches 
 two in place. With `--role decode` it runs the decode loop of `decode_loop.run_loop` (SGLang's own intake,
 `process_decode_queue`, prealloc handshake and transfer polls) and the decode step of `retraction.run_loop`
 (SGLang's `update_running_batch` on a running batch); with `--role prefill` the prefill loop of
-`prefill.run_loop` (intake, bootstrap, waiting-queue and chunk polls, inflight poll). No forward pause. Each
-workload runs in blocks of `sc.iterations` iterations: one warm-up block of each variant, then `ROUNDS` times
-unpatched, patched, patched, unpatched (so a drift of the machine's load weighs on both). Every block starts
-from fresh SGLang objects and sees the same arrivals.
+`prefill.run_loop` (intake, bootstrap, waiting-queue and chunk polls, inflight poll) and SGLang's prefill
+admission (`admitting.run_loop`). No forward pause. Each workload runs in blocks of `sc.iterations`
+iterations: one warm-up block of each variant, then `ROUNDS` times unpatched, patched, patched, unpatched (so a
+drift of the machine's load weighs on both). Every block starts from fresh SGLang objects and sees the same
+arrivals.
 
 Each rank writes `overhead-rank{N}.json` in `sc.workdir`: per workload and variant, every iteration's wall
 time in ns, the collective calls per iteration, the block outcomes (which must not differ between variants:
@@ -26,7 +27,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.repro import admission, decode_loop, prefill, retraction
+from tests.repro import admission, admitting, decode_loop, prefill, retraction
 from tests.repro import scenario as scenario_mod
 
 UNPATCHED, PATCHED = "unpatched", "patched"
@@ -38,6 +39,9 @@ UNPATCHED, PATCHED = "unpatched", "patched"
 # iteration, the step retraction-consensus agrees (nothing is ever retracted: every rank has room).
 # `resuming` (decode role): SGLang's `resume_retracted_reqs` over three retracted requests that all fit, the call
 # admission-consensus agrees (measured alone: the call is short, so its ratio is an upper bound).
+# `admitting` (prefill role): SGLang's `get_new_batch_prefill` with its real PrefillAdder over real pools, three
+# waiting requests that fit, the call admission-consensus agrees every prefill iteration (measured alone, likewise;
+# the prefill loops above admit with a fixed stand-in, so their figures leave this agreement out).
 BUSY_SPAN = 10_000  # more iterations than any block runs: arrivals never stop within a block
 NEVER = 1 << 30  # no rank's pool ever fills
 # What a block's result says besides what became of its requests.
@@ -56,7 +60,8 @@ def workloads(role: str) -> dict[str, tuple[Loop, dict[str, Any]]]:
             "handshakes": {i: [(f"h{i}", 3)] for i in range(BUSY_SPAN)}}
     idle: dict[str, Any] = {"arrivals": {}, "handshakes": {}}
     if role == "prefill":
-        return {"idle": (prefill.run_loop, idle), "busy": (prefill.run_loop, busy)}
+        return {"idle": (prefill.run_loop, idle), "busy": (prefill.run_loop, busy),
+                "admitting": (admitting.run_loop, idle)}
     return {"idle": (decode_loop.run_loop, idle), "busy": (decode_loop.run_loop, busy), "decoding": (_decoding, idle),
             "resuming": (admission.run_loop, idle)}
 
@@ -82,11 +87,19 @@ class Switch:
         return {name: inspect.getattr_static(t.owner, t.attr) for name, t in self._targets.items()}
 
     def install(self, variant: str) -> dict[str, str]:
-        """Puts `variant`'s functions in place; returns which targets now run patched (read from SGLang)."""
+        """Puts `variant`'s functions in place; returns which functions now run patched (read from SGLang): the
+        harness's usual list and every target of the patch set (`_get_new_batch_prefill_raw` is not on the list)."""
         for name, stored in self._variants[variant].items():
             target = self._targets[name]
             setattr(target.owner, target.attr, stored)
-        return decode_loop._patched_targets()
+        found = decode_loop._patched_targets()
+        for target in self._targets.values():
+            stored = inspect.getattr_static(target.owner, target.attr)
+            function = getattr(stored, "fget", None) or getattr(stored, "__func__", None) or stored
+            patch_id = getattr(function, "__pdfleet_patch__", None)
+            if patch_id:
+                found[f"{target.owner.__name__}.{target.attr}"] = patch_id
+        return found
 
 
 class CollectiveCount:

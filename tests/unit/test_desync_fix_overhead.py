@@ -25,10 +25,12 @@ TIMEOUT_S = 180.0  # SGLang's import on a loaded 2-core machine, then 2 x 6 bloc
 # agreement, once per step (nothing retracts). Resuming: admission-consensus's capacity agreement, once per
 # call (SGLang's resume enters none). Prefill idle: the bootstrap, waiting-queue, chunk and inflight
 # exchanges (attention CP is 1: one group each). Prefill busy: SGLang polls three queues itself; the chunk
-# exchange is the addition (no chunked request: SGLang's gate skips its poll).
+# exchange is the addition (no chunked request: SGLang's gate skips its poll). Admitting: admission-consensus's
+# capacity agreement over attention TP, once per get_new_batch_prefill call (SGLang's admission enters none;
+# attention CP is 1, a group of one, so its second all-reduce is skipped).
 COLLECTIVES = {
     "decode": {"idle": (1.0, 4.0), "busy": (4.0, 5.0), "decoding": (1.0, 2.0), "resuming": (0.0, 1.0)},
-    "prefill": {"idle": (1.0, 5.0), "busy": (5.0, 6.0)},
+    "prefill": {"idle": (1.0, 5.0), "busy": (5.0, 6.0), "admitting": (0.0, 1.0)},
 }
 
 
@@ -54,7 +56,8 @@ def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_rank
         patched = report["patched_targets"]["patched"]
         assert set(patched.values()) == set(FIXES)
         assert {"DecodeTransferQueue.pop_transferred", "Scheduler.abort_request", "Scheduler.is_fully_idle",
-                "ScheduleBatch.check_decode_mem", "DecodePreallocQueue.resume_retracted_reqs"} <= set(patched)
+                "ScheduleBatch.check_decode_mem", "DecodePreallocQueue.resume_retracted_reqs",
+                "Scheduler._get_new_batch_prefill_raw"} <= set(patched)
 
         workloads = report["workloads"]
         assert {name: (w["collectives"]["unpatched"], w["collectives"]["patched"]) for name, w in
@@ -71,3 +74,6 @@ def test_the_overhead_run_switches_between_sglang_and_the_fixes_in_the_same_rank
             assert busy["finished"], "the busy load must decode requests"
             assert workloads["decoding"]["outcomes"]["patched"][0]["batches"][-1] == [f"req-{i}" for i in range(4)]
             assert workloads["resuming"]["outcomes"]["patched"][0]["resumed"][-1] == ["req-0", "req-1", "req-2"]
+        else:
+            assert workloads["admitting"]["outcomes"]["patched"][0]["admitted"][-1] == [
+                f"admit-9-{i}" for i in range(3)], "SGLang's admission must batch every waiting request"
