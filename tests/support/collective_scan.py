@@ -20,16 +20,12 @@ COLLECTIVE_CALLS = frozenset({
     "poll_and_all_reduce_with_staging",
 })
 
-# The modules whose functions a PD scheduler rank runs in its loops (relative to the `sglang` package). Left out,
-# as out of the audit's scope: the PP mixin, HiCache's controller, the unified radix cache, the model forward.
+# The modules whose functions a PD scheduler rank runs in its loops (relative to the `sglang` package; a folder
+# stands for every module in it). Left out, as out of the audit's scope: the PP mixin, HiCache's controller and
+# host-side helpers, the unified radix cache, the KV pools' forward-time code, the model forward.
 SCANNED_MODULES = (
     "srt/managers/scheduler.py",
-    "srt/managers/scheduler_components/dp_attn.py",
-    "srt/managers/scheduler_components/request_receiver.py",
-    "srt/managers/scheduler_components/recv_skipper.py",
-    "srt/managers/scheduler_components/weight_updater.py",
-    "srt/managers/scheduler_components/profiler_manager.py",
-    "srt/managers/scheduler_components/dynamic_chunk_sizer.py",
+    "srt/managers/scheduler_components/",
     "srt/managers/scheduler_input_blocker.py",
     "srt/managers/schedule_batch.py",
     "srt/managers/schedule_policy.py",
@@ -72,10 +68,18 @@ def entering_collectives(source: str, module: str) -> dict[str, set[str]]:
     return found
 
 
+def scanned_files(package_root: Path) -> list[Path]:
+    files: list[Path] = []
+    for relative in SCANNED_MODULES:
+        path = package_root / relative
+        files.extend(sorted(path.glob("*.py")) if relative.endswith("/") else [path])
+    return files
+
+
 def scan(package_root: Path) -> dict[str, set[str]]:
     """`entering_collectives` over every module of `SCANNED_MODULES` under the installed `sglang` package."""
     found: dict[str, set[str]] = {}
-    for relative in SCANNED_MODULES:
-        module = "sglang." + relative.removesuffix(".py").replace("/", ".")
-        found.update(entering_collectives((package_root / relative).read_text(), module))
+    for path in scanned_files(package_root):
+        module = "sglang." + path.relative_to(package_root).with_suffix("").as_posix().replace("/", ".")
+        found.update(entering_collectives(path.read_text(), module))
     return found
