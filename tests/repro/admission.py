@@ -80,6 +80,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any)
     resumed."""
     import time
 
+    import torch.distributed as dist
     from sglang.srt.disaggregation import decode
 
     decode.restore_kv_cache = lambda *args, **kwargs: None
@@ -87,6 +88,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any)
     iteration_ns, resumed = [], []
     for _ in range(sc.iterations):
         queue = build(rank, sc.world, group, tight=False)
+        dist.barrier(group)  # aligned, as in a real loop: the untimed rebuild's skew stays out of the figure
         rank_writer.step()
         started_ns = time.perf_counter_ns()
         resumed.append([req.rid for req in queue.resume_retracted_reqs()])

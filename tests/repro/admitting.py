@@ -32,6 +32,7 @@ def _waiting(iteration: int) -> list[Any]:
 
 def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any) -> dict[str, Any]:
     """`sc.iterations` admissions, each from a fresh scheduler; each call's time and the rids it batched."""
+    import torch.distributed as dist
     from sglang.srt.managers import scheduler as scheduler_module
 
     cp_group = prefill.singleton_groups(rank, sc.world)  # every rank creates every group: once per block
@@ -48,6 +49,9 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: Any)
             scheduler = prefill.build(rank, group, cp_group, receiver, kv_free=scenario_mod.KV_FREE)
             scheduler.waiting_queue = _waiting(iteration)
             running_batch = prefill_admission.running_batch()
+            # The ranks reach the call together, as a real loop's do after its previous collective: the skew of
+            # the untimed rebuild above stays out of the figure (a barrier no ledger records).
+            dist.barrier(group)
             rank_writer.step()
             started_ns = time.perf_counter_ns()
             plan = scheduler.get_new_batch_prefill(running_batch)  # SGLang's, patched or not
