@@ -23,6 +23,13 @@ transfer queue as namespaces holding what these methods read (`object.__new__`: 
 CUDA and the model). Each rank writes `rank{N}.json`: the requests it moved to its transfer queue, in order, the
 destination pages each was sent, what stays queued, its free tokens and slots, and the collectives it entered
 during the call, in order.
+
+With `--loop`, the same pools and requests run in tests.repro.decode_loop's decode loop instead (SGLang's
+`ingest_requests`, `process_decode_queue`, `pop_transferred`): the three requests arrive through the request
+broadcast into every rank's prealloc queue, and the rank's `stage.build` is equipped (`equip`) so that
+`pop_preallocated` is SGLang's own over these pools. The rest of that loop's stand-ins stay (see tests.repro.stage),
+among them `resume_retracted_reqs` (nothing is retracted) and `_release_request` (a finished request's KV is kept,
+so what the pools admit in later iterations is what is left of the first).
 """
 
 from __future__ import annotations
@@ -74,43 +81,67 @@ def _request(rid: str) -> Any:
     return req
 
 
-def build(rank: int, world: int, group: Any) -> tuple[Any, Any]:
-    """(prealloc queue, transfer queue) of one rank, the last rank's KV pool the smaller."""
+def _decode_request(prealloc: Any, rid: str) -> Any:
+    """SGLang's `DecodeRequest` for a new `Req` whose handshake completed, bound for `prealloc`'s queue."""
+    from sglang.srt.disaggregation.decode import DecodeRequest
+
+    def release_now(receiver: stage.SlowReceiver) -> None:  # no abort in these stories; SGLang's would free it
+        prealloc.queue = [d for d in prealloc.queue if d.kv_receiver is not receiver]
+
+    return DecodeRequest(req=_request(rid), kv_receiver=_Receiver(release_now))
+
+
+def equip(prealloc: Any, transfer: Any, scheduler: Any, *, free: int, group: Any, rank: int) -> None:
+    """Give `prealloc` SGLang's pools (`free` free KV tokens) and what `pop_preallocated` reads; SGLang's own
+    `pop_preallocated` (patched or not) runs from here on."""
     import torch
-    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeRequest, DecodeTransferQueue
     from sglang.srt.disaggregation.utils import ReqToMetadataIdxAllocator
     from sglang.srt.mem_cache.allocator.token import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache
 
-    free = TIGHT_FREE if rank == world - 1 else FREE
     allocator = TokenToKVPoolAllocator(free, torch.bfloat16, "cpu", kvcache=None, need_sort=False)
-    slots = ReqToTokenPool(size=SLOTS, max_context_len=CONTEXT, device="cpu", enable_memory_saver=False)
-    noop = SimpleNamespace(stream_output=lambda *_, **__: None)
-    scheduler = SimpleNamespace(
-        running_batch=SimpleNamespace(reqs=[]), waiting_queue=[], last_batch=None, enable_hisparse=False,
-        enable_lora=False, enable_priority_scheduling=False, enable_decode_hicache=False, output_streamer=noop,
-        metrics_reporter=SimpleNamespace(enable_metrics=False),
+    vars(scheduler).update(running_batch=SimpleNamespace(reqs=[]), last_batch=None, enable_hisparse=False,
+                           enable_lora=False, enable_priority_scheduling=False, enable_decode_hicache=False,
+                           disagg_decode_prealloc_queue=prealloc)
+    vars(transfer).setdefault("req_to_metadata_buffer_idx_allocator", ReqToMetadataIdxAllocator(64))
+    vars(transfer).update(scheduler=scheduler, enable_staging=False)
+    vars(prealloc).pop("pop_preallocated", None)  # a stand-in's: SGLang's own from here on
+    vars(prealloc).update(
+        pending_reqs=[], _prefill_dp_rank_queries={}, pp_size=1, gloo_group=group, tp_rank=rank,
+        scheduler=scheduler, transfer_queue=transfer, token_to_kv_pool_allocator=allocator, token_to_kv_pool=None,
+        req_to_token_pool=ReqToTokenPool(size=SLOTS, max_context_len=CONTEXT, device="cpu",
+                                         enable_memory_saver=False),
+        tree_cache=RadixCache.create_simulated(disable=True, mock_allocator=allocator),
+        # one allocator for both queues, as SGLang's scheduler builds them
+        req_to_metadata_buffer_idx_allocator=transfer.req_to_metadata_buffer_idx_allocator,
+        num_reserved_decode_tokens=RESERVED, kv_manager=SimpleNamespace(kv_args=SimpleNamespace(state_types=[])),
+        _num_published_destinations=0,
     )
+
+
+def _free(rank: int, world: int) -> int:
+    return TIGHT_FREE if rank == world - 1 else FREE
+
+
+def build(rank: int, world: int, group: Any) -> tuple[Any, Any]:
+    """(prealloc queue, transfer queue) of one rank holding the `REQUESTS` requests, the last rank's KV pool
+    the smaller."""
+    from sglang.srt.disaggregation.decode import DecodePreallocQueue, DecodeTransferQueue
+
+    scheduler = SimpleNamespace(waiting_queue=[], output_streamer=SimpleNamespace(stream_output=_noop),
+                                metrics_reporter=SimpleNamespace(enable_metrics=False))
     prealloc = object.__new__(DecodePreallocQueue)
     transfer = object.__new__(DecodeTransferQueue)
-    vars(transfer).update(queue=[], scheduler=scheduler, enable_staging=False)
-    scheduler.disagg_decode_prealloc_queue = prealloc
-
-    def release_now(receiver: stage.SlowReceiver) -> None:  # no abort in this story; SGLang's would free it
-        prealloc.queue = [d for d in prealloc.queue if d.kv_receiver is not receiver]
-
-    vars(prealloc).update(
-        queue=[DecodeRequest(req=_request(f"req-{i}"), kv_receiver=_Receiver(release_now))
-               for i in range(REQUESTS)],
-        pending_reqs=[], _prefill_dp_rank_queries={}, retracted_queue=[], pp_size=1, gloo_group=group,
-        tp_rank=rank, scheduler=scheduler, transfer_queue=transfer, token_to_kv_pool_allocator=allocator,
-        token_to_kv_pool=None, req_to_token_pool=slots, tree_cache=RadixCache.create_simulated(
-            disable=True, mock_allocator=allocator),
-        req_to_metadata_buffer_idx_allocator=ReqToMetadataIdxAllocator(64), num_reserved_decode_tokens=RESERVED,
-        kv_manager=SimpleNamespace(kv_args=SimpleNamespace(state_types=[])), _num_published_destinations=0,
-    )
+    vars(prealloc).update(retracted_queue=[])
+    vars(transfer).update(queue=[])
+    equip(prealloc, transfer, scheduler, free=_free(rank, world), group=group, rank=rank)
+    prealloc.queue = [_decode_request(prealloc, f"req-{i}") for i in range(REQUESTS)]
     return prealloc, transfer
+
+
+def _noop(*_: Any, **__: Any) -> None:
+    return None
 
 
 def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
@@ -149,5 +180,34 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
     log.close()
 
 
+def loop_rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
+    """tests.repro.decode_loop's rank, whose `stage.build` equips the prealloc queue with this rank's pools and
+    turns the broadcast handshakes into SGLang's requests."""
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+    stage_build = stage.build
+
+    def build_equipped(rank_: int, group: Any, receiver: Any) -> tuple[Any, Any]:
+        scheduler, transfer = stage_build(rank_, group, receiver)
+        prealloc = scheduler.disagg_decode_prealloc_queue
+        equip(prealloc, transfer, scheduler, free=_free(rank_, sc.world), group=group, rank=rank_)
+        add_transfer = scheduler.add_transfer
+
+        def add(item: tuple[Any, ...]) -> None:
+            if item[0] != stage.HANDSHAKE:
+                add_transfer(item)
+                return
+            decode_req = _decode_request(prealloc, item[1])
+            decode_req.req.bootstrap_host = FAKE_BOOTSTRAP_HOST  # SGLang's metadata gate passes the fake backend's
+            prealloc.queue.append(decode_req)
+
+        scheduler.add_transfer = add
+        return scheduler, transfer
+
+    stage.build = build_equipped  # this rank process only: its loop builds through it
+    decode_loop.rank_main(sc, rank)
+
+
 if __name__ == "__main__":
-    sys.exit(decode_loop.launch(scenario_mod.Scenario.from_json(sys.argv[1]), rank_fn=rank_main))
+    main = loop_rank_main if "--loop" in sys.argv[2:] else rank_main
+    sys.exit(decode_loop.launch(scenario_mod.Scenario.from_json(sys.argv[1]), rank_fn=main))
