@@ -28,8 +28,8 @@ With `--loop`, the same pools and requests run in tests.repro.decode_loop's deco
 `ingest_requests`, `process_decode_queue`, `pop_transferred`): the three requests arrive through the request
 broadcast into every rank's prealloc queue, and the rank's `stage.build` is equipped (`equip`) so that
 `pop_preallocated` is SGLang's own over these pools. The rest of that loop's stand-ins stay (see tests.repro.stage),
-among them `resume_retracted_reqs` (nothing is retracted) and `_release_request` (a finished request's KV is kept,
-so what the pools admit in later iterations is what is left of the first).
+among them `resume_retracted_reqs` (nothing is retracted) and the simulated forward, which frees no KV when a
+request finishes, so what the pools admit in later iterations is what the first left free.
 """
 
 from __future__ import annotations
