@@ -182,8 +182,8 @@ CATALOGUE: tuple[Patch, ...] = (
         # smallest); _allocatable_token_budgets and PrefillBudget._available_and_evictable, which read the pools
         # for them, are fingerprinted. Cost: one all-reduce of seventeen integers per call: two per decode
         # iteration, one per prefill iteration; ensure_metadata_buffer is replaced (one all-reduce of one
-        # integer per prefill request that needs a buffer). Not agreed: the unified SWA pool's own capacity in
-        # the decode host-receive threshold's usage; LoRA slots need none (they follow the broadcast).
+        # integer per prefill request that needs a buffer). LoRA slots need no agreement (they follow the
+        # broadcast); the decode host-receive threshold's pool usage is read through the clamped readers.
         targets=(
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.pop_preallocated",
             "sglang.srt.disaggregation.decode.DecodePreallocQueue.resume_retracted_reqs",

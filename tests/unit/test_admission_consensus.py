@@ -337,3 +337,25 @@ def test_agreement_over_attention_tp_then_cp_is_the_min_over_both() -> None:
     assert seen == ["tp", "cp"]
     assert ac.every_rank_can(True, ("tp",), lambda v, g: v) is True
     assert ac.every_rank_can(True, ("tp", "cp"), lambda v, g: [0] if g == "cp" else v) is False
+
+
+def test_the_unified_swa_pools_usage_denominator_follows_the_clamped_free_size() -> None:
+    """SGLang's unified SWA pool reports its usage against `current_full_capacity`, its own free size plus what it
+    has allocated: inside the agreement the free size is the group's, so only the allocations (equal on every
+    rank that made the same agreed decisions) are the rank's own."""
+    requires.installed("sglang")
+    from sglang.srt.mem_cache.allocator.unified_hybrid_swa import UnifiedSWATokenToKVPoolAllocator
+
+    side = SimpleNamespace(allocated_count=lambda: 100, schedulable_available_size=lambda: 10_000)
+    pool = object.__new__(UnifiedSWATokenToKVPoolAllocator)
+    vars(pool).update(full_attn_allocator=side, swa_attn_allocator=side, _full_max_total_num_tokens=1000,
+                      _swa_max_total_num_tokens=1000,
+                      available_size=lambda: 900)  # the joint view, memoized over the sub-pools' chain: not here
+    assert (pool.full_available_size(), pool.current_full_capacity) == (900, 1000)
+    peer = _vector(token_to_kv_pool_allocator__full_available_size=600)
+    with ac.agreed_capacity(SimpleNamespace(token_to_kv_pool_allocator=pool), "group",
+                            lambda values, _: [min(v, p) for v, p in zip(values, peer, strict=True)]):
+        assert (pool.full_available_size(), pool.current_full_capacity) == (600, 700)
+        (full_capacity, full_free), _ = pool.swa_capacity_and_available(full_capacity=0, swa_capacity=0)
+        assert (full_capacity, full_free) == (700, 600)
+    assert pool.current_full_capacity == 1000

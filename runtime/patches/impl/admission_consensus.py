@@ -44,8 +44,8 @@ allocator, the request slots and their Mamba slots, the decode host pools (`--di
 threshold`), the metadata buffers (decode), and the radix cache's evictable sizes (full, SWA, Mamba; decode's with
 `--disaggregation-decode-enable-radix-cache`). SGLang's pool-usage observer reads the same allocator and radix
 cache through these readers (for SWA pools through `swa_capacity_and_available`, which calls them), so the
-host-receive threshold's usage is agreed with them; only the unified SWA pool's `current_*_capacity`, the
-denominator it moves on its own, is not, and there the lockstep's abort remains the backstop. LoRA slots need no
+host-receive threshold's usage is agreed with them (the unified SWA pool's `current_*_capacity` is its clamped
+free size plus its allocated count, which follows the agreed allocations). LoRA slots need no
 agreement: adapters load through the broadcast and the running set follows the agreed batches. The PP path
 (`pp_size > 1`) follows the pipeline's consensus and is passed through.
 """
