@@ -93,6 +93,8 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
             scheduler.abort_request(AbortReq(rid=signals[iteration]))
         # This rank's own memory retracted a request, or resumed it (only this rank sees its allocators).
         prealloc.retracted_queue = [f"retracted-on-{rank}"] if sc.holds_retracted(rank, iteration) else []
+        if sc.held_releases.get(rank) == iteration:  # a release held on this rank only (what no 0.5.23 path does)
+            queue._deferred_releases.append(stage.held_release(f"held-on-{rank}"))
         scheduler.process_decode_queue()  # SGLang: retraction gate, handshake poll, pop_transferred
         rank_writer.begin(phases.Phase.LOCAL)
         for req in scheduler.waiting_queue:

@@ -44,7 +44,9 @@ class Scenario:
     requests rank 0 broadcasts (tests/repro/health_check.py). `metadata_slots`: rank -> the free metadata
     buffers of that rank's prefill bootstrap queue (`METADATA_SLOTS` for any other rank). `kv_free`: rank -> the
     free KV tokens of that rank's prefill pool; when set, prefill admission is SGLang's own
-    (tests/repro/prefill_admission.py, `KV_FREE` for any other rank) instead of the fixed stand-in."""
+    (tests/repro/prefill_admission.py, `KV_FREE` for any other rank) instead of the fixed stand-in.
+    `held_releases`: rank -> the iteration from which that rank alone holds an entry in its decode transfer
+    queue's `_deferred_releases` that never becomes ready (a divergence injected at `all_reduce_flags`)."""
 
     port: int
     ledger: str
@@ -64,9 +66,10 @@ class Scenario:
     health_checks: dict[int, list[str]] = dataclasses.field(default_factory=dict)
     metadata_slots: dict[int, int] = dataclasses.field(default_factory=dict)
     kv_free: dict[int, int] = dataclasses.field(default_factory=dict)
+    held_releases: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        ranked = {*self.local_aborts, *self.retracted, *self.metadata_slots, *self.kv_free}
+        ranked = {*self.local_aborts, *self.retracted, *self.metadata_slots, *self.kv_free, *self.held_releases}
         outside = sorted(rank for rank in ranked if not 0 <= rank < self.world)
         if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
             raise ValueError(f"local events for ranks {outside} outside a group of {self.world}; "
@@ -85,6 +88,7 @@ class Scenario:
         raw["health_checks"] = {int(i): list(rids) for i, rids in raw["health_checks"].items()}
         raw["metadata_slots"] = {int(r): int(n) for r, n in raw["metadata_slots"].items()}
         raw["kv_free"] = {int(r): int(n) for r, n in raw["kv_free"].items()}
+        raw["held_releases"] = {int(r): int(i) for r, i in raw["held_releases"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)

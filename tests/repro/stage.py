@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import time
 from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
@@ -111,6 +112,14 @@ def new_request(rid: str) -> Any:
         to_finish=None, return_logprob=False, cache_request_handle=None,
         time_stats=SimpleNamespace(set_wait_queue_entry_time=lambda: None, set_bootstrap_done_time=lambda: None),
     )
+
+
+def held_release(rid: str) -> tuple[Any, ...]:
+    """An entry of `DecodeTransferQueue._deferred_releases` (request, start, deadline, index, acks) whose transfer
+    never drains and whose deadline never comes: `resolve_deferred_releases` reduces its readiness every call."""
+    manager = SimpleNamespace(is_abort_release_safe=lambda room, acks: False)
+    decode_req = SimpleNamespace(req=new_request(rid), host_staged=False, kv_receiver=SimpleNamespace(kv_mgr=manager))
+    return (decode_req, time.monotonic(), float("inf"), 0, 1)
 
 
 def _noop(*_: Any, **__: Any) -> None:
