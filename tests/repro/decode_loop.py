@@ -25,7 +25,7 @@ from typing import Any
 
 from pdfleet.runtime.health import attach, phases, writer
 from pdfleet.runtime.instrument import seams
-from tests.repro import health_check, prefill, stage
+from tests.repro import health_check, prefill, rank_hooks, stage
 from tests.repro import scenario as scenario_mod
 
 LOOP = phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE
@@ -86,6 +86,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
         started_ns = time.perf_counter_ns()
+        rank_hooks.before_intake(sc, rank, iteration, rank_writer)  # a straggle, or this rank's death
         held = {d.req.rid for d in [*queue.queue, *prealloc.queue]}
         # SGLang: rank 0's aborts ride broadcast_pyobj; abort_request on every rank. Its seam steps the iteration.
         scheduler.ingest_requests()
@@ -171,7 +172,7 @@ def _die_with_parent() -> None:
 def launch(sc: scenario_mod.Scenario,
            rank_fn: Callable[[scenario_mod.Scenario, int], None] = rank_main) -> int:
     """Fork the ranks, each running `rank_fn(sc, rank)`, and wait for them; the exit status is the first
-    failure's, or 0."""
+    failure's in time, or 0 (a rank killed by a signal: 128 + the signal, as a shell reports it)."""
     import warnings
 
     _die_with_parent()
@@ -199,9 +200,13 @@ def launch(sc: scenario_mod.Scenario,
                 os._exit(status)
         children.append(pid)
     worst = 0
-    for pid in children:
-        _, status = os.waitpid(pid, 0)
-        worst = worst or os.waitstatus_to_exitcode(status)
+    pending = set(children)
+    while pending:  # in the order they end, so that the first failure is the one reported
+        pid, status = os.wait()
+        if pid in pending:
+            pending.discard(pid)
+            code = os.waitstatus_to_exitcode(status)
+            worst = worst or (128 - code if code < 0 else code)
     return worst
 
 

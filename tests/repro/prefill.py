@@ -37,7 +37,7 @@ from typing import Any
 
 from pdfleet.runtime.health import phases
 from pdfleet.runtime.instrument import seams
-from tests.repro import prefill_admission, stage
+from tests.repro import prefill_admission, rank_hooks, stage
 from tests.repro import scenario as scenario_mod
 
 LOOP = phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_PREFILL
@@ -208,6 +208,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
     rank_writer.set_loop(LOOP)
     for iteration in range(sc.iterations):
         started_ns = time.perf_counter_ns()
+        rank_hooks.before_intake(sc, rank, iteration, rank_writer)  # a straggle, or this rank's death
         held = _held(scheduler)
         scheduler.ingest_requests()  # SGLang's; its seam steps the iteration
         if iteration in signals:  # a rank-local abort decision (a per-rank clock, a local error handler)

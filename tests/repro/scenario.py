@@ -36,6 +36,8 @@ LOCAL_ABORTS: dict[int, dict[int, str]] = local_aborts_for(4)
 class Scenario:
     """`arrivals`: iteration -> [(rid, polls until its KV lands)], broadcast by rank 0. `local_aborts`: rank ->
     {iteration: rid}, an abort signal seen by that rank only. `patches`: catalogue ids applied in every rank.
+    `straggle`: rank -> {iteration: seconds} that rank spends in local work before that iteration's intake (a
+    slow rank). `kill_at`: rank -> the iteration at whose start that rank SIGKILLs itself (tests/repro/rank_hooks.py).
     `handshakes`: iteration -> [(rid, polls until its handshake completes)], broadcast by rank 0 into the
     prealloc queue (then preallocated and transferred in one poll). `retracted`: rank -> [first, stop), the
     iterations in which that rank alone holds a retracted request (its own memory decided so). With
@@ -60,6 +62,8 @@ class Scenario:
     forward_s: float = 0.05  # how long one simulated forward takes
     idle_s: float = 0.05  # the idle pause of a rank without a batch
     gloo_timeout_s: float = 120.0  # long enough never to fire while a hang is being detected
+    straggle: dict[int, dict[int, float]] = dataclasses.field(default_factory=dict)
+    kill_at: dict[int, int] = dataclasses.field(default_factory=dict)
     handshakes: dict[int, list[tuple[str, int]]] = dataclasses.field(default_factory=dict)
     retracted: dict[int, list[int]] = dataclasses.field(default_factory=dict)
     role: str = "decode"  # or "prefill": the loop the ranks run (tests/repro/prefill.py)
@@ -74,6 +78,9 @@ class Scenario:
         if outside:  # e.g. the 4-rank default story in a smaller group: it would silently never desync
             raise ValueError(f"local events for ranks {outside} outside a group of {self.world}; "
                              f"use local_aborts_for({self.world})")
+        hooked = sorted(rank for rank in {*self.straggle, *self.kill_at} if not 0 <= rank < self.world)
+        if hooked:  # a fault for a rank that does not exist would never fire, and the run would pass untested
+            raise ValueError(f"straggle or kill_at for ranks {hooked} outside a group of {self.world}")
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -89,6 +96,8 @@ class Scenario:
         raw["metadata_slots"] = {int(r): int(n) for r, n in raw["metadata_slots"].items()}
         raw["kv_free"] = {int(r): int(n) for r, n in raw["kv_free"].items()}
         raw["held_releases"] = {int(r): int(i) for r, i in raw["held_releases"].items()}
+        raw["straggle"] = {int(r): {int(i): float(s) for i, s in late.items()} for r, late in raw["straggle"].items()}
+        raw["kill_at"] = {int(r): int(i) for r, i in raw["kill_at"].items()}
         signals = raw["local_aborts"].items()
         raw["local_aborts"] = {int(r): {int(i): rid for i, rid in sig.items()} for r, sig in signals}
         return cls(**raw)
