@@ -23,6 +23,10 @@ from tests.repro import scenario as scenario_mod
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Starts a reproduction run: (patches, world, **story) -> (its scenario, the launcher process). The `launch`
+# fixture of tests/unit/conftest.py is one.
+Launch = Callable[..., tuple[scenario_mod.Scenario, subprocess.Popen[bytes]]]
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -1,14 +1,18 @@
-"""Fixtures shared by the rank-health agent tests."""
+"""Fixtures shared by the rank-health agent tests and the desync reproduction tests."""
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from pdfleet.runtime.health import agent
+from tests.repro import group
+from tests.repro.scenario import Scenario, local_aborts_for
 
 
 @pytest.fixture
@@ -24,3 +28,23 @@ def served(ledger_path: Path) -> Iterator[httpx.Client]:
         httpx.Client(base_url=f"http://127.0.0.1:{a.port}", timeout=30) as client,
     ):
         yield client
+
+
+@pytest.fixture
+def launch(tmp_path: Path) -> Iterator[group.Launch]:
+    """Starts reproduction runs (tests/repro); every process they started is killed at the end, whatever
+    happened. A story without `local_aborts` gets the default abort story for its world size."""
+    started: list[subprocess.Popen[bytes]] = []
+
+    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, subprocess.Popen[bytes]]:
+        story.setdefault("local_aborts", local_aborts_for(world))
+        sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
+                      patches=patches, world=world, **story)
+        started.append(group.start(sc))
+        return sc, started[-1]
+
+    try:
+        yield run
+    finally:
+        for proc in started:
+            group.kill(proc)

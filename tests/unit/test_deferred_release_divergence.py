@@ -16,41 +16,24 @@ one-int retraction agreement, which has the same size, so the group hangs one st
 
 from __future__ import annotations
 
-import subprocess
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from pdfleet.runtime.health import phases, verdict
 from tests.repro import group
-from tests.repro.scenario import Scenario
 from tests.support import requires
-from tests.unit.test_desync_reproduction import PERIOD_S, POLICY, STARTUP_S, _in_loop, _log
+from tests.unit.test_desync_reproduction import PERIOD_S, POLICY, STARTUP_S, Launch, _in_loop, _log
 
 ALL_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
              "admission-consensus")
 
 
-@pytest.fixture
-def started() -> Iterator[list[subprocess.Popen[bytes]]]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        yield procs
-    finally:
-        for proc in procs:
-            group.kill(proc)
-
-
 @pytest.mark.parametrize("world", [2, 3])
 @pytest.mark.parametrize("patches", [(), ALL_FIXES], ids=["unpatched", "all-fixes"])
 def test_a_release_held_on_one_rank_only_desyncs_the_group_in_the_flag_reduction(
-        tmp_path: Path, started: list[subprocess.Popen[bytes]], world: int, patches: tuple[str, ...]) -> None:
+        launch: Launch, world: int, patches: tuple[str, ...]) -> None:
     requires.installed("sglang")
-    sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path), patches=patches,
-                  world=world, iterations=12, arrivals={}, local_aborts={}, held_releases={world - 1: 2},
-                  forward_s=0.01, idle_s=0.01)
-    started.append(proc := group.start(sc))
+    sc, proc = launch(patches, world, iterations=12, arrivals={}, local_aborts={}, held_releases={world - 1: 2},
+                      forward_s=0.01, idle_s=0.01)
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
     assert proc.poll() is None, f"the run ended before the injected divergence:\n{_log(sc)}"

@@ -27,7 +27,7 @@ from pdfleet.runtime.health import phases, verdict
 from tests.repro import group
 from tests.repro.scenario import Scenario, early_rank
 from tests.unit import test_desync_reproduction as repro  # the harness's verdict checks and their constants
-from tests.unit.test_desync_reproduction import Launch, launch  # noqa: F401 (a fixture, used by name)
+from tests.unit.test_desync_reproduction import Launch
 
 Phase = phases.Phase
 Health = verdict.Health
@@ -61,7 +61,7 @@ BASELINE = {"world2-no-straggler": (2, None)}
 @pytest.mark.parametrize(("world", "straggler"), [*SHORT_CASES.values(), *BASELINE.values()],
                          ids=[*SHORT_CASES, *BASELINE])
 def test_a_straggler_shorter_than_desync_after_stays_healthy_and_changes_nothing(
-    launch: Launch, world: int, straggler: int | None  # noqa: F811
+    launch: Launch, world: int, straggler: int | None
 ) -> None:
     straggle = {} if straggler is None else {straggler: SHORT_STRAGGLE}
     sc, proc = _started(launch, FIXES, world, straggle=straggle)
@@ -73,7 +73,7 @@ def test_a_straggler_shorter_than_desync_after_stays_healthy_and_changes_nothing
 
 @pytest.mark.parametrize(("world", "straggler"), list(SHORT_CASES.values()), ids=list(SHORT_CASES))
 def test_a_straggler_does_not_mask_the_unpatched_desync(
-    launch: Launch, world: int, straggler: int  # noqa: F811
+    launch: Launch, world: int, straggler: int
 ) -> None:
     sc, proc = _started(launch, (), world, straggle={straggler: SHORT_STRAGGLE})
     repro._assert_desync_is_detected_in_time(sc, proc, Phase.DECODE_TRANSFER_POLL)
@@ -84,7 +84,7 @@ LONG_CASES = {"world2-rank1": (2, 1), "world3-rank0": (3, 0)}
 
 @pytest.mark.parametrize(("world", "straggler"), list(LONG_CASES.values()), ids=list(LONG_CASES))
 def test_a_straggler_longer_than_desync_after_is_desync_while_it_lags_then_healthy_again(
-    launch: Launch, world: int, straggler: int  # noqa: F811
+    launch: Launch, world: int, straggler: int
 ) -> None:
     sc, proc = _started(launch, FIXES, world, straggle={straggler: {LONG_AT: LONG_S}})
     samples = group.watch(sc.ledger, sc.world, repro.POLICY, period_s=repro.PERIOD_S, deadline_s=60.0,
@@ -130,7 +130,7 @@ KILL_CASES = {
 
 @pytest.mark.parametrize(("world", "role", "killed"), list(KILL_CASES.values()), ids=list(KILL_CASES))
 def test_a_killed_rank_is_judged_dead_not_desync_nor_hang(
-    launch: Launch, world: int, role: str, killed: int  # noqa: F811
+    launch: Launch, world: int, role: str, killed: int
 ) -> None:
     sc, proc = _started(launch, FIXES, world, role=role, kill_at={killed: KILL_AT})
     samples = group.watch(sc.ledger, sc.world, repro.POLICY, period_s=repro.PERIOD_S, deadline_s=30.0,

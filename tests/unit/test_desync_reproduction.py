@@ -30,7 +30,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ import pytest
 
 from pdfleet.runtime.health import phases, verdict
 from tests.repro import group, prefill
-from tests.repro.scenario import Scenario, early_rank, local_aborts_for
+from tests.repro.scenario import Scenario, early_rank
 
 DESYNC_AFTER_S = 2.0
 PERIOD_S = 0.5
@@ -97,26 +97,7 @@ OTHER_WORLDS = {
     "world3-unpatched": (3, (), HANGS),
     "world3-both": (3, (LOCKSTEP, CONSENSUS), BOTH_DROP),
 }
-Launch = Callable[..., tuple[Scenario, subprocess.Popen[bytes]]]
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Launch]:
-    """Starts reproduction runs; every process they started is killed at the end, whatever happened."""
-    started: list[subprocess.Popen[bytes]] = []
-
-    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, subprocess.Popen[bytes]]:
-        story.setdefault("local_aborts", local_aborts_for(world))
-        sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
-                      patches=patches, world=world, **story)
-        started.append(group.start(sc))
-        return sc, started[-1]
-
-    try:
-        yield run
-    finally:
-        for proc in started:
-            group.kill(proc)
+Launch = group.Launch
 
 
 def _in_loop(sc: Scenario) -> Callable[[], bool]:

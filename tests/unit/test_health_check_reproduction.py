@@ -34,7 +34,6 @@ from tests.unit.test_desync_reproduction import (  # the harness's launcher fixt
     _in_loop,
     _log,
     labels,
-    launch,  # noqa: F401 (a fixture, used by name)
 )
 
 Phase = phases.Phase
@@ -75,7 +74,7 @@ CASES: dict[str, tuple[int, tuple[str, ...], Outcome]] = {
 
 @pytest.mark.parametrize(("world", "patches", "outcome"), list(CASES.values()), ids=list(CASES))
 def test_a_busy_rank_dropping_a_health_check_its_idle_peers_queue_desyncs_unless_they_agree(
-    launch: Launch, world: int, patches: tuple[str, ...], outcome: Outcome  # noqa: F811
+    launch: Launch, world: int, patches: tuple[str, ...], outcome: Outcome
 ) -> None:
     sc, proc = launch(patches, world, **story(world))
     if not group.wait_for(lambda: _in_loop(sc)() or proc.poll() is not None, timeout_s=STARTUP_S):
