@@ -12,6 +12,7 @@ import pytest
 HOW = {
     "sglang": "run `make sglang` (hack/install-sglang.sh)",
     "torch": "run `make sglang` (hack/install-sglang.sh installs torch for CPU)",
+    "triton": "run `make sglang` (hack/install-sglang.sh installs triton with torch)",
     "strace": "install strace (apt-get install strace)",
 }
 
