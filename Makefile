@@ -9,11 +9,13 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CLUSTER := $(PY) hack/localcluster.py
 PYTEST_ARGS ?=
+# e.g. GPU_CHECK_ARGS='--json gpu-check.json' (benchmarks/gpu_check.py --help)
+GPU_CHECK_ARGS ?=
 # Releases before the main SGLang whose real code tests run (tests/support/sglang_release.py), each in its own
 # directory under ~/.cache/pdfleet.
 SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench demo clean
+.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench gpu-check demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -79,6 +81,9 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== local fleet: the pod runner's memory and idle CPU per engine pod"; $(PY) benchmarks/bench_runner.py
 	@echo "== local fleet: overlapSchedule rolled out on 2+2 groups under client load: duration, failed requests, p99 during/before"; $(PY) benchmarks/bench_rollout.py
 	@echo "== operator: leader-election failover after a SIGKILL, default lease settings"; $(PY) benchmarks/bench_failover.py
+
+gpu-check: $(STAMP) sglang ## on an NVIDIA GPU: the indexer kernels checked and timed at serving shapes (< 5 min; exit 2 without one)
+	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 demo: $(STAMP) binaries sglang ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up
