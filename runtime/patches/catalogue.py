@@ -242,17 +242,41 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="bf16-index-keys",
         summary=(
-            "Stores DSA indexer keys in bf16 and computes index logits with pdfleet's kernels (per-head ReLU, "
-            "fp32 accumulation), replacing FP8 paths that SM120 GPUs lack or compute incorrectly."
+            "Stores DeepSeek V3.2's DSA indexer keys in bf16 (256 B per token per layer instead of 132) and scores "
+            "them with pdfleet's fused Triton kernels (per-head ReLU, fp32 accumulation), replacing DeepGEMM's FP8 "
+            "kernels, which exist for SM90 and SM100 only; refused at engine start for DeepSeek V4's indexer."
         ),
-        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        applies_to=VersionRange(min="0.5.23", below="0.6.0"),
+        # Checked against 0.5.23 (runtime/patches/impl/bf16_index_keys.py says what each target is for): the
+        # index-key buffer's shape and its two sizers (GPU cell size, HiCache host bytes), the writers, the token
+        # move and ragged gather, the decode logits, the prefill logits function, the DeepGEMM switch, and V4's
+        # indexer buffer (refused); then the call sites and byte-level consumers, fingerprinted only.
         targets=(
-            "sglang.srt.layers.attention.nsa.nsa_indexer.Indexer.forward_cuda",
-            "sglang.srt.mem_cache.memory_pool.NSATokenToKVPool.__init__",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache._buffer_shape",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.move",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.get_k_and_scale",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.store_quantized",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._store_index_k_cache",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._fused_k_prepare_and_store",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_paged",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.resolve_fp8_mqa_logits_fn",
+            "sglang.srt.layers.attention.dsa.utils._use_torch_mqa_logits",
+            "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
+            "sglang.srt.mem_cache.pool_host.dsa.dsa_indexer_bytes_per_token_per_layer",
+            "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4IndexerPool._create_buffer",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_ragged",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._forward_cuda_k_only",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._fused_q_prepare_and_store",
+            "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_index_k_read_buffer",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.__init__",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache._kernel_view",
+            "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.state_buf_infos",
+            "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.__init__",
+            "sglang.srt.mem_cache.pool_host.dsa.make_dsa_indexer_pool_decl",
         ),
         upstream=("sgl-project/sglang#24692", "sgl-project/sglang#33271"),
         kv_layout=True,
-        unavailable="its indexer kernels have not been verified on a GPU",
     ),
 )
 

@@ -16,6 +16,7 @@ MODULES: dict[str, str] = {
     "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
     "dsml-leak-guard": "pdfleet.runtime.patches.impl.dsml_leak_guard",
     "dsml-batch-decode-guard": "pdfleet.runtime.patches.impl.dsml_batch_decode_guard",
+    "bf16-index-keys": "pdfleet.runtime.patches.impl.bf16_index_keys",
 }
 
 

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+import yaml
 
-from pdfleet.runtime.patches import base
+from pdfleet.runtime.patches import base, catalogue
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 
 def launcher(*args: str) -> subprocess.CompletedProcess[str]:
@@ -38,11 +42,18 @@ def test_an_unknown_patch_is_refused_with_the_catalogue() -> None:
     assert "Traceback" not in result.stderr
 
 
-def test_a_patch_pdfleet_does_not_implement_yet_is_refused_with_the_reason() -> None:
-    result = launcher("--check", "--patch", "bf16-index-keys", "--", "--model-path", "/m")
-    assert result.returncode == 2
-    assert "patch bf16-index-keys is not implemented by pdfleet yet: its indexer kernels" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_a_patch_marked_unavailable_is_refused_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(catalogue, "UNAVAILABLE", {"bf16-index-keys": "its kernels are being verified"})
+    with pytest.raises(base.PatchError, match="patch bf16-index-keys is not implemented by pdfleet yet: its kernels"):
+        base.check(["bf16-index-keys"], "0.5.23")
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_s_patches_pass_the_engine_checks(example: Path) -> None:
+    patches = yaml.safe_load(example.read_text())["spec"]["engine"].get("patches", [])
+    result = launcher("--check", *[f"--patch={p}" for p in patches], "--", "--model-path", "/m")
+    assert result.returncode == 0, result.stderr
+    assert all(p in result.stderr.splitlines()[-1] for p in patches)
 
 
 def test_a_patch_fixed_upstream_is_refused() -> None:

@@ -29,8 +29,6 @@ def test_only_what_shapes_kv_pages_changes_the_layout(change: dict, changes_layo
     assert (kv_layout(spec_of()) != kv_layout(spec_of(**change))) is changes_layout
 
 
-def test_a_patch_that_changes_the_kv_layout_changes_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    # bf16-index-keys is refused at admission until its kernels are verified; the layout must still follow it.
-    monkeypatch.setattr(catalogue, "UNAVAILABLE", {})
+def test_a_patch_that_changes_the_kv_layout_changes_it() -> None:
     assert catalogue.BY_ID["bf16-index-keys"].kv_layout
     assert kv_layout(spec_of()) != kv_layout(spec_of(engine__patches=["bf16-index-keys"]))
