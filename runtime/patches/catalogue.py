@@ -249,8 +249,9 @@ CATALOGUE: tuple[Patch, ...] = (
         applies_to=VersionRange(min="0.5.23", below="0.6.0"),
         # Checked against 0.5.23 (runtime/patches/impl/bf16_index_keys.py says what each target is for): the
         # index-key buffer's shape and its two sizers (GPU cell size, HiCache host bytes), the writers, the token
-        # move and ragged gather, the decode logits, the prefill logits function, the DeepGEMM switch, and V4's
-        # indexer buffer (refused); then the call sites and byte-level consumers, fingerprinted only.
+        # move and ragged gather, the decode logits, the prefill logits function, the DeepGEMM switch, V4's
+        # indexer buffer and the sliding-window configurator (both refused); then the call sites and byte-level
+        # consumers, fingerprinted only.
         targets=(
             "sglang.srt.mem_cache.index_key_cache.IndexKeyCache._buffer_shape",
             "sglang.srt.mem_cache.index_key_cache.IndexKeyCache.move",
@@ -264,6 +265,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size",
             "sglang.srt.mem_cache.pool_host.dsa.dsa_indexer_bytes_per_token_per_layer",
             "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4IndexerPool._create_buffer",
+            "sglang.srt.model_executor.pool_configurator.HybridSWAPoolConfigurator.__init__",
             "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._get_topk_ragged",
             "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer.forward_cuda",
             "sglang.srt.layers.attention.dsa.dsa_indexer.Indexer._forward_cuda_k_only",

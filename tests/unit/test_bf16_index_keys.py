@@ -222,7 +222,8 @@ def test_the_gpu_cell_size_grows_from_132_to_256_bytes_per_token_per_layer() -> 
         calls.append(kwargs)
         return 132 * 61  # SGLang's FP8 answer for DeepSeek V3.2's 61 indexer layers
 
-    replaced = patch.replacements({patch.CELL_SIZE: fp8_cell_size})[patch.CELL_SIZE]
+    originals = {dotted: targets.resolve(dotted).function for dotted in patch.TARGETS}
+    replaced = patch.replacements({**originals, patch.CELL_SIZE: fp8_cell_size})[patch.CELL_SIZE]
     kvc = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(
         architectures=["DeepseekV32ForCausalLM"], index_topk=2048, index_head_dim=DIM)))
     assert replaced(None, kvc=kvc, num_layers=61, allocate_all_layers=True) == 256 * 61
@@ -237,6 +238,26 @@ def test_deepseek_v4_s_indexer_pool_is_refused_with_the_reason(patched: None) ->
     with pytest.raises(patch.UnsupportedLayout, match="DeepSeek V4 indexer pool keeps FP8 keys"):
         DeepSeekV4IndexerPool(size=256, page_size=PAGE, dtype=torch.bfloat16, index_head_dim=DIM, layer_num=1,
                               device="cpu", enable_memory_saver=False, use_fp4_indexer=False)
+
+
+def test_a_sliding_window_dsa_model_is_refused_and_others_pass_through(patched: None) -> None:
+    from sglang.srt.model_executor.pool_configurator import HybridSWAPoolConfigurator
+
+    dsa = SimpleNamespace(architectures=["DeepseekV32ForCausalLM"], index_topk=2048, index_head_dim=DIM)
+    with pytest.raises(patch.UnsupportedLayout, match="sliding-window DSA model"):
+        HybridSWAPoolConfigurator(SimpleNamespace(model_config=SimpleNamespace(hf_config=dsa)))
+    other = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace(architectures=["Gemma3"])))
+    with pytest.raises(AttributeError, match="kv_cache_dtype_str"):  # SGLang's own constructor ran
+        HybridSWAPoolConfigurator(other)
+
+
+def test_token_slots_follow_each_sequence_s_pages_in_batch_order() -> None:
+    table = torch.tensor([[3, 1, 0], [2, 0, 0], [5, 4, 6]])
+    lengths = torch.tensor([70, 0, 130])
+    slots = patch.token_slots(lengths, table, 200, PAGE)
+    expect = [3 * 64 + i for i in range(64)] + [64 + i for i in range(6)]
+    expect += [5 * 64 + i for i in range(64)] + [4 * 64 + i for i in range(64)] + [6 * 64, 6 * 64 + 1]
+    assert slots.tolist() == expect
 
 
 def test_index_caches_that_interpret_fp8_themselves_are_refused(patched: None) -> None:

@@ -26,7 +26,8 @@ since w * s * ReLU(q8 . k) = w * ReLU(s * q8 . k) for s > 0; e4m3 values convert
 Refused at engine start, with the reason (each would keep or interpret FP8 keys this patch does not convert):
 DeepSeek V4's compressed indexer pool (its keys are written by the compressor's fused kernels; SGLang's own SM120
 paths for V4 compute the per-head ReLU correctly), pooled index keys (index_kpool > 1), the layer-split,
-page-interleave and HiSparse index caches, and ROCm.
+page-interleave and HiSparse index caches, sliding-window DSA models (their pool configurator sizes index keys
+itself), and ROCm.
 """
 
 from __future__ import annotations
@@ -56,7 +57,9 @@ FUSED_K_STORE = f"{_INDEXER}._fused_k_prepare_and_store"
 TOPK_PAGED = f"{_INDEXER}._get_topk_paged"
 RAGGED_LOGITS_FN = f"{_INDEXER_MODULE}.resolve_fp8_mqa_logits_fn"
 USE_TORCH_MQA_LOGITS = "sglang.srt.layers.attention.dsa.utils._use_torch_mqa_logits"
-CELL_SIZE = "sglang.srt.model_executor.pool_configurator.DefaultPoolConfigurator._compute_dsa_indexer_cell_size"
+_CONFIGURATOR = "sglang.srt.model_executor.pool_configurator"
+CELL_SIZE = f"{_CONFIGURATOR}.DefaultPoolConfigurator._compute_dsa_indexer_cell_size"
+SWA_CONFIGURATOR = f"{_CONFIGURATOR}.HybridSWAPoolConfigurator.__init__"  # sizes DSA index keys at 132 B itself
 HOST_BYTES = "sglang.srt.mem_cache.pool_host.dsa.dsa_indexer_bytes_per_token_per_layer"
 V4_BUFFER = "sglang.srt.mem_cache.deepseek_v4_memory_pool.DeepSeekV4IndexerPool._create_buffer"
 # Fingerprinted only: the call sites and contracts the replacements rely on.
@@ -72,8 +75,8 @@ POOL_INIT = "sglang.srt.mem_cache.memory_pool.DSATokenToKVPool.__init__"
 HOST_POOL_DECL = "sglang.srt.mem_cache.pool_host.dsa.make_dsa_indexer_pool_decl"
 
 TARGETS = (BUFFER_SHAPE, MOVE, GET_K_AND_SCALE, STORE_QUANTIZED, STORE, FUSED_K_STORE, TOPK_PAGED, RAGGED_LOGITS_FN,
-           USE_TORCH_MQA_LOGITS, CELL_SIZE, HOST_BYTES, V4_BUFFER, TOPK_RAGGED, FORWARD, FORWARD_K_ONLY, FUSED_Q_STORE,
-           READ_BUFFER, CACHE_INIT, KERNEL_VIEW, STATE_BUFFERS, POOL_INIT, HOST_POOL_DECL)
+           USE_TORCH_MQA_LOGITS, CELL_SIZE, HOST_BYTES, V4_BUFFER, SWA_CONFIGURATOR, TOPK_RAGGED, FORWARD,
+           FORWARD_K_ONLY, FUSED_Q_STORE, READ_BUFFER, CACHE_INIT, KERNEL_VIEW, STATE_BUFFERS, POOL_INIT, HOST_POOL_DECL)
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
@@ -89,6 +92,7 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         CELL_SIZE: "28d15faf502881f3",
         HOST_BYTES: "98e75cb1bcbdbdd4",
         V4_BUFFER: "7ef19d3e053381c9",
+        SWA_CONFIGURATOR: "2c0dc48e0dfc647f",
         TOPK_RAGGED: "8bd89072567d96b3",
         FORWARD: "29e72ad86e898ee7",
         FORWARD_K_ONLY: "82464171a1622228",
@@ -116,12 +120,16 @@ def store_keys(buffer: torch.Tensor, loc: torch.Tensor, keys: torch.Tensor) -> N
     key_rows(buffer, keys.shape[-1]).index_copy_(0, loc.view(-1).long(), keys.to(torch.bfloat16))
 
 
-def token_slots(seq_lens: torch.Tensor, page_table: torch.Tensor, max_seq_len: int, page_size: int) -> torch.Tensor:
-    """The KV slots of every sequence's first seq_lens[b] tokens, sequences concatenated in batch order (the
-    order SGLang's ragged gather returns keys in, which the per-token key ranges index into)."""
-    position = torch.arange(max_seq_len, device=page_table.device)
-    slots = page_table[:, position // page_size].long() * page_size + position % page_size
-    return slots[position[None, :] < seq_lens.to(position.device)[:, None]]
+def token_slots(seq_lens: torch.Tensor, page_table: torch.Tensor, total: int, page_size: int) -> torch.Tensor:
+    """The KV slots of every sequence's first seq_lens[b] tokens (`total` of them), sequences concatenated in
+    batch order: the order SGLang's ragged gather returns keys in, which the per-token key ranges index into.
+    Sized from `total` rather than from a mask, so no device-to-host read is needed."""
+    seq_lens = seq_lens.to(page_table.device).long()
+    sequence = torch.repeat_interleave(torch.arange(seq_lens.shape[0], device=page_table.device), seq_lens,
+                                       output_size=total)
+    first = torch.cumsum(seq_lens, 0) - seq_lens
+    position = torch.arange(total, device=page_table.device) - first[sequence]
+    return page_table[sequence, position // page_size].long() * page_size + position % page_size
 
 
 def bf16_bytes_per_token(index_head_dim: int) -> int:
@@ -160,6 +168,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     indexer = sys.modules[_INDEXER_MODULE]
     on_rocm = bool(is_hip())
     original_cell_size = originals[CELL_SIZE]
+    original_swa_configurator = originals[SWA_CONFIGURATOR]
+    configurator = sys.modules[_CONFIGURATOR]
 
     def _buffer_shape(self: Any, num_pages: int) -> tuple[int, int]:
         refuse_unsupported(self, IndexKeyCache, on_rocm)
@@ -177,7 +187,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     def get_k_and_scale(self: Any, layer_id: int, seq_len_tensor: torch.Tensor, page_indices: torch.Tensor,
                         seq_len_sum: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = key_rows(self.get_buffer(layer_id), self.pool.index_head_dim)
-        keys = rows.index_select(0, token_slots(seq_len_tensor, page_indices, max_seq_len, self.pool.page_size))
+        keys = rows.index_select(0, token_slots(seq_len_tensor, page_indices, seq_len_sum, self.pool.page_size))
         scales = torch.ones(keys.shape[0], 1, dtype=torch.float32, device=keys.device)
         return keys.view(torch.uint8), scales.view(torch.uint8)
 
@@ -227,11 +237,17 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     def _compute_dsa_indexer_cell_size(self: Any, *, kvc: Any, num_layers: int,
                                        allocate_all_layers: bool = False) -> int:
         fp8_cell = original_cell_size(self, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
-        dim = sys.modules[CELL_SIZE.rsplit(".", 2)[0]].get_dsa_index_head_dim(kvc.model_config.hf_config)
+        dim = configurator.get_dsa_index_head_dim(kvc.model_config.hf_config)
         return fp8_cell * bf16_bytes_per_token(dim) // fp8_bytes_per_token(dim)
 
     def dsa_indexer_bytes_per_token_per_layer(*, index_head_dim: int, quant_block_size: int) -> int:
         return bf16_bytes_per_token(index_head_dim)
+
+    def swa_configurator_init(self: Any, kvc: Any) -> None:
+        if configurator.is_deepseek_dsa(kvc.model_config.hf_config):
+            raise UnsupportedLayout(f"{PATCH_ID}: this sliding-window DSA model's pool sizing counts FP8 index keys "
+                                    "(132 B per token), which pdfleet does not convert; run it without the patch")
+        original_swa_configurator(self, kvc)
 
     def _create_buffer(self: Any) -> None:
         raise UnsupportedLayout(
@@ -245,4 +261,5 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
         TOPK_PAGED: _get_topk_paged, RAGGED_LOGITS_FN: resolve_mqa_logits_fn,
         USE_TORCH_MQA_LOGITS: use_torch_mqa_logits, CELL_SIZE: _compute_dsa_indexer_cell_size,
         HOST_BYTES: dsa_indexer_bytes_per_token_per_layer, V4_BUFFER: _create_buffer,
+        SWA_CONFIGURATOR: swa_configurator_init,
     }
