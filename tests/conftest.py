@@ -31,6 +31,30 @@ def pytest_configure(config: pytest.Config) -> None:
                    "segment), see tests/unit/test_api_field_effects.py")
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Skips the tests marked gpu where no NVIDIA GPU is visible, saying what is missing."""
+    marked = [item for item in items if item.get_closest_marker("gpu")]
+    if not marked:
+        return
+    reason = _missing_gpu()
+    if reason is not None:
+        for item in marked:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _missing_gpu() -> str | None:
+    # Imported here, not at the top: most runs collect no gpu test and must not pay for importing torch.
+    try:
+        import torch
+    except ModuleNotFoundError:
+        return None  # not a skip: the test module's own requires.installed("torch") fails and says how to install it
+    if torch.cuda.is_available():
+        return None
+    build = f"built for CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    hidden = " (CUDA_VISIBLE_DEVICES is empty)" if os.environ.get("CUDA_VISIBLE_DEVICES") == "" else ""
+    return f"needs an NVIDIA GPU: torch {torch.__version__} ({build}) sees no CUDA device{hidden}"
+
+
 def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, str(LOCALCLUSTER), *args], text=True, capture_output=True)
 

@@ -16,52 +16,21 @@ requires.installed("triton")
 
 import torch  # noqa: E402
 
-from pdfleet.kernels import compare, paged_logits, ragged_logits, reference, topk_indices  # noqa: E402
-
-RTOL, ATOL = 2e-4, 1e-4
-
-
-def assert_logits_match(got: torch.Tensor, want: torch.Tensor) -> None:
-    assert got.shape == want.shape and got.dtype == torch.float32
-    assert compare.same_masks(got, want), "the -inf masks differ"
-    assert not torch.isnan(got).any()
-    finite = torch.isfinite(want)
-    torch.testing.assert_close(got[finite], want[finite], rtol=RTOL, atol=ATOL)
-
-
-def assert_topk_match(got_logits: torch.Tensor, want_logits: torch.Tensor, k: int) -> None:
-    got, want = topk_indices(got_logits, k), topk_indices(want_logits, k)
-    assert torch.equal((got < 0).sum(dim=1), (want < 0).sum(dim=1)), "-1 padding differs"
-    assert compare.topk_recall(got, want_logits, k, ATOL) >= 0.99
-
-
-def random_paged(batch: int, next_n: int, heads: int, dim: int, context_lens: list[int], max_pages: int,
-                 generator: torch.Generator) -> tuple[torch.Tensor, ...]:
-    pool_pages = batch * max_pages + 3
-    k_cache = torch.randn(pool_pages, reference.PAGE_SIZE, dim, generator=generator).bfloat16()
-    # Each sequence gets distinct, shuffled physical pages; slots past its context hold junk the kernel must skip.
-    tables = torch.randperm(pool_pages, generator=generator)[:batch * max_pages].view(batch, max_pages)
-    q = torch.randn(batch * next_n, heads, dim, generator=generator).bfloat16()
-    weights = torch.randn(batch * next_n, heads, generator=generator)
-    return q, k_cache, weights, torch.tensor(context_lens, dtype=torch.int32), tables.to(torch.int32)
-
-
-PAGED_CASES = {
-    # name: (next_n, heads, dim, context_lens, max_pages)
-    "one-token": (1, 16, 32, [1], 1),
-    "partial-last-page": (1, 8, 64, [100, 64, 65], 2),
-    "next-n-2": (2, 8, 32, [130, 2, 1], 3),
-    "next-n-3-odd-heads": (3, 6, 48, [200, 7], 4),
-    "empty-sequence": (1, 16, 32, [0, 90], 2),
-    "upstream-heads": (1, 64, 128, [150], 3),
-}
+from pdfleet.kernels import paged_logits, ragged_logits, reference, topk_indices  # noqa: E402
+from tests.support.indexer import (  # noqa: E402
+    PAGED_CASES,
+    RAGGED_CASES,
+    assert_logits_match,
+    assert_topk_match,
+    paged_case,
+    ragged_case,
+    random_paged,
+)
 
 
 @pytest.mark.parametrize("case", PAGED_CASES)
 def test_paged_logits_match_the_fp32_reference(case: str) -> None:
-    next_n, heads, dim, context_lens, max_pages = PAGED_CASES[case]
-    g = torch.Generator().manual_seed(hash(case) % 2**31)
-    inputs = random_paged(len(context_lens), next_n, heads, dim, context_lens, max_pages, g)
+    next_n, inputs = paged_case(case)
     got = paged_logits(*inputs, next_n=next_n)
     want = reference.paged_logits(*inputs, next_n=next_n)
     assert_logits_match(got, want)
@@ -86,44 +55,11 @@ def test_paged_logits_accept_upstream_cache_shapes() -> None:
         assert torch.equal(paged_logits(q, shaped, weights, context_lens, tables), want)
 
 
-RAGGED_CASES = {
-    # name: (tokens, keys, heads, dim, pattern)
-    "causal-prefill": (37, 37, 16, 32, "causal"),
-    "two-sequences": (20, 45, 8, 64, "packed"),
-    "one-token": (1, 1, 16, 16, "causal"),
-    "empty-rows": (12, 80, 8, 32, "random-with-empty"),
-    "odd-heads-and-dim": (9, 70, 5, 40, "random-with-empty"),
-    "upstream-heads": (6, 130, 64, 128, "causal-tail"),
-}
-
-
-def ragged_ranges(tokens: int, keys: int, pattern: str, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    if pattern == "causal":
-        return torch.zeros(tokens, dtype=torch.int32), torch.arange(1, tokens + 1, dtype=torch.int32)
-    if pattern == "causal-tail":  # the last tokens of a longer prompt
-        return torch.zeros(tokens, dtype=torch.int32), torch.arange(keys - tokens + 1, keys + 1, dtype=torch.int32)
-    if pattern == "packed":  # two prompts packed in one batch: the second's keys start after the first's
-        first = tokens // 2
-        starts = torch.tensor([0] * first + [25] * (tokens - first), dtype=torch.int32)
-        ends = torch.cat([torch.arange(1, first + 1), torch.arange(26, 26 + tokens - first)]).to(torch.int32)
-        return starts, ends
-    starts = torch.randint(0, keys, (tokens,), generator=g, dtype=torch.int32)
-    ends = torch.minimum(starts + torch.randint(0, keys, (tokens,), generator=g, dtype=torch.int32),
-                         torch.tensor(keys, dtype=torch.int32))
-    ends[::4] = starts[::4]  # every fourth row sees nothing
-    return starts, ends
-
-
 @pytest.mark.parametrize("case", RAGGED_CASES)
 def test_ragged_logits_match_the_fp32_reference(case: str) -> None:
-    tokens, keys, heads, dim, pattern = RAGGED_CASES[case]
-    g = torch.Generator().manual_seed(hash(case) % 2**31)
-    q = torch.randn(tokens, heads, dim, generator=g).bfloat16()
-    k = torch.randn(keys, dim, generator=g).bfloat16()
-    weights = torch.randn(tokens, heads, generator=g)
-    starts, ends = ragged_ranges(tokens, keys, pattern, g)
-    got = ragged_logits(q, k, weights, starts, ends)
-    want = reference.ragged_logits(q, k, weights, starts, ends)
+    inputs = ragged_case(case)
+    got = ragged_logits(*inputs)
+    want = reference.ragged_logits(*inputs)
     assert_logits_match(got, want)
     for k_top in (1, 8, 2048):
         assert_topk_match(got, want, k_top)
