@@ -90,5 +90,7 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, start
         tokens, keys,
         HEADS=heads, DIM=dim, HEADS_P2=pow2(heads, 16), DIM_P2=pow2(dim, 16),
         BLOCK_M=block_m, BLOCK_N=block_n, CAST=cast_to_fp32(q, k),
+        # A tile of 4 tokens x 64 heads is a 256-row dot whose fp32 result alone fills 4 warps' registers.
+        num_warps=8 if block_m * pow2(heads, 16) >= 256 else 4,
     )
     return out
