@@ -22,7 +22,7 @@ def _paged_logits_body(
     max_pages,
     HEADS: tl.constexpr, DIM: tl.constexpr, NEXT_N: tl.constexpr,
     HEADS_P2: tl.constexpr, DIM_P2: tl.constexpr, NEXT_N_P2: tl.constexpr,
-    PAGE: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, CAST: tl.constexpr,
+    PAGE: tl.constexpr, PAGES_PER_PROGRAM: tl.constexpr, NUM_STAGES: tl.constexpr, CAST: tl.constexpr,
 ):
     sequence = tl.program_id(0)
     first_page = tl.program_id(1) * PAGES_PER_PROGRAM
@@ -44,31 +44,31 @@ def _paged_logits_body(
     out_rows = sequence * NEXT_N + steps
     visible = context - NEXT_N + steps
     slot = tl.arange(0, PAGE)
-    for offset in range(PAGES_PER_PROGRAM):
+    pages_in_context = (context + PAGE - 1) // PAGE
+    # Straight-line body (no branch on the context) so Triton can pipeline the page loads across iterations;
+    # a page past the context loads nothing (masked) and its logits come out -inf like every invisible one.
+    for offset in tl.range(0, PAGES_PER_PROGRAM, num_stages=NUM_STAGES):
         page = first_page + offset
         position = page * PAGE + slot
-        store_mask = (steps < NEXT_N)[:, None] & (position < max_pages * PAGE)[None, :]
-        out_ptrs = out_ptr + out_rows[:, None] * stride_out_row + position[None, :]
-        if page * PAGE < context:
-            physical = tl.load(table_ptr + sequence * stride_table + page).to(tl.int64)
-            k = tl.load(k_ptr + physical * stride_k_page + slot[:, None] * stride_k_slot + dim[None, :],
-                        mask=(position < context)[:, None] & live_dim[None, :], other=0.0)
-            if CAST:
-                k = k.to(tl.float32)
-            scores = tl.dot(q, tl.trans(k), input_precision="ieee")
-            scores = tl.maximum(scores, 0.0) * w[:, None]
-            logits = tl.reduce(tl.reshape(scores, (NEXT_N_P2, HEADS_P2, PAGE)), 1, SUM)
-            logits = tl.where(position[None, :] <= visible[:, None], logits, float("-inf"))
-            tl.store(out_ptrs, logits, mask=store_mask)
-        else:
-            tl.store(out_ptrs, tl.full((NEXT_N_P2, PAGE), float("-inf"), tl.float32), mask=store_mask)
+        physical = tl.load(table_ptr + sequence * stride_table + page, mask=page < pages_in_context, other=0)
+        k = tl.load(k_ptr + physical.to(tl.int64) * stride_k_page + slot[:, None] * stride_k_slot + dim[None, :],
+                    mask=(position < context)[:, None] & live_dim[None, :], other=0.0)
+        if CAST:
+            k = k.to(tl.float32)
+        scores = tl.dot(q, tl.trans(k), input_precision="ieee")
+        scores = tl.maximum(scores, 0.0) * w[:, None]
+        logits = tl.reduce(tl.reshape(scores, (NEXT_N_P2, HEADS_P2, PAGE)), 1, SUM)
+        logits = tl.where(position[None, :] <= visible[:, None], logits, float("-inf"))
+        tl.store(out_ptr + out_rows[:, None] * stride_out_row + position[None, :], logits,
+                 mask=(steps < NEXT_N)[:, None] & (position < max_pages * PAGE)[None, :])
 
 
 _KERNEL = Kernel(_paged_logits_body)
 
 
 def paged_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
-                 block_tables: torch.Tensor, next_n: int = 1, pages_per_program: int = 8) -> torch.Tensor:
+                 block_tables: torch.Tensor, next_n: int = 1, pages_per_program: int = 8,
+                 num_stages: int = 3) -> torch.Tensor:
     """fp32 logits [B * next_n, max_pages * 64] (shapes as in `pdfleet.kernels.reference`).
 
     k_cache may be [pages, 64, D], [pages, 64, 1, D] or [pages, 64 * D]; its rows must be contiguous.
@@ -95,6 +95,6 @@ def paged_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, 
         max_pages,
         HEADS=heads, DIM=dim, NEXT_N=next_n,
         HEADS_P2=pow2(heads, 16), DIM_P2=pow2(dim, 16), NEXT_N_P2=pow2(next_n),
-        PAGE=PAGE_SIZE, PAGES_PER_PROGRAM=per_program, CAST=cast_to_fp32(q, cache),
+        PAGE=PAGE_SIZE, PAGES_PER_PROGRAM=per_program, NUM_STAGES=num_stages, CAST=cast_to_fp32(q, cache),
     )
     return out
