@@ -5,7 +5,7 @@ no guide to a GPU's; what this tracks is the ratio to `pdfleet.kernels.reference
 small paged (decode) and ragged (prefill) shapes, and the same ratio for the FP8 emulation of upstream's pages
 (`pdfleet.kernels.fp8`, plain torch). A change that makes a kernel's grid or the emulation do more work moves its
 ratio. Both sides run on one thread. Each figure is the best of several calls (on a shared machine, the call
-least disturbed by other work; the interpreter's figures still wander by up to 2x between runs there). Nothing
+least disturbed by other work; the interpreter's figures still wander by up to 3x between runs there). Nothing
 about time is asserted; the run fails only if an output disagrees with the reference (masks, and values within
 rtol 2e-4 / atol 1e-4 for the kernels, calc_diff < 1e-3 for FP8). About 30 s on 2 cores.
 
