@@ -106,16 +106,21 @@ def say(line: str) -> None:
     print(line, flush=True)
 
 
-def stubbed_cublas() -> list[str]:
+def stubbed_cublas(lib: Path | None = None, maps: str | None = None) -> list[str]:
     """The cuBLAS libraries this process loaded from the CPU-only stubs hack/install-sglang.sh builds into torch/lib
-    where no real one was found; any matmul on a GPU would abort in them."""
-    lib = Path(torch.__file__).resolve().parent / "lib"
+    where no real one was found (its marker file lists them); any matmul on a GPU would abort in them."""
+    lib = lib or Path(torch.__file__).resolve().parent / "lib"
     marker = lib / "PDFLEET_CUDA_STUBS.txt"
     if not marker.exists():
         return []
+    maps = Path("/proc/self/maps").read_text() if maps is None else maps
     stubs = {os.path.realpath(lib / name) for name in marker.read_text().split() if name.startswith("libcublas")}
-    loaded = {line.split()[-1] for line in Path("/proc/self/maps").read_text().splitlines() if len(line.split()) >= 6}
+    loaded = {line.split()[-1] for line in maps.splitlines() if len(line.split()) >= 6}
     return sorted(Path(path).name for path in stubs & loaded)
+
+
+def stubs_paths(names: list[str]) -> list[str]:
+    return [str(Path(torch.__file__).resolve().parent / "lib" / name) for name in names]
 
 
 def cublas_requirement() -> str:
@@ -134,8 +139,9 @@ def refusal(cpu_smoke: bool) -> str | None:
                 "to exercise the script on a CPU run: .venv/bin/python benchmarks/gpu_check.py --cpu-smoke")
     if stubs := stubbed_cublas():
         return (f"gpu-check: torch here loads pdfleet's CPU-only stub of {', '.join(stubs)} (hack/install-sglang.sh "
-                f"builds it where no real one is installed), so any matmul would abort; install the real one, which "
-                f"loads ahead of the stub: .venv/bin/python -m pip install '{cublas_requirement()}'")
+                f"builds it where no real one is installed), so any matmul would abort; install the real one "
+                f"(.venv/bin/python -m pip install '{cublas_requirement()}'; torch's loader looks in nvidia/cu13/lib "
+                f"before its own lib/), and if the stub still loads, delete {' and '.join(stubs_paths(stubs))}")
     if missing := triton_build_needs():
         return (f"gpu-check: Triton builds its CUDA launcher on first use and needs {' and '.join(missing)} "
                 f"(e.g. apt-get install gcc python3-dev)")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,17 @@ def test_without_a_gpu_it_refuses_in_one_line_naming_the_cpu_variant() -> None:
     assert proc.returncode == 2 and proc.stdout == ""
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert "needs an NVIDIA GPU" in proc.stderr and "gpu_check.py --cpu-smoke" in proc.stderr
+
+
+def test_a_stubbed_cublas_is_named_with_the_real_one_to_install(gpu_check: ModuleType, tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "PDFLEET_CUDA_STUBS.txt").write_text("libcublas.so.13\nlibcublasLt.so.13\nlibnccl.so.2\n")
+    real = "/venv/site-packages/nvidia/cu13/lib/libcublasLt.so.13"
+    maps = "\n".join(f"7f00-7f10 r-xp 00000000 08:01 1 {path}" for path in (tmp_path / "libcublas.so.13", real))
+    assert gpu_check.stubbed_cublas(tmp_path, maps) == ["libcublas.so.13"]  # the Lt one loaded is the real one
+    assert gpu_check.stubbed_cublas(tmp_path, f"7f00-7f10 r-xp 00000000 08:01 1 {real}") == []
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "stubbed_cublas", lambda: ["libcublas.so.13"])
+    reason = gpu_check.refusal(cpu_smoke=False)
+    assert reason is not None and "stub of libcublas.so.13" in reason
+    assert re.search(r"pip install 'cuda-toolkit\[cublas\][=<>~!]=", reason), reason  # the pin torch declares
