@@ -214,12 +214,15 @@ def gathered_keys(batch: PagedBatch) -> torch.Tensor:
 
 
 def naive_paged(batch: PagedBatch, dtype: torch.dtype) -> torch.Tensor:
-    """As a plain implementation writes it: gather the pages, then every head's scores in memory."""
+    """As a plain torch implementation writes it, in the form of SGLang 0.5.23's own decode fallback
+    (dsv4/indexer.py, fp8_paged_mqa_logits_torch) over keys of `dtype`: gather the pages, one bmm to every head's
+    scores [B, L, heads], ReLU, times the fp32 weights (which promotes), sum over heads, mask."""
     sequences, heads, dim = batch.block_tables.shape[0], batch.q.shape[1], batch.q.shape[2]
     keys = gathered_keys(batch).to(dtype)
     q = batch.q.to(dtype).view(sequences, batch.next_n * heads, dim)
-    scores = torch.einsum("bqd,bld->bql", q, keys).relu_().view(sequences * batch.next_n, heads, -1)
-    logits = torch.einsum("rhl,rh->rl", scores, batch.weights.to(dtype)).float()
+    scores = torch.relu(torch.bmm(keys, q.transpose(1, 2))).view(sequences, -1, batch.next_n, heads)
+    scores = scores * batch.weights.view(sequences, 1, batch.next_n, heads)
+    logits = scores.sum(dim=3).transpose(1, 2).reshape(sequences * batch.next_n, -1)
     return logits.masked_fill_(hidden(batch, logits.shape[1]), float("-inf"))
 
 
@@ -233,8 +236,20 @@ def folded_paged(batch: PagedBatch) -> torch.Tensor:
 
 
 def naive_ragged(batch: RaggedBatch, dtype: torch.dtype) -> torch.Tensor:
+    """Every head's scores [T, H, S] in memory at once, ReLU, weighted head sum, mask."""
     scores = torch.einsum("thd,sd->ths", batch.q.to(dtype), batch.k.to(dtype)).relu_()
     logits = torch.einsum("ths,th->ts", scores, batch.weights.to(dtype)).float()
+    return logits.masked_fill_(~reference.ragged_mask(batch.starts, batch.ends, batch.k.shape[0]), float("-inf"))
+
+
+def per_head_ragged(batch: RaggedBatch) -> torch.Tensor:
+    """SGLang 0.5.23's own prefill fallback's form (dsa/utils.py, _fp8_mqa_logits_torch) over bf16 keys: one bf16
+    [T, S] product per head, ReLU'd and added in fp32, so only one head's scores are in memory at a time."""
+    logits = torch.zeros(batch.q.shape[0], batch.k.shape[0], device=batch.q.device)
+    k_t = batch.k.bfloat16().t()
+    for head in range(batch.q.shape[1]):
+        logits.addcmul_(torch.relu(torch.mm(batch.q[:, head].bfloat16(), k_t).float()),
+                        batch.weights[:, head:head + 1])
     return logits.masked_fill_(~reference.ragged_mask(batch.starts, batch.ends, batch.k.shape[0]), float("-inf"))
 
 
@@ -267,6 +282,8 @@ class Run:
         batch = full_decode(s.batch, s.context, s.heads, s.dim, next_n, self.device, seed=next_n)
         want = reference.paged_logits(*batch.args(), next_n=next_n)
         naive_bf16 = self.time(lambda: naive_paged(batch, torch.bfloat16))
+        self.baselines(section, want, {"naive torch fp32": naive_paged(batch, torch.float32),
+                                       "naive torch bf16": naive_paged(batch, torch.bfloat16)})
         timed: dict[int, float] = {}
         for per_program in sweep:
             self.checks.logits(f"{section} pages_per_program={per_program}",
@@ -293,14 +310,25 @@ class Run:
         section = f"prefill causal T={s.prefill_tokens} H={s.heads} D={s.dim}"
         say(f"{section}: building inputs and the fp32 reference")
         batch = causal_prefill(s.prefill_tokens, s.heads, s.dim, self.device)
-        self.checks.logits(section, ragged_logits(*batch.args()), reference.ragged_logits(*batch.args()))
+        want = reference.ragged_logits(*batch.args())
+        self.checks.logits(section, ragged_logits(*batch.args()), want)
+        self.baselines(section, want, {"naive torch bf16": naive_ragged(batch, torch.bfloat16),
+                                       "torch per-head loop": per_head_ragged(batch)})
         naive_bf16 = self.time(lambda: naive_ragged(batch, torch.bfloat16))
         for path, seconds in (("pdfleet ragged_logits", self.time(lambda: ragged_logits(*batch.args()))),
                               ("naive torch fp32", self.time(lambda: naive_ragged(batch, torch.float32))),
-                              ("naive torch bf16", naive_bf16)):
+                              ("naive torch bf16", naive_bf16),
+                              ("torch per-head loop (SGLang fallback)", self.time(lambda: per_head_ragged(batch)))):
             self.rows.append(Row(section, path, seconds, flops=batch.useful_flops(), naive_bf16_seconds=naive_bf16))
             say(f"{section}: {path} {seconds * 1e6:.1f} us, "
                 f"{batch.useful_flops() / seconds / 1e12:.2f} TFLOP/s of visible scores")
+
+    def baselines(self, section: str, want: torch.Tensor, outputs: dict[str, torch.Tensor]) -> None:
+        """What the torch baselines compute, against the reference: they must be the same score for their times to
+        compare (the bf16 ones round each head's scores to bf16, so they are close, not equal)."""
+        for path, got in outputs.items():
+            say(f"{section}: {path} computes the score to calc_diff {compare.calc_diff(got, want):.2e}, masks "
+                f"{'exact' if compare.same_masks(got, want) else 'DIFFER'} (printed, not judged)")
 
     def add(self, section: str, path: str, seconds: float, batch: PagedBatch, naive_bf16: float) -> None:
         row = Row(section, path, seconds, key_bytes=batch.key_bytes(), naive_bf16_seconds=naive_bf16,

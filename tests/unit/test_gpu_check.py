@@ -51,9 +51,11 @@ def test_cpu_smoke_runs_every_section_and_passes_its_checks(tmp_path: Path) -> N
     assert len(checks) == 4 and all(line.endswith("masks exact: ok") for line in checks), checks
     assert any(line.startswith("copy bandwidth: ") and line.endswith("TB/s") for line in lines)
     assert any("folded-heads shortcut keeps" in line for line in lines)
+    baselines = [line for line in lines if " computes the score to calc_diff " in line]
+    assert len(baselines) == 6 and all("masks exact" in line for line in baselines), baselines
     summary = lines[lines.index(next(line for line in lines if line.startswith("== summary"))):]
     for path in ("pdfleet pages_per_program=1", "pdfleet best", "naive torch fp32", "naive torch bf16",
-                 "folded heads", "pdfleet ragged_logits"):
+                 "folded heads", "pdfleet ragged_logits", "torch per-head loop"):
         assert any(line.strip().startswith(path) for line in summary), path
     assert summary[-2] == "checks: 4 run, all passed"
     assert summary[-1].startswith("acceptance: paged decode") and summary[-1].endswith("not judged "
