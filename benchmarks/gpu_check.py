@@ -4,12 +4,12 @@ One run (under 5 minutes on one H200) measures, in order:
   copy     the device's copy bandwidth: dst.copy_(src) on a large buffer, bytes read + written, best of several;
   decode   B=64 sequences of 32768 tokens each (every page full, pages shuffled through the pool), 64 heads,
            D=128, next_n=1: pdfleet's paged_logits at several pages_per_program, the naive torch path in fp32 and
-           in bf16 (gather the pages, einsum to [B, H, L] scores, ReLU, weighted head sum, mask), and the
-           folded-heads shortcut (one query per token, no ReLU); each row gives its time, its bandwidth on the
-           key bytes (B * L * D * 2) and that as a fraction of the copy bandwidth, and its speed against the
-           naive bf16 path; then next_n=2;
-  prefill  a causal prompt of 4096 tokens through ragged_logits beside the naive torch path, in TFLOP/s of the
-           scores a token can see.
+           in bf16 (SGLang's own torch fallback's form: gather the pages, bmm to every head's scores, ReLU,
+           times the weights, sum over heads, mask), and the folded-heads shortcut (one query per token, no
+           ReLU); each row gives its time, its bandwidth on the key bytes (B * L * D * 2) and that as a fraction
+           of the copy bandwidth, and its speed against the naive bf16 path; then next_n=2;
+  prefill  a causal prompt of 4096 tokens through ragged_logits beside the naive torch path (all heads' scores
+           in memory) and SGLang's per-head fallback loop, in TFLOP/s of the scores a token can see.
 Every kernel output is checked against `pdfleet.kernels.reference` (masks exact, rtol 2e-4 / atol 1e-4 on
 finite entries, top-2048 recall >= 0.99); the folded shortcut's top-2048 recall is printed, not judged.
 The acceptance line (decode >= 70% of the copy bandwidth and >= 7x the naive bf16 path) prints PASS or FAIL;
