@@ -74,6 +74,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== tool-call leak guard: cost on streamed text vs SGLang's V3.2 detector alone"; $(PY) benchmarks/bench_toolcall_guard.py
 	@echo "== tool-call canary: run time for 256 concurrent requests vs the same requests bare"; $(PY) benchmarks/bench_toolcall_canary.py
 	@echo "== indexer kernels (Triton's interpreter) and the FP8 emulation vs the fp32 reference, small shapes on CPU"; $(PY) benchmarks/bench_indexer.py
+	@echo "== bf16-index-keys: KV capacity a user gives up, DeepSeek V3.2 on SGLang's own DSATokenToKVPool, FP8 vs bf16 index keys"; $(PY) benchmarks/bench_indexer_memory.py
 	@echo "== operator vs a no-logic floor: 100 pools of 8 groups, paced at 2 pools/s"; $(PY) -W error::ResourceWarning benchmarks/bench_operator.py --rate 2
 	@echo "== operator vs a no-logic floor: 100 pools of 8 groups, all at once"; $(PY) -W error::ResourceWarning benchmarks/bench_operator.py
 	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
