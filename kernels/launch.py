@@ -47,5 +47,17 @@ def cast_to_fp32(*tensors: torch.Tensor) -> bool:
     return any(t.device.type == "cpu" or t.dtype == torch.float32 for t in tensors)
 
 
+# Columns a row of logits is padded to, as DeepGEMM pads its own (1 KiB of fp32).
+ROW_ALIGN = 256
+
+
+def logits_buffer(rows: int, width: int, device: torch.device) -> torch.Tensor:
+    """fp32 [rows, width] whose rows start a multiple of 256 columns apart, laid out as DeepGEMM lays out the
+    logits it returns: SGLang's top-k transforms take a padded view, require a 16-byte-aligned row stride, and
+    mask a few columns past a row's window in place."""
+    stride = -(-width // ROW_ALIGN) * ROW_ALIGN
+    return torch.empty(rows, stride, dtype=torch.float32, device=device)[:, :width]
+
+
 def pow2(n: int, floor: int = 1) -> int:
     return max(floor, triton.next_power_of_2(n))

@@ -12,7 +12,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdfleet.kernels.launch import SUM, Kernel, cast_to_fp32, pow2
+from pdfleet.kernels.launch import SUM, Kernel, cast_to_fp32, logits_buffer, pow2
 from pdfleet.kernels.reference import PAGE_SIZE
 
 
@@ -69,7 +69,8 @@ _KERNEL = Kernel(_paged_logits_body)
 def paged_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
                  block_tables: torch.Tensor, next_n: int = 1, pages_per_program: int = 8,
                  num_stages: int = 3) -> torch.Tensor:
-    """fp32 logits [B * next_n, max_pages * 64] (shapes as in `pdfleet.kernels.reference`).
+    """fp32 logits [B * next_n, max_pages * 64] (shapes as in `pdfleet.kernels.reference`), a view whose rows
+    are padded to 256 columns as DeepGEMM's are.
 
     k_cache may be [pages, 64, D], [pages, 64, 1, D] or [pages, 64 * D]; its rows must be contiguous.
     """
@@ -82,7 +83,7 @@ def paged_logits(q: torch.Tensor, k_cache: torch.Tensor, weights: torch.Tensor, 
     cache = k_cache.view(k_cache.shape[0], PAGE_SIZE, dim)
     if q.stride(-1) != 1 or cache.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("q, k_cache and weights must be contiguous in their last dimension")
-    out = torch.empty(rows, max_pages * PAGE_SIZE, dtype=torch.float32, device=q.device)
+    out = logits_buffer(rows, max_pages * PAGE_SIZE, q.device)
     if rows == 0 or max_pages == 0:
         return out
     tables = block_tables.to(torch.int32)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pdfleet.kernels.launch import SUM, Kernel, cast_to_fp32, pow2
+from pdfleet.kernels.launch import SUM, Kernel, cast_to_fp32, logits_buffer, pow2
 
 # Enough programs to keep every SM of a large GPU busy when the query tiles alone are few.
 TARGET_PROGRAMS = 1024
@@ -80,7 +80,8 @@ _KERNEL = Kernel(_ragged_logits_body)
 
 def ragged_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, starts: torch.Tensor,
                   ends: torch.Tensor, block_m: int = 4, block_n: int = 64, num_stages: int = 3) -> torch.Tensor:
-    """fp32 logits [T, S]: token t sees keys [starts[t], ends[t]) (shapes as in `pdfleet.kernels.reference`)."""
+    """fp32 logits [T, S]: token t sees keys [starts[t], ends[t]) (shapes as in `pdfleet.kernels.reference`), a
+    view whose rows are padded to 256 columns as DeepGEMM's are."""
     tokens, heads, dim = q.shape
     keys = k.shape[0]
     if weights.shape != (tokens, heads):
@@ -90,7 +91,7 @@ def ragged_logits(q: torch.Tensor, k: torch.Tensor, weights: torch.Tensor, start
                          f"{list(starts.shape)}, {list(ends.shape)}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or weights.stride(-1) != 1:
         raise ValueError("q, k and weights must be contiguous in their last dimension")
-    out = torch.empty(tokens, keys, dtype=torch.float32, device=q.device)
+    out = logits_buffer(tokens, keys, q.device)
     if tokens == 0 or keys == 0:
         return out
     starts, ends = starts.to(torch.int32), ends.to(torch.int32)

@@ -100,3 +100,16 @@ def test_topk_pads_with_minus_one_and_never_picks_a_masked_position() -> None:
     assert picked.dtype == torch.int32 and picked.shape == (2, 5)
     assert sorted(picked[0].tolist()) == [-1, -1, -1, 0, 2]
     assert picked[1].tolist() == [-1] * 5
+
+
+def test_logits_rows_are_padded_as_sglang_s_top_k_transform_requires() -> None:
+    # SGLang's v2 top-k takes fp32 with unit column stride and a row stride that is a multiple of 4 (DeepGEMM
+    # pads rows to 256 columns); a ragged prefill over 130 keys would otherwise have a row stride of 130.
+    g = torch.Generator().manual_seed(6)
+    q, k, weights = torch.randn(3, 4, 16, generator=g), torch.randn(130, 16, generator=g), torch.ones(3, 4)
+    ranges = torch.zeros(3, dtype=torch.int32), torch.full((3,), 130, dtype=torch.int32)
+    for logits in (ragged_logits(q, k, weights, *ranges),
+                   paged_logits(q, torch.randn(3, 64, 16, generator=g), weights, torch.tensor([100, 5, 64]),
+                                torch.tensor([[0, 1], [2, 0], [1, 2]], dtype=torch.int32))):
+        assert logits.dtype == torch.float32 and logits.stride(1) == 1
+        assert logits.stride(0) % 256 == 0 and logits.stride(0) >= logits.shape[1]
