@@ -8,6 +8,7 @@ with pdfleet's `topk_indices` receives the logits here) and the indexer's q proj
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -30,10 +31,16 @@ HEADS, DIM, PAGE = 64, 128, 64
 
 
 @pytest.fixture
-def patched(monkeypatch: pytest.MonkeyPatch) -> None:
+def patched(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The patch installed in this process's SGLang, under a published server config (the pools read it); both
+    are undone afterwards."""
+    from sglang.srt import runtime_context
+
     patched_sglang.restore_after_test(monkeypatch, [patch.PATCH_ID])
     publish_context(1, "decode")
     base.apply([patch.PATCH_ID], VERSION, registry.implementations([patch.PATCH_ID]))
+    yield
+    runtime_context.reset_context()
 
 
 def dsa_pool(size: int = 512, layers: int = 2) -> Any:
