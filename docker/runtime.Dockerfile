@@ -3,8 +3,9 @@
 #   docker build -f docker/runtime.Dockerfile -t pdfleet-runtime:0.1.0 .
 #
 # The engine container runs the user's SGLang image and its Python; this image only carries pdfleet's runtime
-# (`pdfleet.runtime`: launcher, patches, instrumentation, rank-health agent, drain), standard library only,
-# laid out exactly as `python -m pdfleet.runtime.install` lays it out. The build stage runs that installer;
+# (`pdfleet.runtime`: launcher, patches, instrumentation, rank-health agent, drain; standard library only) and the
+# indexer kernels (`pdfleet.kernels`, imported by the bf16-index-keys patch inside the engine, where SGLang's torch
+# and Triton are), laid out exactly as `python -m pdfleet.runtime.install` lays them out. The build stage runs that installer;
 # the final stage is busybox, since copying a directory tree needs no Python. Its `pdfleet-install-runtime
 # DEST` (the init container's command) copies the tree into DEST/lib, written beside and renamed into place as
 # the Python installer does. Runs as 65532, read-only root filesystem friendly (writes only to DEST).
@@ -13,8 +14,9 @@
 
 FROM python:3.11-slim AS build
 WORKDIR /src
-# Only the runtime: docker/runtime.Dockerfile.dockerignore keeps the operator, kernels and tests out.
+# Only the runtime and the kernels: docker/runtime.Dockerfile.dockerignore keeps the operator and tests out.
 COPY runtime/ pdfleet/runtime/
+COPY kernels/ pdfleet/kernels/
 RUN PYTHONDONTWRITEBYTECODE=1 PYTHONPATH=/src python3 -S -m pdfleet.runtime.install /out \
  && PYTHONPATH=/out/lib python3 -S -m pdfleet.runtime.launcher patches > /dev/null \
  && test ! -e /out/lib/pdfleet/__init__.py
@@ -30,11 +32,13 @@ COPY --chmod=0755 <<'SH' /usr/local/bin/pdfleet-install-runtime
 set -eu
 dest="${1:?usage: pdfleet-install-runtime DEST}"
 mkdir -p "$dest/lib/pdfleet"
-rm -rf "$dest/lib/pdfleet/.runtime.new" "$dest/lib/pdfleet/.runtime.old"
-cp -R /opt/pdfleet-runtime/lib/pdfleet/runtime "$dest/lib/pdfleet/.runtime.new"
-if [ -e "$dest/lib/pdfleet/runtime" ]; then mv "$dest/lib/pdfleet/runtime" "$dest/lib/pdfleet/.runtime.old"; fi
-mv "$dest/lib/pdfleet/.runtime.new" "$dest/lib/pdfleet/runtime"
-rm -rf "$dest/lib/pdfleet/.runtime.old"
+for name in kernels runtime; do
+  rm -rf "$dest/lib/pdfleet/.$name.new" "$dest/lib/pdfleet/.$name.old"
+  cp -R "/opt/pdfleet-runtime/lib/pdfleet/$name" "$dest/lib/pdfleet/.$name.new"
+  if [ -e "$dest/lib/pdfleet/$name" ]; then mv "$dest/lib/pdfleet/$name" "$dest/lib/pdfleet/.$name.old"; fi
+  mv "$dest/lib/pdfleet/.$name.new" "$dest/lib/pdfleet/$name"
+  rm -rf "$dest/lib/pdfleet/.$name.old"
+done
 echo "pdfleet-install-runtime: runtime installed in $dest/lib/pdfleet/runtime" >&2
 SH
 USER 65532:65532

@@ -21,7 +21,7 @@ requires.installed("triton")
 
 import torch  # noqa: E402
 
-from pdfleet.kernels import compare, fp8, reference, topk_indices  # noqa: E402
+from pdfleet.kernels import compare, fp8, index_cache, reference, topk_indices  # noqa: E402
 from pdfleet.runtime.patches import base, catalogue, registry, targets  # noqa: E402
 from pdfleet.runtime.patches.impl import bf16_index_keys as patch  # noqa: E402
 from tests.repro.stage import publish_context  # noqa: E402
@@ -261,7 +261,7 @@ def test_a_sliding_window_dsa_model_is_refused_and_others_pass_through(patched: 
 def test_token_slots_follow_each_sequence_s_pages_in_batch_order() -> None:
     table = torch.tensor([[3, 1, 0], [2, 0, 0], [5, 4, 6]])
     lengths = torch.tensor([70, 0, 130])
-    slots = patch.token_slots(lengths, table, 200, PAGE)
+    slots = index_cache.token_slots(lengths, table, 200, PAGE)
     expect = [3 * 64 + i for i in range(64)] + [64 + i for i in range(6)]
     expect += [5 * 64 + i for i in range(64)] + [4 * 64 + i for i in range(64)] + [6 * 64, 6 * 64 + 1]
     assert slots.tolist() == expect

@@ -48,13 +48,14 @@ def files(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
 
 
-def test_the_install_holds_the_runtime_alone_as_a_namespace_package(installed: Path) -> None:
+def test_the_install_holds_the_runtime_and_the_kernels_as_a_namespace_package(installed: Path) -> None:
     namespace = installed / "lib" / "pdfleet"
-    assert sorted(p.name for p in namespace.iterdir()) == ["runtime"]
-    source = Path(pdfleet.runtime.__file__).parent
-    expected = {f for f in files(source) if "__pycache__" not in f and not f.endswith(".pyc")}
-    assert files(namespace / "runtime") == expected
-    assert "bootstrap/sitecustomize.py" in expected
+    assert sorted(p.name for p in namespace.iterdir()) == ["kernels", "runtime"]
+    for name, source in (("runtime", Path(pdfleet.runtime.__file__).parent), ("kernels", ROOT / "kernels")):
+        expected = {f for f in files(source) if "__pycache__" not in f and not f.endswith(".pyc")}
+        assert files(namespace / name) == expected
+    assert (namespace / "runtime" / "bootstrap" / "sitecustomize.py").is_file()
+    assert (namespace / "kernels" / "paged.py").is_file()
 
 
 def test_the_installed_launcher_lists_the_catalogue_on_a_bare_python(installed: Path, tmp_path: Path) -> None:
@@ -84,7 +85,7 @@ def test_installing_again_replaces_the_runtime_in_place(tmp_path: Path) -> None:
     (first / "stale.py").write_text("")
     second = install.install(tmp_path)
     assert second == first and not (second / "stale.py").exists()
-    assert sorted(p.name for p in (tmp_path / "lib" / "pdfleet").iterdir()) == ["runtime"]
+    assert sorted(p.name for p in (tmp_path / "lib" / "pdfleet").iterdir()) == ["kernels", "runtime"]
 
 
 def test_the_images_installer_script_lays_out_the_same_tree_as_the_python_installer(
@@ -211,4 +212,11 @@ def test_a_runtime_without_its_bootstrap_is_refused_instead_of_installed(tmp_pat
     (source / "launcher.py").write_text("")
     with pytest.raises(install.InstallError, match=r"bootstrap/sitecustomize\.py"):
         install.install(tmp_path / "dest", source=source)
+    assert not (tmp_path / "dest").exists()
+
+
+def test_a_runtime_without_its_kernels_is_refused_instead_of_installed(tmp_path: Path) -> None:
+    # The bf16-index-keys patch imports pdfleet.kernels inside the engine; a volume without them would fail there.
+    with pytest.raises(install.InstallError, match=r"no pdfleet\.kernels package"):
+        install.install(tmp_path / "dest", kernels=tmp_path / "absent")
     assert not (tmp_path / "dest").exists()

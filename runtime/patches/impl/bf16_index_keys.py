@@ -34,11 +34,10 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
-
-from pdfleet import kernels
+if TYPE_CHECKING:
+    import torch
 
 PATCH_ID = "bf16-index-keys"
 BF16_BYTES = 2
@@ -112,27 +111,6 @@ class UnsupportedLayout(RuntimeError):
     """An engine configuration whose index keys this patch would leave in FP8 or misread."""
 
 
-def key_rows(buffer: torch.Tensor, dim: int) -> torch.Tensor:
-    """A bf16 index-key buffer (uint8, one page per row) as [slots, dim] bf16: row `loc` is token slot `loc`."""
-    return buffer.view(torch.bfloat16).view(-1, dim)
-
-
-def store_keys(buffer: torch.Tensor, loc: torch.Tensor, keys: torch.Tensor) -> None:
-    key_rows(buffer, keys.shape[-1]).index_copy_(0, loc.view(-1).long(), keys.to(torch.bfloat16))
-
-
-def token_slots(seq_lens: torch.Tensor, page_table: torch.Tensor, total: int, page_size: int) -> torch.Tensor:
-    """The KV slots of every sequence's first seq_lens[b] tokens (`total` of them), sequences concatenated in
-    batch order: the order SGLang's ragged gather returns keys in, which the per-token key ranges index into.
-    Sized from `total` rather than from a mask, so no device-to-host read is needed."""
-    seq_lens = seq_lens.to(page_table.device).long()
-    sequence = torch.repeat_interleave(torch.arange(seq_lens.shape[0], device=page_table.device), seq_lens,
-                                       output_size=total)
-    first = torch.cumsum(seq_lens, 0) - seq_lens
-    position = torch.arange(total, device=page_table.device) - first[sequence]
-    return page_table[sequence, position // page_size].long() * page_size + position % page_size
-
-
 def bf16_bytes_per_token(index_head_dim: int) -> int:
     return index_head_dim * BF16_BYTES
 
@@ -154,17 +132,15 @@ def refuse_unsupported(cache: Any, plain_cache: type, on_rocm: bool) -> None:
         raise UnsupportedLayout(f"{PATCH_ID}: ROCm's DSA indexer writes FP8 keys with aiter; the patch is for CUDA")
 
 
-def bf16_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
-                    ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = False, **_: Any) -> torch.Tensor:
-    """Prefill logits in the shape of DeepGEMM's fp8_mqa_logits, from the bf16 keys the gather returned (which
-    `_get_topk_ragged` has viewed as fp8 bytes; the scales are ones and unused)."""
-    keys = kv[0].view(torch.bfloat16)
-    return kernels.ragged_logits(q.to(torch.bfloat16), keys, weights, ks, ke)
-
-
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Callable[..., Any]]:
+    # Imported here, inside the engine: the runtime's modules import the standard library alone (the launcher
+    # lists the catalogue on any Python), and SGLang's image brings torch and Triton.
+    import torch
     from sglang.srt.mem_cache.index_key_cache import IndexKeyCache
     from sglang.srt.utils import is_hip
+
+    from pdfleet import kernels
+    from pdfleet.kernels import index_cache
 
     indexer = sys.modules[_INDEXER_MODULE]
     on_rocm = bool(is_hip())
@@ -179,16 +155,15 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     def move(self: Any, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         if tgt_loc.numel() == 0:
             return
-        target, source = tgt_loc.view(-1).long(), src_loc.view(-1).long()
         for buffer in self.buffer:
             if buffer.shape[0]:
-                rows = key_rows(buffer, self.pool.index_head_dim)
-                rows[target] = rows[source]
+                index_cache.move_keys(buffer, self.pool.index_head_dim, tgt_loc, src_loc)
 
     def get_k_and_scale(self: Any, layer_id: int, seq_len_tensor: torch.Tensor, page_indices: torch.Tensor,
                         seq_len_sum: int, max_seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = key_rows(self.get_buffer(layer_id), self.pool.index_head_dim)
-        keys = rows.index_select(0, token_slots(seq_len_tensor, page_indices, seq_len_sum, self.pool.page_size))
+        keys = index_cache.gather_keys(self.get_buffer(layer_id), self.pool.index_head_dim, seq_len_tensor,
+                                       page_indices, seq_len_sum, self.pool.page_size)
+        # As SGLang's gather returns them: key bytes and one fp32 scale per key (ones, unused; see bf16_mqa_logits).
         scales = torch.ones(keys.shape[0], 1, dtype=torch.float32, device=keys.device)
         return keys.view(torch.uint8), scales.view(torch.uint8)
 
@@ -200,7 +175,8 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     def _store_index_k_cache(self: Any, forward_batch: Any, layer_id: int, key: torch.Tensor, *,
                              act_quant: Any = None, out_cache_loc: torch.Tensor | None = None) -> None:
         loc = forward_batch.out_cache_loc if out_cache_loc is None else out_cache_loc
-        store_keys(indexer.get_token_to_kv_pool().get_index_k_with_scale_buffer(layer_id=layer_id), loc, key)
+        index_cache.store_keys(indexer.get_token_to_kv_pool().get_index_k_with_scale_buffer(layer_id=layer_id), loc,
+                               key)
 
     def _fused_k_prepare_and_store(self: Any, key_raw: torch.Tensor, positions: torch.Tensor, forward_batch: Any,
                                    layer_id: int, act_quant: Any, out_cache_loc: torch.Tensor | None = None) -> None:
@@ -228,6 +204,12 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
             padding = topk.new_full((q_fp8.shape[0] - rows, topk.shape[1]), -1)
             topk = torch.cat([topk, padding], dim=0)
         return topk
+
+    def bf16_mqa_logits(q: torch.Tensor, kv: tuple[torch.Tensor, torch.Tensor], weights: torch.Tensor,
+                        ks: torch.Tensor, ke: torch.Tensor, clean_logits: bool = False, **_: Any) -> torch.Tensor:
+        """Prefill logits in the form of DeepGEMM's fp8_mqa_logits, from the bf16 keys the gather returned
+        (which `_get_topk_ragged` has viewed as fp8 bytes)."""
+        return kernels.ragged_logits(q.to(torch.bfloat16), kv[0].view(torch.bfloat16), weights, ks, ke)
 
     def resolve_mqa_logits_fn() -> Callable[..., torch.Tensor]:
         return bf16_mqa_logits
