@@ -3,17 +3,18 @@
 A 4xx answer to a create, patch or delete the operator planned (a ResourceQuota, a LimitRange, an admission
 policy, an invalid value) will be the same answer on every retry until a person changes something: retrying it
 with backoff only hides it. The executor reports it instead: `Accepted=False` (reason `WriteRefused`) with the
-apiserver's message, the phase `Degraded`, and one Warning event per set of refused writes, not one per
-reconcile; the next reconcile (any event, or the resync) tries again and, once the write goes through, the
-planner's `Accepted=True` replaces the condition. What may pass on its own is retried with backoff as before:
-5xx and connection errors, 409 conflicts (the object changed under us), 408 and 429 (the apiserver is busy).
-A 404 on a delete never gets here: the object is gone, which is what was asked.
+apiserver's message, the phase `Degraded`, and a Warning event when a write is refused that the pool's status
+did not already name, not one per reconcile. The next reconcile (any event, or the resync) tries again and,
+once the write goes through, the planner's `Accepted=True` replaces the condition. What may pass on its own is
+retried with backoff as before: 5xx and connection errors, 409 conflicts (the object changed under us), 408 and
+429 (the apiserver is busy). A 404 on a delete never gets here: the object is gone, which is what was asked.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -52,12 +53,27 @@ class Refusal:
         return f"{self.verb} {self.kind} {self.name}: {self.code} {self.reason}: {message}"
 
 
+def _targets(refusals: Sequence[Refusal]) -> list[str]:
+    return sorted({f"{r.verb} {r.kind} {r.name}" for r in refusals})
+
+
 def _headline(refusals: Sequence[Refusal]) -> str:
     """Which writes were refused, in a stable order (writes go out together and fail in any order)."""
-    targets = sorted({f"{r.verb} {r.kind} {r.name}" for r in refusals})
+    targets = _targets(refusals)
     more = f" and {len(targets) - MAX_TARGETS} more" if len(targets) > MAX_TARGETS else ""
     named = ", ".join(targets[:MAX_TARGETS])
     return f"the apiserver refused {len(targets)} write(s) of the pool's objects ({named}{more})"
+
+
+# What `_headline` wrote: the targets it named, then how many it left out.
+_NAMED = re.compile(r"the apiserver refused \d+ write\(s\) of the pool's objects "
+                    r"\((?P<named>[^()]*?)(?: and \d+ more)?\): ")
+
+
+def _named(message: str) -> frozenset[str]:
+    """The refused writes a WriteRefused condition's message names (not those it only counts)."""
+    match = _NAMED.match(message)
+    return frozenset(match["named"].split(", ")) if match else frozenset()
 
 
 def describe(refusals: Sequence[Refusal]) -> str:
@@ -80,8 +96,10 @@ def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequ
     new = base.model_copy(update={"phase": Phase.DEGRADED,
                                   "conditions": status_mod.merge_conditions(base.conditions, [cond])})
     before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
-    # One Warning per set of refused writes: the apiserver's wording may vary from one try to the next.
+    # A Warning says which writes are refused; it is news only when one of them was not said already. The
+    # apiserver's wording varies from one try to the next (a quota's usage), and some writes of a refused set
+    # may pass before the rest (a quota raised while a reconcile's writes are in flight): neither is news.
     said = before is not None and before.status == "False" and before.reason == REASON and \
-        before.message.startswith(_headline(refusals) + ": ")
+        set(_targets(refusals)) <= _named(before.message)
     events = () if said else (Event("Warning", REASON, message),)
     return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), events

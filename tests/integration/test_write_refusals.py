@@ -51,7 +51,7 @@ def test_a_write_the_apiserver_refuses_shows_in_status_and_one_event(
     wait_for("three more refused reconciles",
              lambda: operator.metric("pdfleet_reconcile_total", result="refused") >= refused + 3, timeout=60)
     events = refusal_events(cluster, namespace)
-    assert [(e["type"], e.get("count", 1)) for e in events] == [("Warning", 1)], events
+    assert [(e["type"], e.get("count", 1)) for e in events] == [("Warning", 1)], [e["message"] for e in events]
     assert events[0]["message"] == accepted(cluster, namespace)["message"]
     # Conflicts on the status may be retried (the pool changes under the operator), a refusal never is.
     assert "will retry: 403" not in operator.logs(), "a refused write was retried with backoff"
@@ -60,4 +60,6 @@ def test_a_write_the_apiserver_refuses_shows_in_status_and_one_event(
     wait_for("the pool accepted once the quota is gone",
              lambda: accepted(cluster, namespace).get("status") == "True", timeout=60)
     assert cluster.kubectl("get", "service", "tiny-router", "-n", namespace, check=False).returncode == 0
-    assert len(refusal_events(cluster, namespace)) == 1
+    # Writes that pass while the quota goes (some of a reconcile's, not all) are no news either.
+    events = refusal_events(cluster, namespace)
+    assert len(events) == 1, [(e["firstTimestamp"], e["message"]) for e in events]

@@ -64,7 +64,32 @@ def test_the_same_refusals_in_another_order_or_wording_are_not_said_again() -> N
     reworded = dataclasses.replace(router, message="exceeded quota: used 1")
     status, events = refusals.refused_status(pool, None, [group, reworded], NOW)
     assert events == () and status is not None and "used 1" in accepted(status)["message"]
-    assert refusals.refused_status(pool, None, [group], NOW)[1] != (), "a different set of refused writes is news"
+
+
+def test_a_write_refused_again_is_not_news_and_a_newly_refused_one_is() -> None:
+    router = refusals.Refusal("apply", "Service", "tiny-router", 403, "Forbidden", "exceeded quota")
+    prefill, decode = (dataclasses.replace(router, name=f"tiny-{role}") for role in ("prefill", "decode"))
+    pool = pool_body()
+    pool["status"], events = refusals.refused_status(pool, None, [router, prefill], NOW)
+    assert len(events) == 1
+    # The quota is raised while the writes are in flight: one passes, the other is refused once more.
+    status, events = refusals.refused_status(pool, None, [router], NOW)
+    assert events == () and status is not None and "tiny-prefill" not in accepted(status)["message"]
+    pool["status"] = status
+    # A write that the status no longer names is refused again (the quota lowered once more): that is news.
+    status, events = refusals.refused_status(pool, None, [router, prefill], NOW)
+    assert len(events) == 1 and "tiny-prefill" in events[0].message
+    pool["status"] = status
+    assert refusals.refused_status(pool, None, [router, prefill, decode], NOW)[1] != (), "a newly refused write"
+
+
+def test_writes_counted_but_not_named_are_news_each_time() -> None:
+    many = [refusals.Refusal("apply", "Pod", f"p-{i:02}", 403, "Forbidden", "no") for i in range(12)]
+    pool = pool_body()
+    pool["status"], events = refusals.refused_status(pool, None, many, NOW)
+    assert "and 2 more" in events[0].message
+    assert refusals.refused_status(pool, None, many[:10], NOW)[1] == (), "all ten were named"
+    assert refusals.refused_status(pool, None, many[-1:], NOW)[1] != (), "p-11 was only counted"
 
 
 def test_many_refusals_are_listed_up_to_a_few_and_counted() -> None:
