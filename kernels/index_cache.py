@@ -11,6 +11,11 @@ from __future__ import annotations
 import torch
 
 
+def bytes_per_token(dim: int) -> int:
+    """Index-key bytes per token per layer in this layout (256 for D = 128)."""
+    return dim * torch.finfo(torch.bfloat16).bits // 8
+
+
 def key_rows(buffer: torch.Tensor, dim: int) -> torch.Tensor:
     """A bf16 index-key buffer (uint8, one page per row) as [slots, dim] bf16."""
     return buffer.view(torch.bfloat16).view(-1, dim)

@@ -40,9 +40,6 @@ if TYPE_CHECKING:
     import torch
 
 PATCH_ID = "bf16-index-keys"
-BF16_BYTES = 2
-FP8_SCALE_BYTES = 4
-QUANT_BLOCK = 128
 
 _CACHE = "sglang.srt.mem_cache.index_key_cache.IndexKeyCache"
 _INDEXER_MODULE = "sglang.srt.layers.attention.dsa.dsa_indexer"
@@ -111,14 +108,6 @@ class UnsupportedLayout(RuntimeError):
     """An engine configuration whose index keys this patch would leave in FP8 or misread."""
 
 
-def bf16_bytes_per_token(index_head_dim: int) -> int:
-    return index_head_dim * BF16_BYTES
-
-
-def fp8_bytes_per_token(index_head_dim: int) -> int:
-    return index_head_dim + index_head_dim // QUANT_BLOCK * FP8_SCALE_BYTES
-
-
 def refuse_unsupported(cache: Any, plain_cache: type, on_rocm: bool) -> None:
     pool = cache.pool
     if type(cache) is not plain_cache:
@@ -140,7 +129,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
     from sglang.srt.utils import is_hip
 
     from pdfleet import kernels
-    from pdfleet.kernels import index_cache
+    from pdfleet.kernels import fp8, index_cache
 
     indexer = sys.modules[_INDEXER_MODULE]
     on_rocm = bool(is_hip())
@@ -150,7 +139,7 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
 
     def _buffer_shape(self: Any, num_pages: int) -> tuple[int, int]:
         refuse_unsupported(self, IndexKeyCache, on_rocm)
-        return num_pages, self.pool.page_size * bf16_bytes_per_token(self.pool.index_head_dim)
+        return num_pages, self.pool.page_size * index_cache.bytes_per_token(self.pool.index_head_dim)
 
     def move(self: Any, tgt_loc: torch.Tensor, src_loc: torch.Tensor) -> None:
         if tgt_loc.numel() == 0:
@@ -221,10 +210,10 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> Mapping[str, Ca
                                        allocate_all_layers: bool = False) -> int:
         fp8_cell = original_cell_size(self, kvc=kvc, num_layers=num_layers, allocate_all_layers=allocate_all_layers)
         dim = configurator.get_dsa_index_head_dim(kvc.model_config.hf_config)
-        return fp8_cell * bf16_bytes_per_token(dim) // fp8_bytes_per_token(dim)
+        return fp8_cell * index_cache.bytes_per_token(dim) // fp8.bytes_per_token(dim)
 
     def dsa_indexer_bytes_per_token_per_layer(*, index_head_dim: int, quant_block_size: int) -> int:
-        return bf16_bytes_per_token(index_head_dim)
+        return index_cache.bytes_per_token(index_head_dim)
 
     def swa_configurator_init(self: Any, kvc: Any) -> None:
         if configurator.is_deepseek_dsa(kvc.model_config.hf_config):
