@@ -112,3 +112,21 @@ def test_a_stubbed_cublas_is_named_with_the_real_one_to_install(gpu_check: Modul
     reason = gpu_check.refusal(cpu_smoke=False)
     assert reason is not None and "stub of libcublas.so.13" in reason
     assert re.search(r"pip install 'cuda-toolkit\[cublas\][=<>~!]=", reason), reason  # the pin torch declares
+
+
+def test_the_bare_machine_variant_imports_the_kernels_without_pdfleet_installed(tmp_path: Path) -> None:
+    # A machine with torch and Triton but no package index: the script's link tree must be all pdfleet needs.
+    # `python -S` skips the site-packages .pth files, the editable install's among them; torch comes from
+    # PYTHONPATH instead.
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is visible: the script would run the whole check, which `make gpu-check` covers")
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
+    python.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(python), "PYTHONPATH": str(Path(torch.__file__).parents[1])}
+    plain = subprocess.run([str(python), "-c", "import pdfleet.kernels"], env=env, capture_output=True, text=True)
+    assert plain.returncode != 0 and "No module named 'pdfleet'" in plain.stderr, "pdfleet is still installed"
+    done = subprocess.run([str(ROOT / "hack" / "gpu-check-bare.sh"), str(tmp_path)], env=env, capture_output=True,
+                          text=True, timeout=TIMEOUT_S)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert re.search(r"torch \S+, triton \S+, GPU: none visible", done.stdout), done.stdout
