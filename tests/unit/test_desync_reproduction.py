@@ -101,9 +101,12 @@ Launch = group.Launch
 
 
 def _in_loop(sc: Scenario) -> Callable[[], bool]:
+    # In the event loop as the verdict means it: a rank steps its iteration as it enters intake, before it marks
+    # its first phase, so iteration 1 alone can still read Starting (a rank preempted there, on a loaded machine).
     def ready() -> bool:
         ranks = group.views(sc.ledger, sc.world)
-        return all(v.status is verdict.RankStatus.REPORTING and v.iteration >= 1 for v in ranks)
+        return all(v.status is verdict.RankStatus.REPORTING and v.iteration >= 1
+                   and v.phase is not phases.Phase.STARTING for v in ranks)
 
     return ready
 
