@@ -99,7 +99,8 @@ def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequ
     # A Warning says which writes are refused; it is news only when one of them was not said already. The
     # apiserver's wording varies from one try to the next (a quota's usage), and some writes of a refused set
     # may pass before the rest (a quota raised while a reconcile's writes are in flight): neither is news.
-    said = before is not None and before.status == "False" and before.reason == REASON and \
-        set(_targets(refusals)) <= _named(before.message)
+    # The same set again is said too when it is too long to name in full (its headline only counts the rest).
+    said = before is not None and before.status == "False" and before.reason == REASON and (
+        before.message.startswith(_headline(refusals) + ": ") or set(_targets(refusals)) <= _named(before.message))
     events = () if said else (Event("Warning", REASON, message),)
     return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), events

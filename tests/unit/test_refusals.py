@@ -83,11 +83,12 @@ def test_a_write_refused_again_is_not_news_and_a_newly_refused_one_is() -> None:
     assert refusals.refused_status(pool, None, [router, prefill, decode], NOW)[1] != (), "a newly refused write"
 
 
-def test_writes_counted_but_not_named_are_news_each_time() -> None:
+def test_more_writes_than_are_named_are_said_once_and_an_unnamed_one_alone_is_news() -> None:
     many = [refusals.Refusal("apply", "Pod", f"p-{i:02}", 403, "Forbidden", "no") for i in range(12)]
     pool = pool_body()
     pool["status"], events = refusals.refused_status(pool, None, many, NOW)
     assert "and 2 more" in events[0].message
+    assert refusals.refused_status(pool, None, many[::-1], NOW)[1] == (), "the same twelve, every resync"
     assert refusals.refused_status(pool, None, many[:10], NOW)[1] == (), "all ten were named"
     assert refusals.refused_status(pool, None, many[-1:], NOW)[1] != (), "p-11 was only counted"
 
