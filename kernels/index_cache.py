@@ -13,7 +13,7 @@ import torch
 
 def bytes_per_token(dim: int) -> int:
     """Index-key bytes per token per layer in this layout (256 for D = 128)."""
-    return dim * torch.finfo(torch.bfloat16).bits // 8
+    return dim * torch.bfloat16.itemsize
 
 
 def key_rows(buffer: torch.Tensor, dim: int) -> torch.Tensor:

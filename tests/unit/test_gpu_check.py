@@ -124,7 +124,8 @@ def test_the_bare_machine_variant_imports_the_kernels_without_pdfleet_installed(
     python.write_text(f'#!/bin/sh\nexec {sys.executable} -S "$@"\n')
     python.chmod(0o755)
     env = {**os.environ, "PYTHON": str(python), "PYTHONPATH": str(Path(torch.__file__).parents[1])}
-    plain = subprocess.run([str(python), "-c", "import pdfleet.kernels"], env=env, capture_output=True, text=True)
+    plain = subprocess.run([str(python), "-c", "import pdfleet.kernels"], env=env, capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
     assert plain.returncode != 0 and "No module named 'pdfleet'" in plain.stderr, "pdfleet is still installed"
     done = subprocess.run([str(ROOT / "hack" / "gpu-check-bare.sh"), str(tmp_path)], env=env, capture_output=True,
                           text=True, timeout=TIMEOUT_S)
