@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import zlib
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -43,11 +45,42 @@ def test_server_reports_the_pinned_kubernetes_version(cluster: Cluster) -> None:
     assert version["clientVersion"]["gitVersion"] == pinned("KUBE_VERSION")
 
 
-def test_gpu_deployment_runs_on_fake_gpu_nodes_with_loopback_pod_ips(cluster: Cluster, namespace: str) -> None:
+@pytest.fixture
+def own_gpu_nodes(cluster: Cluster, namespace: str) -> Iterator[tuple[str, dict[str, str]]]:
+    """Two empty 8-GPU fake nodes that only this test's pods tolerate, and the toleration to land there. The
+    cluster's own GPU nodes may be busy with other users' pods (a demo fleet leaves no node with 8 free GPUs),
+    and a test must not depend on the cluster being empty."""
+    base = cluster.get("nodes", "-l", "pdfleet.dev/local-cluster=true,nvidia.com/gpu.present=true")["items"][0]
+    subnet = 2 + zlib.crc32(namespace.encode()) % 120 * 2  # 127.2.N.0/24 and the next: none of the cluster's own
+    names = [f"{namespace}-gpu-{i}" for i in range(2)]
+    taint = {"key": "pdfleet.dev/test-nodes", "value": namespace, "effect": "NoSchedule"}
+    nodes = [{
+        "apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {"kwok.x-k8s.io/node": "fake"},
+                     "labels": base["metadata"]["labels"] | {"kubernetes.io/hostname": name,
+                                                             "pdfleet.dev/test-nodes": namespace}},
+        "spec": {"podCIDR": f"127.2.{subnet + i}.0/24", "podCIDRs": [f"127.2.{subnet + i}.0/24"],
+                 "taints": [*base["spec"].get("taints", []), taint]},
+        "status": {"capacity": base["status"]["capacity"], "allocatable": base["status"]["allocatable"]},
+    } for i, name in enumerate(names)]
+    cluster.kubectl("create", "-f", "-", input=json.dumps({"apiVersion": "v1", "kind": "List", "items": nodes}))
+    try:
+        yield namespace, {"key": taint["key"], "operator": "Equal", "value": namespace, "effect": "NoSchedule"}
+    finally:
+        cluster.kubectl("delete", "node", *names, "--wait=false", "--ignore-not-found", check=False)
+
+
+def test_gpu_deployment_runs_on_fake_gpu_nodes_with_loopback_pod_ips(
+    cluster: Cluster, namespace: str, own_gpu_nodes: tuple[str, dict[str, str]]
+) -> None:
+    label, toleration = own_gpu_nodes
+    template = gpu_pod_template(8)
+    template["spec"]["tolerations"].append(toleration)  # type: ignore[index]
+    template["spec"]["nodeSelector"] = {"pdfleet.dev/test-nodes": label}  # type: ignore[index]
     deployment = {
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "gpu-burner", "namespace": namespace},
-        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "gpu-burner"}}, "template": gpu_pod_template(8)},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "gpu-burner"}}, "template": template},
     }
     cluster.kubectl("apply", "-f", "-", input=json.dumps(deployment))
 
