@@ -5,7 +5,8 @@ It never starts a thread (a fork copies only the calling thread, and a lock held
 locked forever in the child). It talks JSON lines: requests on stdin, replies on stdout, and since it is the
 parent (and child subreaper) of every container process, it reaps them all and reports each exit.
 
-    {"op": "spawn", "id": ..., "mode": "launch"|"exec", "argv": [...], "env": {...}, "cwd": ..., "log": ...}
+    {"op": "spawn", "id": ..., "mode": "launch"|"module"|"exec", "argv": [...], "env": {...}, "cwd": ..., "log": ...}
+        launch: pdfleet's launcher with argv; module: `python -m argv[0] argv[1:]`; exec: argv as a program
         -> {"op": "spawned", "id": ..., "pid": N} or {"op": "spawn-failed", "id": ..., "error": ...}
     {"op": "signal", "pid": N, "signal": S}   (to the process group of a process it spawned)
     -> {"op": "exit", "pid": N, "code": C|null, "signal": S|null}   (once a spawned process and its whole
@@ -19,6 +20,7 @@ import ctypes
 import importlib
 import json
 import os
+import runpy
 import select
 import signal
 import sys
@@ -100,10 +102,18 @@ def _child(request: dict[str, Any], control: list[int]) -> None:
         sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115 (the process's own stdout)
         sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
         sys.stdin = open(0, closefd=False)  # noqa: SIM115
-        sys.argv = ["pdfleet-engine", *argv]
-        from pdfleet.runtime import launcher
+        if request["mode"] == "module":
+            # As `python -m` runs it, over what the zygote imported: the test suite's desync reproductions
+            # start this way, each saving the 10-20 s an import of SGLang takes.
+            sys.argv = list(argv)
+            sys.path.insert(0, request["cwd"])  # what `python -m` puts first
+            runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
+            code = 0
+        else:
+            sys.argv = ["pdfleet-engine", *argv]
+            from pdfleet.runtime import launcher
 
-        code = launcher.main(argv)
+            code = launcher.main(argv)
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
         if not isinstance(e.code, int | None):

@@ -11,21 +11,22 @@ import dataclasses
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.repro import scenario as scenario_mod
+from tests.support import forkserver
 
 REPO = Path(__file__).resolve().parents[2]
 
 
+# A reproduction's launcher process.
+Launcher = forkserver.Forked
 # Starts a reproduction run: (patches, world, **story) -> (its scenario, the launcher process). The `launch`
 # fixture of tests/unit/conftest.py is one.
-Launch = Callable[..., tuple[scenario_mod.Scenario, subprocess.Popen[bytes]]]
+Launch = Callable[..., tuple[scenario_mod.Scenario, Launcher]]
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -34,19 +35,15 @@ def free_port() -> int:
 
 
 def start(sc: scenario_mod.Scenario, module: str = "tests.repro.decode_loop",
-          args: tuple[str, ...] = ()) -> subprocess.Popen[bytes]:
-    """The launcher (`module`, given the scenario and `args`), in a new session: its ranks are its children,
-    so one killpg ends them all."""
+          args: tuple[str, ...] = ()) -> Launcher:
+    """The launcher (`module`, given the scenario and `args`), forked from the test process's zygote with SGLang
+    already imported, in a new process group: its ranks are its children, so one killpg ends them all."""
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
-    log = (Path(sc.workdir) / "launcher.log").open("wb")
-    with log:
-        return subprocess.Popen(
-            [sys.executable, "-m", module, sc.to_json(), *args],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
+    return forkserver.shared().spawn(module, (sc.to_json(), *args), env=env, cwd=REPO,
+                                     log=Path(sc.workdir) / "launcher.log")
 
 
-def kill(proc: subprocess.Popen[bytes]) -> None:
+def kill(proc: Launcher) -> None:
     """End the launcher and every rank it forked, whatever state they are in. Idempotent."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -34,9 +33,9 @@ def served(ledger_path: Path) -> Iterator[httpx.Client]:
 def launch(tmp_path: Path) -> Iterator[group.Launch]:
     """Starts reproduction runs (tests/repro); every process they started is killed at the end, whatever
     happened. A story without `local_aborts` gets the default abort story for its world size."""
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[group.Launcher] = []
 
-    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, subprocess.Popen[bytes]]:
+    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, group.Launcher]:
         story.setdefault("local_aborts", local_aborts_for(world))
         sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
                       patches=patches, world=world, **story)

@@ -23,7 +23,6 @@ keeps it, and nothing is dropped.
 from __future__ import annotations
 
 import json
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,7 +44,7 @@ FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retra
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[Any]:
     requires.installed("sglang")
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[group.Launcher] = []
 
     def start(world: int, patches: tuple[str, ...]) -> list[dict[str, Any]]:
         sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),

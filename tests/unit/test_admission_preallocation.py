@@ -16,7 +16,6 @@ moves req-0 and req-1 at iteration 0 and req-2 at iteration 1, decodes them alik
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +107,7 @@ TIGHT_STORY = {"iterations": 60, "arrivals": {}, "local_aborts": {},
                "handshakes": {0: [(rid, 1) for rid in ALL]}}
 
 
-def _start_loop(tmp_path: Path, world: int, patches: tuple[str, ...]) -> tuple[Scenario, subprocess.Popen[bytes]]:
+def _start_loop(tmp_path: Path, world: int, patches: tuple[str, ...]) -> tuple[Scenario, group.Launcher]:
     requires.installed("sglang")
     sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path), patches=patches,
                   world=world, **TIGHT_STORY)  # type: ignore[arg-type]

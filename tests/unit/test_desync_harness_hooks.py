@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
 
 import pytest
 
@@ -40,7 +39,7 @@ KILL_AT = 6
 
 
 def _started(start: Launch, patches: tuple[str, ...], world: int,
-             **story: object) -> tuple[Scenario, subprocess.Popen[bytes]]:
+             **story: object) -> tuple[Scenario, group.Launcher]:
     sc, proc = start(patches, world, **story)
     if not group.wait_for(lambda: repro._in_loop(sc)() or proc.poll() is not None, timeout_s=repro.STARTUP_S):
         pytest.fail(f"the ranks did not enter their loop in {repro.STARTUP_S} s:\n{repro._log(sc)}")

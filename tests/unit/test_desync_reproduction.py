@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -139,7 +138,7 @@ def _run_and_judge(launch: Launch, world: int, patches: tuple[str, ...], expect:
         _assert_every_rank_completes_and_drops_together(sc, proc, expect)
 
 
-def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[bytes], waiting_in: Phase,
+def _assert_desync_is_detected_in_time(sc: Scenario, proc: group.Launcher, waiting_in: Phase,
                                        early: int | None = None) -> None:
     """`early`: the rank that skipped the KV poll and waits in the next broadcast (the default story's);
     `waiting_in`: the skipped collective, where its peers wait, as the verdict must name it."""
@@ -172,7 +171,7 @@ def _assert_desync_is_detected_in_time(sc: Scenario, proc: subprocess.Popen[byte
     assert DESYNC_AFTER_S < latency_s <= DESYNC_AFTER_S + PERIOD_S + JITTER_S
 
 
-def _assert_every_rank_completes_healthy(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
+def _assert_every_rank_completes_healthy(sc: Scenario, proc: group.Launcher) -> None:
     def finished(v: verdict.Verdict) -> bool:
         return any(r.iteration >= sc.iterations or r.phase is phases.Phase.EXITED for r in v.ranks)
 
@@ -185,7 +184,7 @@ def _assert_every_rank_completes_healthy(sc: Scenario, proc: subprocess.Popen[by
 
 
 def _assert_every_rank_completes_and_drops_together(
-    sc: Scenario, proc: subprocess.Popen[bytes], expect: Expect
+    sc: Scenario, proc: group.Launcher, expect: Expect
 ) -> None:
     _assert_every_rank_completes_healthy(sc, proc)
     results = [json.loads(sc.result_path(rank).read_text()) for rank in range(sc.world)]

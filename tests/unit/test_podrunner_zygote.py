@@ -79,3 +79,28 @@ def test_a_container_whose_processes_all_end_is_reported_at_once(tmp_path: Path)
         zygote.kill()
         _, err = zygote.communicate()
     assert b"outlived" not in err  # reported because the group was gone, not because its deadline passed
+
+
+def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
+    """The desync reproductions start this way (tests/support/forkserver.py): `__main__`, its argv, its own
+    directory importable, its exit status."""
+    (tmp_path / "probe_helper.py").write_text("VALUE = 'imported from the cwd'\n")
+    (tmp_path / "probe.py").write_text(
+        "import json, sys\nimport probe_helper\n"
+        "if __name__ == '__main__':\n"
+        "    print(json.dumps({'argv': sys.argv[1:], 'helper': probe_helper.VALUE}), flush=True)\n"
+        "    sys.exit(int(sys.argv[1]))\n")
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert zygote.stdin is not None
+        request = {"op": "spawn", "id": 3, "mode": "module", "argv": ["probe", "5", "x y"], "env": dict(os.environ),
+                   "cwd": str(tmp_path), "log": str(tmp_path / "log")}
+        zygote.stdin.write((json.dumps(request) + "\n").encode())
+        zygote.stdin.flush()
+        spawned = read_message(zygote)
+        assert read_message(zygote) == {"op": "exit", "pid": spawned["pid"], "code": 5, "signal": None}
+    finally:
+        zygote.kill()
+        zygote.wait()
+    printed = json.loads((tmp_path / "log").read_text().splitlines()[-1])
+    assert printed == {"argv": ["5", "x y"], "helper": "imported from the cwd"}

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
@@ -42,16 +41,16 @@ STARTUP_S = 120.0  # importing SGLang once, then forking the ranks, on a small C
 ITERATIONS = 8
 TIGHT_FROM = 2
 Phase = phases.Phase
-Run = Callable[..., tuple[Scenario, subprocess.Popen[bytes]]]
+Run = Callable[..., tuple[Scenario, group.Launcher]]
 
 
 @pytest.fixture
 def run(tmp_path: Path) -> Iterator[Run]:
     requires.installed("sglang")
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[group.Launcher] = []
 
     def start(world: int, patches: tuple[str, ...], offload: bool,
-              host_pool: bool = False) -> tuple[Scenario, subprocess.Popen[bytes]]:
+              host_pool: bool = False) -> tuple[Scenario, group.Launcher]:
         workdir = tmp_path / f"w{len(started)}"
         workdir.mkdir()
         sc = Scenario(port=group.free_port(), ledger=str(workdir / "ledger"), workdir=str(workdir),
@@ -73,7 +72,7 @@ def _log(sc: Scenario) -> str:
     return (Path(sc.workdir) / "launcher.log").read_text(errors="replace")[-4000:]
 
 
-def _started(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
+def _started(sc: Scenario, proc: group.Launcher) -> None:
     def in_loop() -> bool:
         return all(v.status is verdict.RankStatus.REPORTING and v.iteration >= 1
                    for v in group.views(sc.ledger, sc.world))
@@ -82,7 +81,7 @@ def _started(sc: Scenario, proc: subprocess.Popen[bytes]) -> None:
         pytest.fail(f"the ranks did not enter their loop in {STARTUP_S} s:\n{_log(sc)}")
 
 
-def _results(sc: Scenario, proc: subprocess.Popen[bytes]) -> list[dict[str, Any]]:
+def _results(sc: Scenario, proc: group.Launcher) -> list[dict[str, Any]]:
     assert proc.wait(timeout=90) == 0, _log(sc)
     return [json.loads(sc.result_path(rank).read_text()) for rank in range(sc.world)]
 
