@@ -9,6 +9,10 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CLUSTER := $(PY) hack/localcluster.py
 PYTEST_ARGS ?=
+# pytest-xdist workers for `make test`: the tests on the shared cluster run in one of them, in order; the rest
+# spread over the others by module (tests/conftest.py). Mostly waiting on timers and processes, so more workers
+# than cores pays. TEST_WORKERS=0 runs everything in one process.
+TEST_WORKERS ?= 3
 # e.g. GPU_CHECK_ARGS='--json gpu-check.json' (benchmarks/gpu_check.py --help)
 GPU_CHECK_ARGS ?=
 # Releases before the main SGLang whose real code tests run (tests/support/sglang_release.py), each in its own
@@ -60,14 +64,15 @@ lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/lint-imports
 
 test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a real local control plane (started and stopped here)
-	@started=0; \
+	@start=$$(date +%s); started=0; \
 	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then started=1; $(CLUSTER) up; fi; \
-	rc=0; $(PY) -m pytest $(PYTEST_ARGS) || rc=$$?; \
+	rc=0; $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$started = 1 ] && [ -z "$${PDFLEET_KEEP_CLUSTER:-}" ]; then $(CLUSTER) down; fi; \
+	echo "make test: $$(( $$(date +%s) - start )) s of wall time (cluster up and down included), exit $$rc"; \
 	exit $$rc
 
 test-unit: $(STAMP) sglang sglang-releases ## the tests that need no cluster
-	$(PY) -m pytest -m 'not cluster' $(PYTEST_ARGS)
+	$(PY) -m pytest -m 'not cluster' -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py

@@ -8,6 +8,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,7 @@ from tests.support.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALCLUSTER = ROOT / "hack" / "localcluster.py"
+CLUSTER_TIER = "tests/integration/"  # the tests on the shared cluster, and only they (`misplaced`)
 
 
 # Tests talk only to 127.0.0.0/8. A proxy in the environment would carry that traffic elsewhere (httpx, aiohttp
@@ -32,7 +34,13 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skips the tests marked gpu where no NVIDIA GPU is visible, saying what is missing."""
+    """Refuses a test outside its tier (see `misplaced`), and skips the tests marked gpu where no NVIDIA GPU is
+    visible, saying what is missing."""
+    for item in items:
+        why = misplaced(item.nodeid, "cluster" in getattr(item, "fixturenames", ()),
+                        item.get_closest_marker("cluster") is not None)
+        if why:
+            raise pytest.UsageError(why)
     marked = [item for item in items if item.get_closest_marker("gpu")]
     if not marked:
         return
@@ -40,6 +48,37 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if reason is not None:
         for item in marked:
             item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`pytest -n N --dist loadscope` (what `make test` runs): the tests on the shared cluster (tests/integration/)
+    run in one worker, in order, since their module-scoped operators each watch every namespace and one test
+    restarts the apiserver; every other module runs whole in some worker, so its module-scoped fixtures are set
+    up once. Other `--dist` modes are pytest-xdist's own."""
+    if config.getoption("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ClusterTogether(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_scope(nodeid)
+
+    return ClusterTogether(config, log)
+
+
+def misplaced(nodeid: str, uses_cluster: bool, marked_cluster: bool) -> str | None:
+    """What `make test`'s split over workers needs of a test: on the cluster exactly when in the cluster tier."""
+    if nodeid.startswith(CLUSTER_TIER) and not marked_cluster:
+        return f"{nodeid} is in {CLUSTER_TIER} but not marked cluster (pytestmark = pytest.mark.cluster)"
+    if not nodeid.startswith(CLUSTER_TIER) and (uses_cluster or marked_cluster):
+        return (f"{nodeid} uses the shared cluster: move it to {CLUSTER_TIER}, whose tests run in one worker in "
+                "order (tests/conftest.py, pytest_xdist_make_scheduler)")
+    return None
+
+
+def xdist_scope(nodeid: str) -> str:
+    """The unit of work a test belongs to: the whole cluster tier, or its module."""
+    return CLUSTER_TIER if nodeid.startswith(CLUSTER_TIER) else nodeid.split("::", 1)[0]
 
 
 def _missing_gpu() -> str | None:

@@ -1,9 +1,10 @@
 """Python programs started as `python -m MODULE ARGS` would start them, forked from the pod runner's zygote.
 
 The zygote (pdfleet.podrunner.zygote) imports SGLang once; every program forked from it skips the 10-20 s
-that import costs on a small machine. The desync reproductions start a launcher per test this way. A started
-program is its own process group and answers what tests ask of a `subprocess.Popen`: `pid`, `poll()`,
-`wait(timeout)`, `returncode` (negative: the signal that ended it).
+that import costs on a small machine. The desync reproductions start a launcher per test this way, and the
+simulated engines start as the local cluster's pod runner starts them. A started program is its own process
+group and answers what tests ask of a `subprocess.Popen`: `pid`, `poll()`, `wait(timeout)`, `returncode`
+(negative: the signal that ended it), `send_signal`, `terminate`, `kill`.
 
 One zygote per test process, started on first use and ended with the process; it, and so every program it
 forked, dies with the test process (PR_SET_PDEATHSIG).
@@ -15,6 +16,8 @@ import atexit
 import contextlib
 import itertools
 import json
+import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +45,19 @@ class Forked:
 
     def poll(self) -> int | None:
         return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        """To the program's first process, as `Popen.send_signal` (the zygote ends the rest of its group once
+        that one exits)."""
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
     def wait(self, timeout: float | None = None) -> int:
         with self._server.changed:
@@ -94,7 +110,8 @@ class ForkServer:
             self._running.clear()
             self.changed.notify_all()
 
-    def spawn(self, module: str, args: Sequence[str], *, env: Mapping[str, str], cwd: Path, log: Path) -> Forked:
+    def spawn(self, module: str, args: Sequence[str], *, env: Mapping[str, str], cwd: Path = REPO,
+              log: Path) -> Forked:
         """`python -m module args` in `cwd`, stdout and stderr appended to `log`, in a new process group."""
         request_id = next(self._ids)
         request = {"op": "spawn", "id": request_id, "mode": "module", "argv": [module, *args], "env": dict(env),

@@ -6,7 +6,6 @@ import dataclasses
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -14,11 +13,13 @@ from typing import Any
 
 import httpx
 
+from tests.support import forkserver
 from tests.support.cluster import wait_for
 from tests.support.operator_process import free_port
 
-# Importing SGLang takes 10-20 s of CPU per engine; a module that starts six at once on a 2-core machine shared with
-# other work has been seen to need more than 120 s (a wait for a condition: a healthy engine ends it at once).
+# Forked from the test process's zygote, an engine skips the 10-20 s of CPU an import of SGLang takes (the first pays
+# the zygote's); a module that started six at once as fresh processes on a 2-core machine shared with other work
+# was seen to need more than 120 s (a wait for a condition: a healthy engine ends it at once).
 STARTUP_S = 240.0
 
 
@@ -30,7 +31,7 @@ class SimEngine:
     bootstrap_port: int
     podinfo: Path
     log: Path
-    process: subprocess.Popen[bytes]
+    process: forkserver.Forked
 
     @property
     def url(self) -> str:
@@ -97,8 +98,7 @@ def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
     full_env = {**os.environ, "PDFLEET_ENGINE_MODE": "simulate", "PDFLEET_BIND_ADDRESS": "127.0.0.1",
                 "PDFLEET_LEDGER_PATH": str(podinfo / "ledger"), "PDFLEET_PODINFO": str(podinfo),
                 "HF_HUB_OFFLINE": "1", **(env or {})}
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "pdfleet.runtime.launcher", "--agent-port", str(agent_port), "--", *args],
-            stdout=out, stderr=subprocess.STDOUT, env=full_env)
+    # `python -m pdfleet.runtime.launcher ...`, forked as the local cluster's pod runner forks an engine pod's.
+    process = forkserver.shared().spawn("pdfleet.runtime.launcher", ["--agent-port", str(agent_port), "--", *args],
+                                        env=full_env, log=log)
     return SimEngine(role, port, agent_port, bootstrap_port, podinfo, log, process)
