@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,11 +15,14 @@ from typing import Any
 
 import pytest
 
+from tests.support import scheduling
 from tests.support.cluster import Cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 LOCALCLUSTER = ROOT / "hack" / "localcluster.py"
-CLUSTER_TIER = "tests/integration/"  # the tests on the shared cluster, and only they (`misplaced`)
+RUN_ID = "PDFLEET_TEST_RUN"
+# Names the run whose test started the local cluster, which its first process stops at the end.
+STARTED_BY = Path(tempfile.gettempdir()) / "pdfleet-cluster-started-by-test-run"
 
 
 # Tests talk only to 127.0.0.0/8. A proxy in the environment would carry that traffic elsewhere (httpx, aiohttp
@@ -25,6 +31,7 @@ PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "http
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    os.environ.setdefault(RUN_ID, uuid.uuid4().hex)  # set before pytest-xdist starts its workers: they inherit it
     for name in PROXY_VARIABLES:
         os.environ.pop(name, None)
     # Registered here rather than in pyproject.toml: tests/unit/test_api_field_effects.py reads these markers.
@@ -37,10 +44,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Refuses a test outside its tier (see `misplaced`), and skips the tests marked gpu where no NVIDIA GPU is
     visible, saying what is missing."""
     for item in items:
-        why = misplaced(item.nodeid, "cluster" in getattr(item, "fixturenames", ()),
-                        item.get_closest_marker("cluster") is not None)
+        why = scheduling.misplaced(item.nodeid, set(getattr(item, "fixturenames", ())),
+                                   item.get_closest_marker("cluster") is not None, scheduling.unit_of(item.nodeid))
         if why:
             raise pytest.UsageError(why)
+    items[:] = scheduling.disruptive_last(items, [i.get_closest_marker("disruptive") is not None for i in items])
     marked = [item for item in items if item.get_closest_marker("gpu")]
     if not marked:
         return
@@ -51,34 +59,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """`pytest -n N --dist loadscope` (what `make test` runs): the tests on the shared cluster (tests/integration/)
-    run in one worker, in order, since their module-scoped operators each watch every namespace and one test
-    restarts the apiserver; every other module runs whole in some worker, so its module-scoped fixtures are set
-    up once. Other `--dist` modes are pytest-xdist's own."""
+    """`pytest -n N --dist loadscope`, what `make test` runs: the units of work of tests/support/scheduling.py.
+    Other `--dist` modes are pytest-xdist's own."""
     if config.getoption("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class ClusterTogether(LoadScopeScheduling):  # type: ignore[misc]
+    class Units(LoadScopeScheduling):  # type: ignore[misc]
         def _split_scope(self, nodeid: str) -> str:
-            return xdist_scope(nodeid)
+            return scheduling.unit_of(nodeid)
 
-    return ClusterTogether(config, log)
-
-
-def misplaced(nodeid: str, uses_cluster: bool, marked_cluster: bool) -> str | None:
-    """What `make test`'s split over workers needs of a test: on the cluster exactly when in the cluster tier."""
-    if nodeid.startswith(CLUSTER_TIER) and not marked_cluster:
-        return f"{nodeid} is in {CLUSTER_TIER} but not marked cluster (pytestmark = pytest.mark.cluster)"
-    if not nodeid.startswith(CLUSTER_TIER) and (uses_cluster or marked_cluster):
-        return (f"{nodeid} uses the shared cluster: move it to {CLUSTER_TIER}, whose tests run in one worker in "
-                "order (tests/conftest.py, pytest_xdist_make_scheduler)")
-    return None
-
-
-def xdist_scope(nodeid: str) -> str:
-    """The unit of work a test belongs to: the whole cluster tier, or its module."""
-    return CLUSTER_TIER if nodeid.startswith(CLUSTER_TIER) else nodeid.split("::", 1)[0]
+    return Units(config, log)
 
 
 def _missing_gpu() -> str | None:
@@ -99,25 +90,46 @@ def _localcluster(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="session")
-def cluster() -> Iterator[Cluster]:
+def cluster() -> Cluster:
     """A running cluster: the one PDFLEET_KUBECONFIG names, the local control plane if it is already up, or
-    a local control plane started here (and stopped again at the end of the session)."""
-    started_here = not os.environ.get("PDFLEET_KUBECONFIG") and _localcluster("status").returncode != 0
-    up = _localcluster("up")
+    a local control plane started here (and stopped again at the end of the run, by the process that started
+    the run: pytest-xdist's workers share it)."""
+    with _startup_lock():
+        if not os.environ.get("PDFLEET_KUBECONFIG") and _localcluster("status").returncode != 0:
+            STARTED_BY.write_text(os.environ[RUN_ID])
+        up = _localcluster("up")
     if up.returncode != 0:
         pytest.fail(f"could not bring up the local cluster:\n{up.stderr}", pytrace=False)
     env = dict(line.removeprefix("export ").split("=", 1) for line in _localcluster("env").stdout.splitlines())
     bin_dir = Path(env["PATH"].split(":", 1)[0])
-    yield Cluster(kubeconfig=Path(env["KUBECONFIG"]), bin_dir=bin_dir,
-                  is_local=not os.environ.get("PDFLEET_KUBECONFIG"))
-    if started_here and not os.environ.get("PDFLEET_KEEP_CLUSTER"):
-        _localcluster("down")
+    return Cluster(kubeconfig=Path(env["KUBECONFIG"]), bin_dir=bin_dir,
+                   is_local=not os.environ.get("PDFLEET_KUBECONFIG"))
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the process that started the run (not a pytest-xdist worker): stops the local cluster if a test of
+    this run started it."""
+    if hasattr(session.config, "workerinput") or os.environ.get("PDFLEET_KEEP_CLUSTER"):
+        return
+    with contextlib.suppress(FileNotFoundError):
+        if STARTED_BY.read_text() == os.environ.get(RUN_ID):
+            STARTED_BY.unlink()
+            _localcluster("down")
+
+
+@contextlib.contextmanager
+def _startup_lock() -> Iterator[None]:
+    with (Path(tempfile.gettempdir()) / "pdfleet-cluster-startup.lock").open("a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
-def namespace(cluster: Cluster) -> Iterator[str]:
-    """A fresh namespace for one test, deleted afterwards (without waiting for it to drain)."""
-    name = f"t-{uuid.uuid4().hex[:10]}"
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted afterwards (without waiting for it to drain). A test on the shared
+    operator gets one that operator watches; no other test does (tests/support/scheduling.py)."""
+    shared = "operator" in request.fixturenames
+    name = f"{scheduling.SHARED_OPERATOR_PREFIX if shared else 't-'}{uuid.uuid4().hex[:10]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("label", "namespace", name, "pdfleet.dev/test=true")
     yield name

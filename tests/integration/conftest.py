@@ -9,11 +9,21 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cluster_share as cluster_share_mod
+from tests.support import scheduling
 from tests.support.cluster import Cluster
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
 from tests.support.release import OPERATOR_USER, RELEASE_NAMESPACE, SERVICE_ACCOUNT
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(autouse=True)
+def cluster_share(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The shared cluster, held alone by a test marked disruptive and shared by any other."""
+    disruptive = request.node.get_closest_marker("disruptive") is not None
+    with cluster_share_mod.hold(cluster.kubeconfig, exclusive=disruptive):
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +42,9 @@ def chart(cluster: Cluster) -> Iterator[None]:
 def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
     tmp = tmp_path_factory.mktemp("operator")
     kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp / "kubeconfig")
-    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1") as op:
+    # Only the namespaces of the tests on it: the other cluster tests run alongside (tests/support/scheduling.py).
+    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1",
+                          "--namespace", scheduling.SHARED_OPERATOR_NAMESPACES) as op:
         yield op
         assert "Traceback" not in op.logs(), op.logs()[-5000:]
         # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...

@@ -143,6 +143,7 @@ def test_an_invalid_spec_is_reported_and_changes_nothing(cluster: Cluster, opera
     assert pods_after == pods_before
 
 
+@pytest.mark.disruptive
 def test_the_operator_catches_up_after_the_apiserver_restarts(cluster: Cluster, operator: OperatorProcess,
                                                              namespace: str) -> None:
     if not cluster.is_local:

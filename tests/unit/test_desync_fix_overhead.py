@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.repro import group
+from tests.support import forkserver
 
 FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
          "admission-consensus")
@@ -35,16 +34,17 @@ COLLECTIVES = {
 
 
 def _run(tmp_path: Path, role: str) -> list[dict[str, Any]]:
-    argv = [sys.executable, "-m", "tests.repro.overhead", "--world", "2", "--iterations", "10", "--rounds", "1",
-            "--workdir", str(tmp_path), "--role", role, "--patches", *FIXES]
+    args = ["--world", "2", "--iterations", "10", "--rounds", "1", "--workdir", str(tmp_path), "--role", role,
+            "--patches", *FIXES]
     env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", PYTHONWARNINGS="ignore", HF_HUB_OFFLINE="1")
-    proc = subprocess.Popen(argv, cwd=group.REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    log = tmp_path / "overhead.log"
+    # `python -m tests.repro.overhead ...`, forked with SGLang already imported (tests/support/forkserver.py).
+    proc = forkserver.shared().spawn("tests.repro.overhead", args, env=env, log=log)
     try:
-        output, _ = proc.communicate(timeout=TIMEOUT_S)
+        proc.wait(timeout=TIMEOUT_S)
     finally:
         group.kill(proc)  # the ranks too, whatever happened
-    assert proc.returncode == 0, output.decode(errors="replace")[-3000:]
+    assert proc.returncode == 0, log.read_text(errors="replace")[-3000:]
     return [json.loads((tmp_path / f"overhead-rank{rank}.json").read_text()) for rank in range(2)]
 
 

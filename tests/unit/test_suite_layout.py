@@ -1,24 +1,32 @@
-"""How `make test` splits the suite over pytest-xdist workers (tests/conftest.py): the tests on the shared cluster,
-all in tests/integration/, run in one worker in order; any other module runs whole, side by side with others.
-Collection refuses a test that would break that."""
+"""How `make test` splits the suite over pytest-xdist workers (tests/support/scheduling.py): units of work that
+run whole in one worker, and collection refusing a test that would break them."""
 
 from __future__ import annotations
 
-from tests.conftest import CLUSTER_TIER, misplaced, xdist_scope
+from tests.support import scheduling
+from tests.support.scheduling import CLUSTER_TIER, OWN_CLUSTER_UNIT, SHARED_OPERATOR_UNIT, misplaced, unit_of
 
 
-def test_the_cluster_tier_is_one_unit_of_work_and_any_other_module_is_its_own() -> None:
-    assert xdist_scope("tests/integration/test_demo.py::test_the_demo") == \
-        xdist_scope("tests/integration/test_crd.py::test_x[a::b]") == CLUSTER_TIER
-    assert xdist_scope("tests/unit/test_render.py::test_a[x::y]") == "tests/unit/test_render.py"
-    assert xdist_scope("tests/unit/test_render.py::test_b") != xdist_scope("tests/unit/test_refusals.py::test_b")
+def test_the_cluster_tier_makes_two_units_and_any_other_module_is_its_own() -> None:
+    assert unit_of("tests/integration/test_serving_e2e.py::test_x") == \
+        unit_of("tests/integration/test_leader_election.py::test_y[a::b]") == SHARED_OPERATOR_UNIT
+    assert unit_of("tests/integration/test_demo.py::test_the_demo") == \
+        unit_of("tests/integration/test_crd.py::test_x[a::b]") == OWN_CLUSTER_UNIT
+    assert unit_of("tests/unit/test_render.py::test_a[x::y]") == "tests/unit/test_render.py"
+    assert unit_of("tests/unit/test_render.py::test_b") != unit_of("tests/unit/test_refusals.py::test_b")
 
 
-def test_a_test_on_the_cluster_outside_the_cluster_tier_is_refused_and_so_is_an_unmarked_one_inside() -> None:
-    assert misplaced("tests/integration/test_crd.py::t", uses_cluster=True, marked_cluster=True) is None
-    assert misplaced("tests/unit/test_render.py::t", uses_cluster=False, marked_cluster=False) is None
-    assert "move it to tests/integration/" in misplaced("tests/unit/test_x.py::t", uses_cluster=True,
-                                                         marked_cluster=False)
-    assert misplaced("tests/unit/test_x.py::t", uses_cluster=False, marked_cluster=True) is not None
-    assert "not marked cluster" in misplaced("tests/integration/test_x.py::t", uses_cluster=True,
-                                             marked_cluster=False)
+def test_a_test_outside_its_unit_is_refused() -> None:
+    shared, own = SHARED_OPERATOR_UNIT, OWN_CLUSTER_UNIT
+    assert misplaced(f"{CLUSTER_TIER}test_a.py::t", {"cluster", "operator"}, True, shared) is None
+    assert misplaced(f"{CLUSTER_TIER}test_b.py::t", {"cluster", "namespace"}, True, own) is None
+    assert misplaced("tests/unit/test_render.py::t", {"tmp_path"}, False, "tests/unit/test_render.py") is None
+    assert "move it to tests/integration/" in misplaced("tests/unit/test_x.py::t", {"cluster"}, False, "u")
+    assert misplaced("tests/unit/test_x.py::t", set(), True, "u") is not None
+    assert "not marked cluster" in misplaced(f"{CLUSTER_TIER}test_x.py::t", {"cluster"}, False, own)
+    assert "asks for the shared operator" in misplaced(f"{CLUSTER_TIER}test_x.py::t", {"chart"}, True, own)
+    assert "does not ask" in misplaced(f"{CLUSTER_TIER}test_x.py::t", {"cluster"}, True, shared)
+
+
+def test_disruptive_tests_go_last_in_their_order() -> None:
+    assert scheduling.disruptive_last(["a", "x", "b", "y"], [False, True, False, True]) == ["a", "b", "x", "y"]
