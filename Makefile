@@ -19,7 +19,7 @@ GPU_CHECK_ARGS ?=
 # directory under ~/.cache/pdfleet.
 SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit lint crds bench gpu-check demo clean
+.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -73,6 +73,10 @@ test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a rea
 
 test-unit: $(STAMP) sglang sglang-releases ## the tests that need no cluster
 	$(PY) -m pytest -m 'not cluster' -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
+
+test-fast: $(STAMP) sglang sglang-releases ## the inner loop: tests/unit (no cluster) on xdist workers; CI still runs `make test`
+	@start=$$(date +%s); rc=0; $(PY) -m pytest tests/unit -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS) || rc=$$?; \
+	echo "make test-fast: $$(( $$(date +%s) - start )) s of wall time, exit $$rc"; exit $$rc
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py

@@ -6,7 +6,8 @@ locked forever in the child). It talks JSON lines: requests on stdin, replies on
 parent (and child subreaper) of every container process, it reaps them all and reports each exit.
 
     {"op": "spawn", "id": ..., "mode": "launch"|"module"|"exec", "argv": [...], "env": {...}, "cwd": ..., "log": ...}
-        launch: pdfleet's launcher with argv; module: `python -m argv[0] argv[1:]`; exec: argv as a program
+        launch: pdfleet's launcher with argv; module: `python -m argv[0] argv[1:]`; exec: argv as a program.
+        Optional "stderr": a file for standard error apart from the log.
         -> {"op": "spawned", "id": ..., "pid": N} or {"op": "spawn-failed", "id": ..., "error": ...}
     {"op": "signal", "pid": N, "signal": S}   (to the process group of a process it spawned)
     -> {"op": "exit", "pid": N, "code": C|null, "signal": S|null}   (once a spawned process and its whole
@@ -83,12 +84,17 @@ def _child(request: dict[str, Any], control: list[int]) -> None:
         for fd in control:
             os.close(fd)
         log = os.open(request["log"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        # Standard error goes to the log too unless the request names a file of its own for it.
+        err = os.open(request["stderr"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644) \
+            if request.get("stderr") else log
         null = os.open(os.devnull, os.O_RDONLY)
         os.dup2(null, 0)
         os.dup2(log, 1)
-        os.dup2(log, 2)
+        os.dup2(err, 2)
         os.close(null)
         os.close(log)
+        if err != log:
+            os.close(err)
         os.chdir(request["cwd"])
         os.environ.clear()
         os.environ.update(request["env"])

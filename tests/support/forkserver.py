@@ -111,11 +111,12 @@ class ForkServer:
             self.changed.notify_all()
 
     def spawn(self, module: str, args: Sequence[str], *, env: Mapping[str, str], cwd: Path = REPO,
-              log: Path) -> Forked:
-        """`python -m module args` in `cwd`, stdout and stderr appended to `log`, in a new process group."""
+              log: Path, stderr: Path | None = None) -> Forked:
+        """`python -m module args` in `cwd`, in a new process group: stdout appended to `log`, and stderr too
+        unless `stderr` names another file."""
         request_id = next(self._ids)
         request = {"op": "spawn", "id": request_id, "mode": "module", "argv": [module, *args], "env": dict(env),
-                   "cwd": str(cwd), "log": str(log)}
+                   "cwd": str(cwd), "log": str(log), **({"stderr": str(stderr)} if stderr else {})}
         stdin: IO[bytes] = self._proc.stdin  # type: ignore[assignment]
         with self.changed:
             if self._died:
@@ -145,6 +146,20 @@ class ForkServer:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+
+
+def run(module: str, *args: str, timeout: float, env: Mapping[str, str] | None = None,
+        workdir: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run([python, "-m", module, *args], capture_output=True, text=True)`, forked from the zygote."""
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        proc = shared().spawn(module, args, env=dict(os.environ if env is None else env), log=out, stderr=err)
+        try:
+            code = proc.wait(timeout)
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+        return subprocess.CompletedProcess([module, *args], code, out.read_text(), err.read_text())
 
 
 _shared: ForkServer | None = None

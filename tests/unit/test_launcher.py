@@ -10,13 +10,21 @@ import pytest
 import yaml
 
 from pdfleet.runtime.patches import base, catalogue
+from tests.support import forkserver
 
 EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
 
 
-def launcher(*args: str) -> subprocess.CompletedProcess[str]:
+def cold_launcher(*args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pdfleet.runtime.launcher`, a fresh interpreter, as an engine pod runs it."""
     return subprocess.run([sys.executable, "-m", "pdfleet.runtime.launcher", *args], capture_output=True,
                           text=True, timeout=180)
+
+
+def launcher(*args: str) -> subprocess.CompletedProcess[str]:
+    """The same command forked with SGLang already imported, as the local fleet's pod runner starts an engine:
+    the answers are the launcher's either way, and a fresh import costs 10-20 s of CPU each."""
+    return forkserver.run("pdfleet.runtime.launcher", *args, timeout=180)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,7 +36,7 @@ def real_sglang() -> None:
 
 
 def test_a_pd_decode_command_line_passes_the_checks() -> None:
-    result = launcher("--check", "--", "--model-path", "/models/x", "--tp-size", "8",
+    result = cold_launcher("--check", "--", "--model-path", "/models/x", "--tp-size", "8",
                       "--disaggregation-mode", "decode", "--disaggregation-transfer-backend", "fake")
     assert result.returncode == 0, result.stderr
     assert "SGLang 0.5.23" in result.stderr

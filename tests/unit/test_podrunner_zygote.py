@@ -89,12 +89,13 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
         "import json, sys\nimport probe_helper\n"
         "if __name__ == '__main__':\n"
         "    print(json.dumps({'argv': sys.argv[1:], 'helper': probe_helper.VALUE}), flush=True)\n"
+        "    print('to stderr', file=sys.stderr, flush=True)\n"
         "    sys.exit(int(sys.argv[1]))\n")
     zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         assert zygote.stdin is not None
         request = {"op": "spawn", "id": 3, "mode": "module", "argv": ["probe", "5", "x y"], "env": dict(os.environ),
-                   "cwd": str(tmp_path), "log": str(tmp_path / "log")}
+                   "cwd": str(tmp_path), "log": str(tmp_path / "log"), "stderr": str(tmp_path / "err")}
         zygote.stdin.write((json.dumps(request) + "\n").encode())
         zygote.stdin.flush()
         spawned = read_message(zygote)
@@ -104,3 +105,4 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
         zygote.wait()
     printed = json.loads((tmp_path / "log").read_text().splitlines()[-1])
     assert printed == {"argv": ["5", "x y"], "helper": "imported from the cwd"}
+    assert (tmp_path / "err").read_text() == "to stderr\n", "standard error apart, when asked"
