@@ -71,12 +71,11 @@ test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a rea
 	echo "make test: $$(( $$(date +%s) - start )) s of wall time (cluster up and down included), exit $$rc"; \
 	exit $$rc
 
-test-unit: $(STAMP) sglang sglang-releases ## the tests that need no cluster
-	$(PY) -m pytest -m 'not cluster' -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
-
 test-fast: $(STAMP) sglang sglang-releases ## the inner loop: tests/unit (no cluster) on xdist workers; CI still runs `make test`
 	@start=$$(date +%s); rc=0; $(PY) -m pytest tests/unit -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS) || rc=$$?; \
 	echo "make test-fast: $$(( $$(date +%s) - start )) s of wall time, exit $$rc"; exit $$rc
+
+test-unit: test-fast ## the same as test-fast (every test that needs no cluster is in tests/unit)
 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py
