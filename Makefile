@@ -9,8 +9,8 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 CLUSTER := $(PY) hack/localcluster.py
 PYTEST_ARGS ?=
-# pytest-xdist workers for `make test`: the tests on the shared cluster run in one of them, in order; the rest
-# spread over the others by module (tests/conftest.py). Mostly waiting on timers and processes, so more workers
+# pytest-xdist workers for `make test`: units of work (the cluster tests in two, any other module whole) run each
+# in one worker, in order (docs/testing.md). Much of the suite waits on timers and processes, so more workers
 # than cores pays. TEST_WORKERS=0 runs everything in one process.
 TEST_WORKERS ?= 3
 # e.g. GPU_CHECK_ARGS='--json gpu-check.json' (benchmarks/gpu_check.py --help)

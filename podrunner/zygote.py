@@ -27,6 +27,7 @@ import signal
 import sys
 import time
 import traceback
+import warnings
 from typing import Any
 
 PRELOAD = (
@@ -113,6 +114,9 @@ def _child(request: dict[str, Any], control: list[int]) -> None:
             # start this way, each saving the 10-20 s an import of SGLang takes.
             sys.argv = list(argv)
             sys.path.insert(0, request["cwd"])  # what `python -m` puts first
+            # runpy warns when the module is already imported, as every preloaded one is: re-running it as
+            # __main__ is the point here, and `python -m` would have printed nothing.
+            warnings.filterwarnings("ignore", r".* found in sys\.modules after import of package", RuntimeWarning)
             runpy.run_module(argv[0], run_name="__main__", alter_sys=True)
             code = 0
         else:

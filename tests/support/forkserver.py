@@ -74,7 +74,6 @@ class ForkServer:
         self._spawned: dict[int, int | str] = {}  # request id -> pid, or why it failed
         self._running: dict[int, Forked] = {}
         self._exits: dict[int, int] = {}  # pid -> returncode, for an exit read before its spawn reply was taken
-        self._ready = False
         self._died: str | None = None
         with log_path.open("ab") as log:
             self._proc = subprocess.Popen([sys.executable, "-m", "pdfleet.podrunner.zygote"], cwd=REPO,
@@ -88,9 +87,7 @@ class ForkServer:
         for line in out:
             message = json.loads(line)
             with self.changed:
-                if message["op"] == "ready":
-                    self._ready = True
-                elif message["op"] == "spawned":
+                if message["op"] == "spawned":
                     self._spawned[message["id"]] = int(message["pid"])
                 elif message["op"] == "spawn-failed":
                     self._spawned[message["id"]] = str(message["error"])

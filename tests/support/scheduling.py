@@ -46,16 +46,17 @@ def unit_of(nodeid: str) -> str:
 
 def misplaced(nodeid: str, fixtures: set[str], marked_cluster: bool, unit: str) -> str | None:
     """Why a test would break the split, or None: on the cluster exactly when in the cluster tier, and on the
-    shared operator exactly when in its unit (`unit`: what `unit_of` said for it)."""
+    shared operator only in its unit (`unit`: what `unit_of` said for it; a test there that does without the
+    operator is harmless)."""
     in_tier = nodeid.startswith(CLUSTER_TIER)
     if in_tier and not marked_cluster:
         return f"{nodeid} is in {CLUSTER_TIER} but not marked cluster (pytestmark = pytest.mark.cluster)"
     if not in_tier and ("cluster" in fixtures or marked_cluster):
         return f"{nodeid} uses the shared cluster: move it to {CLUSTER_TIER} (tests/support/scheduling.py)"
     shared = bool(fixtures & set(SHARED_OPERATOR_FIXTURES))
-    if in_tier and shared != (unit == SHARED_OPERATOR_UNIT):
-        return (f"{nodeid} {'asks' if shared else 'does not ask'} for the shared operator but was put in unit "
-                f"{unit!r}: name the fixture in a test's signature (`operator: OperatorProcess`, `chart: None`)")
+    if in_tier and shared and unit != SHARED_OPERATOR_UNIT:
+        return (f"{nodeid} asks for the shared operator but was put in unit {unit!r}: name the fixture in a "
+                "test's signature (`operator: OperatorProcess`, `chart: None`)")
     return None
 
 

@@ -71,7 +71,7 @@ def test_a_patch_fixed_upstream_is_refused() -> None:
 
 
 def test_sglang_rejects_an_unknown_flag_in_one_line() -> None:
-    result = cold_launcher("--check", "--", "--model-path", "/m", "--no-such-flag")  # stderr exactly, cold
+    result = launcher("--check", "--", "--model-path", "/m", "--no-such-flag")
     assert result.returncode == 2
     assert result.stderr.strip() == "pdfleet-engine: SGLang refuses its arguments: unrecognized arguments: " \
                                     "--no-such-flag"

@@ -24,6 +24,12 @@ def read_message(proc: subprocess.Popen[bytes], timeout: float = 20) -> dict[str
     return json.loads(proc.stdout.readline())
 
 
+def send(zygote: subprocess.Popen[bytes], request: dict[str, Any]) -> None:
+    assert zygote.stdin is not None
+    zygote.stdin.write((json.dumps(request) + "\n").encode())
+    zygote.stdin.flush()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -40,11 +46,9 @@ def test_an_exit_is_reported_only_once_the_containers_other_processes_are_gone(t
               f"while [ ! -s {tmp_path}/listening ]; do sleep 0.05; done; exit 3")
     zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert zygote.stdin is not None
         request = {"op": "spawn", "id": 1, "mode": "exec", "argv": ["sh", "-c", script], "env": dict(os.environ),
                    "cwd": str(tmp_path), "log": str(tmp_path / "log")}
-        zygote.stdin.write((json.dumps(request) + "\n").encode())
-        zygote.stdin.flush()
+        send(zygote, request)
         spawned = read_message(zygote)
         assert spawned["op"] == "spawned", spawned
         ended = read_message(zygote)
@@ -68,11 +72,9 @@ def test_a_container_whose_processes_all_end_is_reported_at_once(tmp_path: Path)
     zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     try:
-        assert zygote.stdin is not None
         request = {"op": "spawn", "id": 7, "mode": "exec", "argv": ["sh", "-c", "exit 0"], "env": dict(os.environ),
                    "cwd": str(tmp_path), "log": str(tmp_path / "log")}
-        zygote.stdin.write((json.dumps(request) + "\n").encode())
-        zygote.stdin.flush()
+        send(zygote, request)
         spawned = read_message(zygote)
         assert read_message(zygote) == {"op": "exit", "pid": spawned["pid"], "code": 0, "signal": None}
     finally:
@@ -93,11 +95,9 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
         "    sys.exit(int(sys.argv[1]))\n")
     zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
-        assert zygote.stdin is not None
         request = {"op": "spawn", "id": 3, "mode": "module", "argv": ["probe", "5", "x y"], "env": dict(os.environ),
                    "cwd": str(tmp_path), "log": str(tmp_path / "log"), "stderr": str(tmp_path / "err")}
-        zygote.stdin.write((json.dumps(request) + "\n").encode())
-        zygote.stdin.flush()
+        send(zygote, request)
         spawned = read_message(zygote)
         assert read_message(zygote) == {"op": "exit", "pid": spawned["pid"], "code": 5, "signal": None}
     finally:
