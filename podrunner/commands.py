@@ -1,7 +1,8 @@
 """What a played container runs (the table in docs/local-fleet.md), pure: the pod spec in, an argv out.
 
 The engine runs the launcher inside a process forked from the zygote; everything else is exec'd. `python3`
-means the project's interpreter, and listeners that would bind 0.0.0.0 in their pod get the pod's IP.
+means the project's interpreter, and listeners that would bind 0.0.0.0 in their pod get the pod's IP. As
+kubelet does, `$(VAR)` in command and args is replaced by the container's own env (`env.expand`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from typing import Any
+
+from pdfleet.podrunner import env
 
 LAUNCHER = ("python3", "-m", "pdfleet.runtime.launcher")
 ROUTER = ("python3", "-m", "sglang_router.launch_router")
@@ -61,9 +64,11 @@ def is_chart_operator(container: Mapping[str, Any]) -> bool:
             and "pdfleet-operator" in str(container.get("image", "")))
 
 
-def plan(container: Mapping[str, Any], *, pod_ip: str, python: str) -> Plan:
-    command = list(container.get("command") or [])
-    args = list(container.get("args") or [])
+def plan(container: Mapping[str, Any], *, pod_ip: str, python: str,
+         variables: Mapping[str, str] | None = None) -> Plan:
+    defined = variables or {}
+    command = [env.expand(str(a), defined) for a in container.get("command") or []]
+    args = [env.expand(str(a), defined) for a in container.get("args") or []]
     if tuple(command) == LAUNCHER:
         return Launch(tuple(args))
     if tuple(command[:3]) == ROUTER:

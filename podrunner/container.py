@@ -109,7 +109,7 @@ class Container:
         self.view.state = status.running(started_at)
         self.view.started = Kind.STARTUP not in self.probe_specs
         self.view.ready = self.view.started and Kind.READINESS not in self.probe_specs
-        log.info("container started", extra=self._fields(pid=proc.pid, run=_describe(self.plan)))
+        log.info("container started", extra=self._fields(pid=proc.pid, run=_describe(self.plan, self.spec)))
         self._event("Started", f"Started container {self.name}")
         self.publish()
         probing = asyncio.create_task(self._probe_all(started_at))
@@ -250,7 +250,9 @@ class Container:
                         "Warning")
 
 
-def _describe(plan: commands.Plan) -> str:
+def _describe(plan: commands.Plan, spec: Body) -> str:
+    """What runs, as the pod spec writes it: $(VAR) unexpanded, so a value taken from a Secret is never logged."""
+    written = " ".join(str(a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])])
     if isinstance(plan, commands.Launch):
-        return "zygote fork: pdfleet.runtime.launcher " + " ".join(plan.args)[:200]
-    return " ".join(plan.argv)[:200]
+        return "zygote fork: " + written[:200]
+    return written[:200]

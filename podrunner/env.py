@@ -1,14 +1,15 @@
 """A container's environment as kubelet builds it, plus the local-fleet contract (docs/local-fleet.md).
 
 Values may refer to earlier variables as $(NAME) ($$ escapes); valueFrom supports the downward-API fields a
-pdfleet pod uses. Anything else (ConfigMap or Secret references, resource fields, envFrom) is refused with a
-message, which ends up in the pod's status, rather than silently run with a wrong environment.
+pdfleet pod uses and Secret keys (`secretKeyRef`, read from the apiserver as kubelet reads them). Anything
+else (ConfigMap references, resource fields, envFrom) is refused with a message, which ends up in the pod's
+status, rather than silently run with a wrong environment. A Secret's value never appears in a message.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 FIELD_PATHS = {
@@ -37,8 +38,27 @@ def expand(value: str, defined: Mapping[str, str]) -> str:
     return _REF.sub(sub, value)
 
 
-def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[str, str]:
-    """The variables the container spec sets, resolved against the pod."""
+SecretKeys = Mapping[tuple[str, str], str]  # (Secret name, key) -> value, of the pod's namespace
+
+
+def secret_refs(containers: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The names of the Secrets the containers' env refers to."""
+    return {str(ref["name"]) for c in containers for var in c.get("env") or []
+            if (ref := (var.get("valueFrom") or {}).get("secretKeyRef")) and ref.get("name")}
+
+
+def _secret_value(name: str, ref: Mapping[str, Any], secrets: SecretKeys) -> str | None:
+    where = (str(ref.get("name", "")), str(ref.get("key", "")))
+    if where in secrets:
+        return secrets[where]
+    if ref.get("optional"):
+        return None
+    raise EnvError(f"env {name}: couldn't find key {where[1]} in Secret {where[0]}")
+
+
+def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],
+                  secrets: SecretKeys | None = None) -> dict[str, str]:
+    """The variables the container spec sets, resolved against the pod and its Secrets' keys."""
     if container.get("envFrom"):
         raise EnvError("envFrom is not emulated by pdfleet-sim")
     out: dict[str, str] = {}
@@ -46,6 +66,10 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any]) -> dict[
         name = var["name"]
         if "valueFrom" in var:
             source = var["valueFrom"]
+            if "secretKeyRef" in source:
+                if (value := _secret_value(name, source["secretKeyRef"], secrets or {})) is not None:
+                    out[name] = value
+                continue
             field = (source.get("fieldRef") or {}).get("fieldPath")
             if field not in FIELD_PATHS:
                 what = field or next(iter(source), "valueFrom")
@@ -79,7 +103,7 @@ def base_env(*, path: str, home: str, hostname: str) -> dict[str, str]:
 
 
 def build(pod: Mapping[str, Any], container: Mapping[str, Any], *, base: Mapping[str, str],
-          contract: Mapping[str, str]) -> dict[str, str]:
+          contract: Mapping[str, str], secrets: SecretKeys | None = None) -> dict[str, str]:
     """base, then the container's own, then the contract: the emulation must win (a container's KUBECONFIG
     or bind address would point at things that do not exist here)."""
-    return {**base, **container_env(pod, container), **contract}
+    return {**base, **container_env(pod, container, secrets), **contract}

@@ -23,7 +23,7 @@ import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import httpx
 import openai
@@ -95,32 +95,51 @@ def _describe(e: BaseException) -> str:
 
 
 class Load:
-    """`concurrency` workers sending requests to `url` until stopped."""
+    """`concurrency` workers sending requests to `url` until stopped.
+
+    With `endpoints`, each request goes to the next of the URLs it returns at that moment (to `url` when it
+    returns none): what a client behind a Service sees, whose proxy sends new connections only to the ready
+    endpoints (`url` alone is one fixed address).
+    """
 
     def __init__(self, url: str, *, model: str = "default", concurrency: int = 4, timeout_s: float = 15.0,
-                 max_tokens: int = 16) -> None:
+                 max_tokens: int = 16, endpoints: Callable[[], Sequence[str]] | None = None) -> None:
         self.url = url.rstrip("/")
+        self._endpoints = endpoints
+        self._turn = itertools.count()
+        self.used: set[str] = set()  # every base URL a request was sent to
         self.model = model
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.tally = Tally()
         self._stop = asyncio.Event()
-        self._http = httpx.AsyncClient(base_url=self.url, timeout=timeout_s)
-        # No retries: a failure the router let through is what this counts.
-        self._openai = openai.AsyncOpenAI(base_url=f"{self.url}/v1", api_key="none", timeout=timeout_s,
-                                          max_retries=0)
+        self._http = httpx.AsyncClient(timeout=timeout_s)
+        self._openai: dict[str, openai.AsyncOpenAI] = {}
         self._counter = itertools.count()
 
+    def _base(self) -> str:
+        found = list(self._endpoints()) if self._endpoints is not None else []
+        base = found[next(self._turn) % len(found)].rstrip("/") if found else self.url
+        self.used.add(base)
+        return base
+
+    def _chat_client(self, base: str) -> openai.AsyncOpenAI:
+        if base not in self._openai:
+            # No retries: a failure the router let through is what this counts.
+            self._openai[base] = openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="none", timeout=self.timeout_s,
+                                                    max_retries=0)
+        return self._openai[base]
+
     async def _generate(self, n: int) -> None:
-        r = await self._http.post("/generate", json={
+        r = await self._http.post(f"{self._base()}/generate", json={
             "text": f"request {n}: the quick brown fox", "sampling_params": {"max_new_tokens": self.max_tokens}})
         r.raise_for_status()
         if not r.json().get("text"):
             raise BadAnswer("no text")
 
     async def _chat(self, n: int) -> None:
-        out = await self._openai.chat.completions.create(
+        out = await self._chat_client(self._base()).chat.completions.create(
             model=self.model, max_tokens=self.max_tokens,
             messages=[{"role": "user", "content": f"request {n}: say something"}])
         if not out.choices or not out.choices[0].message.content:
@@ -131,7 +150,7 @@ class Load:
         body = {"model": self.model, "max_tokens": self.max_tokens, "stream": True,
                 "messages": [{"role": "user", "content": f"request {n}: stream something"}]}
         done, chunks = False, 0
-        async with self._http.stream("POST", "/v1/chat/completions", json=body) as r:
+        async with self._http.stream("POST", f"{self._base()}/v1/chat/completions", json=body) as r:
             r.raise_for_status()
             async for line in r.aiter_lines():
                 if line == "data: [DONE]":
@@ -181,7 +200,8 @@ class Load:
             self._stop.set()
             await asyncio.gather(*workers, return_exceptions=True)
             await self._http.aclose()
-            await self._openai.close()
+            for client in self._openai.values():
+                await client.close()
         return self.tally
 
 

@@ -4,6 +4,7 @@ its containers, its status, its termination. kubelet's pod worker, for pdfleet's
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import shutil
 import time
@@ -139,10 +140,13 @@ class PodWorker:
         contract = env.contract_env(pod_ip=pod_ip, pod_dir=str(self.dir), kubeconfig=kubeconfig)
         base = env.base_env(path=self.node.container_path, home=str(self.dir),
                             hostname=spec.get("hostname") or self.pod["metadata"]["name"])
+        secrets = await self._secret_keys(env.secret_refs(spec["containers"]))
         for c in spec["containers"]:
             try:
-                plan = commands.plan(c, pod_ip=pod_ip, python=self.node.python)
-                variables = env.build(self.pod, c, base=base, contract=contract)
+                # kubelet expands $(VAR) in command and args from the container's own env only.
+                plan = commands.plan(c, pod_ip=pod_ip, python=self.node.python,
+                                     variables=env.container_env(self.pod, c, secrets))
+                variables = env.build(self.pod, c, base=base, contract=contract, secrets=secrets)
                 if any(m.get("mountPath") == "/tmp" for m in c.get("volumeMounts") or []):
                     variables["TMPDIR"] = str(self.dir / "tmp")
                 probe_specs = probes.parse(c)
@@ -150,6 +154,21 @@ class PodWorker:
                 raise Refused(f"container {c['name']}: {e}") from None
             self.containers.append(Container(self.node, lambda: self.pod, c, plan, variables, probe_specs,
                                              self.dir, self.dirty.set))
+
+    async def _secret_keys(self, names: set[str]) -> dict[tuple[str, str], str]:
+        """The keys of the Secrets the pod's env refers to, read from the apiserver as kubelet reads them."""
+        namespace = self.pod["metadata"]["namespace"]
+        out: dict[tuple[str, str], str] = {}
+        for name in sorted(names):
+            try:
+                secret = await self.node.client.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+            except ApiError as e:
+                if e.status == 404:
+                    continue  # a reference to it fails with kubelet's message, unless optional
+                raise Refused(f"cannot read Secret {name}: HTTP {e.status}") from None
+            for key, encoded in (secret.get("data") or {}).items():
+                out[(name, key)] = base64.b64decode(encoded).decode("utf-8", "replace")
+        return out
 
     async def _terminate(self) -> None:
         if self.shutdown:

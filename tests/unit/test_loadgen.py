@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import httpx
 import openai
+from aiohttp import web
 
 from pdfleet.podrunner import loadgen
 
@@ -35,3 +37,52 @@ def test_errors_are_named_by_what_a_client_would_see() -> None:
     assert loadgen._describe(openai.APIConnectionError(request=request)) == "connection error"
     assert loadgen._describe(loadgen.BadAnswer("truncated stream")) == "truncated stream"
     assert loadgen._describe(KeyError("choices")) == "KeyError"
+
+
+async def test_with_endpoints_each_request_goes_to_an_endpoint_listed_at_that_moment() -> None:
+    """A client behind a Service: it follows the ready endpoints as they change, never a listed-out one."""
+
+    hits: dict[str, int] = {}
+
+    async def serve(name: str) -> tuple[web.AppRunner, str]:
+        async def generate(_: web.Request) -> web.Response:
+            hits[name] = hits.get(name, 0) + 1
+            return web.json_response({"text": "ok"})
+
+        async def chat(request: web.Request) -> web.StreamResponse:
+            hits[name] = hits.get(name, 0) + 1
+            if (await request.json()).get("stream"):
+                out = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                await out.prepare(request)
+                await out.write(b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\ndata: [DONE]\n\n')
+                return out
+            return web.json_response({"id": "c", "object": "chat.completion", "created": 0, "model": "m",
+                                      "choices": [{"index": 0, "finish_reason": "stop",
+                                                   "message": {"role": "assistant", "content": "ok"}}]})
+        app = web.Application()
+        app.router.add_post("/generate", generate)
+        app.router.add_post("/v1/chat/completions", chat)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        return runner, f"http://127.0.0.1:{port}"
+
+    (first, a), (second, b) = await serve("a"), await serve("b")
+    ready = [a]
+    load = loadgen.Load("http://127.0.0.1:9", concurrency=2, timeout_s=5, endpoints=lambda: ready)
+    run = asyncio.create_task(load.run())
+    while load.tally.summary()["ok"] < 6:
+        await asyncio.sleep(0.01)
+    ready[:] = [b]  # the first endpoint leaves (its pod terminating); new requests go to the second only
+    before = dict(hits)
+    while hits.get("b", 0) < 6:
+        await asyncio.sleep(0.01)
+    load.stop()
+    tally = await run
+    await first.cleanup()
+    await second.cleanup()
+    assert tally.summary()["failed"] == 0
+    assert hits["a"] <= before["a"] + 2, "at most the requests already in flight went to the listed-out endpoint"
+    assert load.used == {a, b}

@@ -104,6 +104,17 @@ def test_env_values_field_refs_and_expansion() -> None:
                                                  "SA": "sa"}
 
 
+def test_env_takes_secret_keys_and_refuses_a_missing_one_without_showing_any_value() -> None:
+    refs = [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+            {"name": "O", "valueFrom": {"secretKeyRef": {"name": "s", "key": "absent", "optional": True}}},
+            {"name": "D", "value": "id:$(K)"}]
+    assert env.secret_refs([{"env": refs}, {"env": [{"name": "x", "value": "y"}]}]) == {"s"}
+    assert env.container_env(POD, {"env": refs}, {("s", "k"): "hush"}) == {"K": "hush", "D": "id:hush"}
+    with pytest.raises(env.EnvError, match="couldn't find key k in Secret s") as refused:
+        env.container_env(POD, {"env": refs}, {("s", "other"): "hush"})
+    assert "hush" not in str(refused.value)
+
+
 @pytest.mark.parametrize("var", [
     {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
     {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['x']"}}},
@@ -163,6 +174,14 @@ def test_router_binds_the_pod_ip() -> None:
     plan = commands.plan(c, pod_ip="127.1.0.7", python="/v/python")
     assert plan == commands.Exec(("/v/python", "-m", "sglang_router.launch_router", "--host", "127.1.0.7",
                                   "--port", "8000", "--prometheus-host=127.1.0.7", "--x", "0.0.0.0"))
+
+
+def test_args_take_the_containers_own_variables_as_kubelet_expands_them() -> None:
+    c = {"command": ["python3", "-m", "sglang_router.launch_router"],
+         "args": ["--control-plane-api-keys", "op:operator:admin:$(KEY)", "--other", "$(UNSET)", "$$(KEY)"]}
+    plan = commands.plan(c, pod_ip="127.1.0.7", python="/v/python", variables={"KEY": "hush"})
+    assert plan == commands.Exec(("/v/python", "-m", "sglang_router.launch_router", "--control-plane-api-keys",
+                                  "op:operator:admin:hush", "--other", "$(UNSET)", "$(KEY)"))
 
 
 def test_chart_operator_runs_the_operator_on_the_pod_ip() -> None:
