@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import dataclasses
 import json
 import shutil
@@ -81,10 +82,19 @@ def verified(pool: Body, *, not_revision: str | None = None) -> bool:
         status.get("currentRevision") != not_revision
 
 
-def registered(url: str) -> int:
+def router_key(api: Api, namespace: str, pod: Body) -> str:
+    """The control-plane key the router pod started with, from its pool's Secret (the benchmark is an admin)."""
+    ref = next(v["valueFrom"]["secretKeyRef"] for v in pod["spec"]["containers"][0]["env"]
+               if v["name"] == "PDFLEET_ROUTER_ADMIN_KEY")
+    secret = api.get(f"/api/v1/namespaces/{namespace}/secrets/{ref['name']}")
+    return base64.b64decode(secret["data"][ref["key"]]).decode()
+
+
+def registered(url: str, key: str) -> int:
     """How many workers the router at `url` has (0 when it does not answer)."""
+    request = urllib.request.Request(f"{url}/workers", headers={"Authorization": f"Bearer {key}"})
     try:
-        with urllib.request.urlopen(f"{url}/workers", timeout=3) as r:
+        with urllib.request.urlopen(request, timeout=3) as r:
             return len(json.loads(r.read()).get("workers", []))
     except (OSError, ValueError):
         return 0
@@ -95,8 +105,10 @@ def router_url(api: Api, namespace: str, port: int, workers: int) -> str:
     def found() -> str | None:
         pods = [p for p in api.pods(namespace, f"pdfleet.dev/pool={POOL},app.kubernetes.io/component=router")
                 if localfleet.is_ready(p)]
-        url = f"http://{pods[0]['status']['podIP']}:{port}" if pods else None
-        return url if url and registered(url) >= workers else None
+        if not pods:
+            return None
+        url = f"http://{pods[0]['status']['podIP']}:{port}"
+        return url if registered(url, router_key(api, namespace, pods[0])) >= workers else None
     return localfleet.wait_for(f"the router with {workers} workers", found, timeout=180, interval=0.5)
 
 

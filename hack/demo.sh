@@ -67,6 +67,19 @@ URL="http://$ROUTER_IP:$ROUTER_PORT"
 watch_until "the router to have its workers" \
   "$PY -c \"import urllib.request; urllib.request.urlopen('$URL/readiness', timeout=2)\" 2>/dev/null" \
   'echo "waiting for the router at $URL to discover the engines"' 120
+# A stranger with the router's address is served, but may neither read nor change its workers (docs/security.md).
+"$PY" - "$URL" "$POOL" <<'EOF' || fail "the router's worker API answered a caller without the pool's key"
+import sys, urllib.error, urllib.request
+url, pool = sys.argv[1], sys.argv[2]
+for method, body in (("GET", None), ("POST", b'{"url": "http://127.0.0.1:9", "worker_type": "decode"}')):
+    request = urllib.request.Request(f"{url}/workers", data=body, method=method,
+                                     headers={"Content-Type": "application/json"})
+    try:
+        urllib.request.urlopen(request, timeout=5)
+        sys.exit(f"{method} /workers without the pool's key: accepted")
+    except urllib.error.HTTPError as e:
+        print(f"{method} /workers without the pool's key: HTTP {e.code} (the key is in Secret {pool}-router-key)")
+EOF
 MODEL=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.spec.model.servedName}')
 # A load left by an earlier demo goes first (checked by its command line: a stale pid may be reused).
 old=$(cat "$STATE/load.pid" 2>/dev/null || true)

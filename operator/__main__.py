@@ -27,6 +27,7 @@ from pdfleet.operator.kube.client import KubeClient, load_configuration
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.leader.elector import LeaderElector
 from pdfleet.operator.leader.lease import LeaseStore
+from pdfleet.operator.render.context import DEFAULT_OPERATOR_LABELS, DEFAULT_OPERATOR_NAMESPACE, Settings
 from pdfleet.operator.runtime_state import LeaderElection, OperatorState, Options
 
 log = logging.getLogger("pdfleet.operator")
@@ -65,6 +66,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--bind-address", default="0.0.0.0", help="address the metrics and health servers bind")
     p.add_argument("--runtime-image", help="image of the init container that brings pdfleet's runtime into "
                    "engine pods (default: the runtime image of this operator's version)")
+    net = p.add_argument_group("network policies", "each pool's NetworkPolicies (docs/security.md)")
+    net.add_argument("--network-policies", choices=["true", "false"], default="true",
+                     help="render NetworkPolicies for pools that do not say (spec.networkPolicy.enabled); "
+                     "default: true")
+    net.add_argument("--operator-namespace", help="the namespace of the operator's pods, which the policies let "
+                     f"reach engines and routers (default: the pod's own, else {DEFAULT_OPERATOR_NAMESPACE})")
+    net.add_argument("--operator-labels", type=_labels, default=DEFAULT_OPERATOR_LABELS, metavar="K=V,...",
+                     help="labels of the operator's pods, for the same (default: "
+                     f"{','.join(f'{k}={v}' for k, v in DEFAULT_OPERATOR_LABELS)})")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     le = p.add_argument_group("leader election", "several replicas, one of which leads (a coordination.k8s.io "
@@ -94,6 +104,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def _labels(text: str) -> tuple[tuple[str, str], ...]:
+    """k=v,k=v: the labels that select the operator's pods."""
+    pairs = [item.partition("=") for item in text.split(",") if item.strip()]
+    if not pairs or any(not k.strip() or not eq or not v.strip() for k, eq, v in pairs):
+        raise argparse.ArgumentTypeError(f"expected k=v[,k=v...], got {text!r}")
+    return tuple(sorted((k.strip(), v.strip()) for k, _, v in pairs))
+
+
 def _seconds(text: str) -> float:
     """A duration flag: 15s, 500ms or 1m (as controller-runtime spells them), or plain seconds."""
     try:
@@ -118,6 +136,14 @@ def _pod_namespace() -> str | None:
         return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or None
     except OSError:
         return None
+
+
+def _render_settings(args: argparse.Namespace) -> Settings:
+    base = Settings()
+    return Settings(runtime_image=args.runtime_image or base.runtime_image,
+                    network_policies=args.network_policies == "true",
+                    operator_namespace=args.operator_namespace or _pod_namespace() or DEFAULT_OPERATOR_NAMESPACE,
+                    operator_labels=args.operator_labels)
 
 
 def _identity() -> str:
@@ -236,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         namespaces=tuple(args.namespace), kubeconfig=args.kubeconfig, workers=args.workers,
         resync_period=args.resync_period, metrics_port=args.metrics_port, health_port=args.health_port,
-        bind_address=args.bind_address, runtime_image=args.runtime_image,
+        bind_address=args.bind_address, render=_render_settings(args),
         leader_election=LeaderElection(namespace=args.leader_elect_namespace, name=args.leader_elect_id,
                                        identity=_identity(), timings=_timings(args)) if args.leader_elect else None,
     )

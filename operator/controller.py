@@ -22,6 +22,7 @@ from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.kube.detached import Detached
+from pdfleet.operator.kube.router_keys import RouterKeys
 from pdfleet.operator.kube.slots import Slots
 from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
@@ -30,6 +31,7 @@ from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import stamp
+from pdfleet.operator.render.context import Settings
 from pdfleet.operator.workqueue import Retry
 
 log = logging.getLogger(__name__)
@@ -59,13 +61,15 @@ def _no_engines(_: PoolKey) -> Mapping[str, EngineFacts]:
 
 
 class Controller:
-    def __init__(self, *, client: KubeClient, cache: Cache, runtime_image: str | None = None,
+    def __init__(self, *, client: KubeClient, cache: Cache, settings: Settings | None = None,
                  health: HealthView = _no_health, agents: AgentClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
-                 engines: EnginesView = _no_engines, background_events: bool = False) -> None:
+                 engines: EnginesView = _no_engines, background_events: bool = False,
+                 router_keys: RouterKeys | None = None) -> None:
         self._client = client
+        self.router_keys = router_keys or RouterKeys(client)
         self._cache = cache
-        self._runtime_image = runtime_image
+        self._settings = settings
         self._health = health
         self._engines = engines
         self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
@@ -89,6 +93,7 @@ class Controller:
         self._applied.pop(key, None)
         self._deleting.pop(key, None)
         self._summaries.pop(key, None)
+        self.router_keys.forget(*key)
         self._export_summaries()
 
     def _record_summary(self, key: PoolKey, status: Mapping[str, Any] | None) -> None:
@@ -155,8 +160,14 @@ class Controller:
             self._written.pop(key, None)  # the watch has caught up (or someone else wrote): the cache is news
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
-        plan = reconcile.plan(pool, observed, expect=expect, runtime_image=self._runtime_image,
-                              health=self._health(key), engines=self._engines(key))
+        # The Secret first: a router pod rendered with a key name must find it there when it starts.
+        keys, rotated = await self.router_keys.ensure(pool, observed.routers)
+        if rotated:
+            await self._post_event(pool, Event("Normal", "RouterKeyRotated",
+                                               f"router control-plane key rotated to {keys.current}; the router "
+                                               f"pods restart to take it, the old key stays valid until they have"))
+        plan = reconcile.plan(pool, observed, expect=expect, settings=self._settings,
+                              health=self._health(key), engines=self._engines(key), router_key=keys.current)
         planned = time.perf_counter()
         applied, deleting = self._applied[key], self._deleting[key]
 
@@ -306,8 +317,9 @@ class Controller:
 # on none of these, so they go out in the first wave: they are what a new pool waits for.
 _TIER = {"RoleBinding": 1, "Deployment": 2}
 _DEPENDED_ON = {"ServiceAccount", "Role", "RoleBinding"}
-# What a reconcile's later tiers wait for, link by link: these writes go ahead of the others in the queue.
-_GATING = _DEPENDED_ON | set(_TIER)
+# What a reconcile's later tiers wait for, link by link, and the NetworkPolicies (a new engine pod should find its
+# policy in place, without waiting a tier for it): these writes go ahead of the others in the queue.
+_GATING = _DEPENDED_ON | set(_TIER) | {"NetworkPolicy"}
 
 
 def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:

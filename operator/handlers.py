@@ -98,12 +98,13 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.health = monitor.HealthMonitor(cache=state.cache, agents=agent_client,
                                          poke=lambda key: _poke_known(state, key))
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
-                                                 runtime_image=state.options.runtime_image,
+                                                 settings=state.options.render,
                                                  health=state.health.health, agents=agent_client,
                                                  requeue=state.queue.add_after, engines=state.health.facts,
                                                  background_events=True)
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
     state.membership = membership.RouterMembership(routers=routers.RouterClient(),
+                                                   key=state.controller.router_keys.for_pod,
                                                    post_event=state.controller.post_event)
     state.health.after_poll = state.membership.sync
     for _i in range(state.options.workers):
@@ -157,6 +158,7 @@ OWNED_KINDS = (
     ("apps", "v1", "deployments", "Deployment"),
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
+    ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
 )
 
 

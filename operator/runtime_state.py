@@ -11,6 +11,7 @@ from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.leader.decision import Timings
+from pdfleet.operator.render.context import Settings
 from pdfleet.operator.workqueue import WorkQueue
 
 
@@ -31,7 +32,8 @@ class Options:
     metrics_port: int = 9090
     health_port: int = 8080
     bind_address: str = "0.0.0.0"
-    runtime_image: str | None = None
+    # What shapes rendered objects: the runtime image, NetworkPolicies.
+    render: Settings = dataclasses.field(default_factory=Settings)
     owned_event_delay: float = 0.2  # seconds owned-object events wait to coalesce
     leader_election: LeaderElection | None = None  # None: this process is the only operator
 

@@ -8,6 +8,7 @@ from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.engine import EngineSpec
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.model import ModelSpec
+from pdfleet.operator.api.network import NetworkPolicySpec
 from pdfleet.operator.api.roles import DEFAULT_ENGINE_PORT, DecodeSpec, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.rollout import RolloutSpec
 from pdfleet.operator.api.router import RouterSpec
@@ -63,6 +64,8 @@ class InferencePoolSpec(ApiModel):
     transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV-cache transfer backend.")
     health: HealthSpec = Field(default_factory=HealthSpec, description="Rank-health detection and restarts.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How new revisions roll out.")
+    network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec,
+                                              description="Who may reach the pool's pods (NetworkPolicies).")
     paused: bool = Field(
         default=False,
         description="Stop reconciling engines: nothing is created, replaced or restarted. Replicas may be 0.",

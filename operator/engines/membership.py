@@ -24,6 +24,7 @@ log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
 PostEvent = Callable[[Mapping[str, Any], Event], Awaitable[None]]
+RouterKey = Callable[[Mapping[str, Any]], "str | None"]  # a router pod -> the control-plane key it started with
 GRACE_S = 5.0  # how long the router's own discovery gets to add a newly Ready engine before the operator does
 
 
@@ -34,9 +35,10 @@ def _serving(pod: Body) -> bool:
 
 
 class RouterMembership:
-    def __init__(self, *, routers: RouterClient, post_event: PostEvent | None = None, grace_s: float = GRACE_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, *, routers: RouterClient, key: RouterKey, post_event: PostEvent | None = None,
+                 grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
         self._routers = routers
+        self._key = key
         self._post_event = post_event
         self._grace = grace_s
         self._clock = clock
@@ -65,7 +67,8 @@ class RouterMembership:
             base = router_base(router, spec.router.port)
             if base is None:
                 continue
-            registered = await self._routers.workers(base)
+            key_ = self._key(router)
+            registered = await self._routers.workers(base, key_)
             if registered is None:
                 continue
             changes = router_membership.plan(wanted, registered, left_out, missing_since=missing.get(uid, {}),
@@ -76,17 +79,18 @@ class RouterMembership:
             if changes.missing_since or changes.unwanted_since:
                 log.debug("router %s: waiting out the grace for %s", router["metadata"]["name"],
                           sorted({*changes.missing_since, *changes.unwanted_since}))
-            await self._apply(observed.pool, router["metadata"]["name"], base, changes)
+            await self._apply(observed.pool, router["metadata"]["name"], base, key_, changes)
         alive = {r["metadata"].get("uid", "") for r in routers}
         for uid in [u for u in missing if u not in alive]:
             del missing[uid]
             unwanted.pop(uid, None)
 
-    async def _apply(self, pool: Body, router: str, base: str, changes: router_membership.Changes) -> None:
+    async def _apply(self, pool: Body, router: str, base: str, key: str | None,
+                     changes: router_membership.Changes) -> None:
         meta = pool["metadata"]
         where = {"namespace": meta["namespace"], "pool": meta["name"], "router": router}
         for removal in changes.remove:
-            if not await self._routers.remove(base, removal.worker):
+            if not await self._routers.remove(base, key, removal.worker):
                 continue
             metrics.ROUTER_WORKER_CHANGES.labels(action="remove", reason=_reason_label(removal.reason)).inc()
             log.info("router %s: removed worker %s (%s)", router, removal.worker.url, removal.reason, extra=where)
@@ -96,7 +100,7 @@ class RouterMembership:
                 f"router {router} no longer sends requests to {removal.worker.worker_type} worker "
                 f"{removal.worker.url}: {removal.reason}"))
         for worker in changes.add:
-            if not await self._routers.add(base, worker):
+            if not await self._routers.add(base, key, worker):
                 continue
             metrics.ROUTER_WORKER_CHANGES.labels(action="add", reason="in rotation").inc()
             log.info("router %s: added worker %s of group %s", router, worker.url, worker.group, extra=where)

@@ -5,7 +5,8 @@
     POST   /workers          add one: {"url", "worker_type", "bootstrap_port"}
 
 Like `agents`, one class holds the session and translates every failure into one answer (None or False), and
-only the pod's own IP is ever contacted.
+only the pod's own IP is ever contacted. Every call carries the router pod's control-plane key as a bearer
+token (`planning.router_keys`); without one, sglang-router answers 401.
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ class RouterClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def workers(self, base: str) -> list[Registered] | None:
+    async def workers(self, base: str, key: str | None) -> list[Registered] | None:
         """The router's workers, or None when it does not answer with a list of them."""
         try:
             async with self._limit, self._session.get(f"{base}/workers", timeout=self._timeout,
-                                                      allow_redirects=False) as r:
+                                                      headers=_auth(key), allow_redirects=False) as r:
                 if r.status != 200 or (r.content_length or 0) > MAX_BODY:
+                    if r.status in (401, 403):
+                        log.warning("router %s refused the operator's key listing workers (%s)", base, r.status)
                     return None
                 body = await r.json(content_type=None)
             return [Registered(id=str(w["id"]), url=str(w["url"]), worker_type=str(w.get("worker_type", "")))
@@ -53,22 +56,26 @@ class RouterClient:
             log.debug("router %s did not list its workers: %r", base, e)
             return None
 
-    async def remove(self, base: str, worker: Registered) -> bool:
-        return await self._send("DELETE", f"{base}/workers/{worker.id}", None)
+    async def remove(self, base: str, key: str | None, worker: Registered) -> bool:
+        return await self._send("DELETE", f"{base}/workers/{worker.id}", key, None)
 
-    async def add(self, base: str, worker: Worker) -> bool:
+    async def add(self, base: str, key: str | None, worker: Worker) -> bool:
         body: Body = {"url": worker.url, "worker_type": str(worker.role)}
         if worker.bootstrap_port is not None:
             body["bootstrap_port"] = worker.bootstrap_port
-        return await self._send("POST", f"{base}/workers", body)
+        return await self._send("POST", f"{base}/workers", key, body)
 
-    async def _send(self, method: str, url: str, body: Body | None) -> bool:
+    async def _send(self, method: str, url: str, key: str | None, body: Body | None) -> bool:
         try:
             async with self._limit, self._session.request(method, url, json=body, timeout=self._timeout,
-                                                          allow_redirects=False) as r:
+                                                          headers=_auth(key), allow_redirects=False) as r:
                 if r.status >= 300:
                     log.warning("router %s %s answered %s: %s", method, url, r.status, (await r.text())[:300])
                 return r.status < 300
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
             log.warning("router %s %s failed: %r", method, url, e)
             return False
+
+
+def _auth(key: str | None) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"} if key else {}

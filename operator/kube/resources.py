@@ -12,11 +12,13 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Pod"): "pods",
     ("v1", "Service"): "services",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
     ("v1", "ServiceAccount"): "serviceaccounts",
     ("v1", "Event"): "events",
     ("apps/v1", "Deployment"): "deployments",
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
+    ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     (POOL_API_VERSION, "InferencePool"): "inferencepools",
 }
 

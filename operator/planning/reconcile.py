@@ -59,7 +59,7 @@ from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, sett
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
-from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.context import RenderContext, Settings
 from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
 from pdfleet.operator.render.stamp import applied_hash
 
@@ -94,9 +94,9 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
 
 
 def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
-         now: datetime.datetime | None = None, runtime_image: str | None = None,
+         now: datetime.datetime | None = None, settings: Settings | None = None,
          health: Mapping[str, GroupHealth] | None = None,
-         engines: Mapping[str, EngineFacts] | None = None) -> Plan:
+         engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1") -> Plan:
     expect = expect or Expectations()
     health = rank_health.current(health or {}, pods_by_group(observed.of_kind("Pod")))
     now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
@@ -105,7 +105,7 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     spec, problems = checks.validate_pool(pool)
     if spec is None or problems:
         return _rejected_plan(pool, previous, problems, generation, now)
-    ctx = RenderContext.of(pool) if runtime_image is None else RenderContext.of(pool, runtime_image=runtime_image)
+    ctx = RenderContext.of(pool, settings, router_key=router_key)
     if spec.paused:
         return _status_only(pool, previous, _paused_status(previous, generation, now))
 
@@ -144,8 +144,9 @@ def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Ex
 
 
 def _plan_shared_objects(want: Desired, observed: Observed, expect: Expectations, out: _Builder) -> None:
-    """Router objects and the engines' Services: mutable, so a changed one is simply applied again."""
-    for obj in [*want.router, *want.services]:
+    """NetworkPolicies, router objects and the engines' Services: mutable, so a changed one is simply applied
+    again."""
+    for obj in [*want.policies, *want.router, *want.services]:
         if _needs_write(obj, observed.owned, expect):
             out.apply.append(obj)
 

@@ -8,6 +8,19 @@ from typing import Any
 from pdfleet.operator.api import meta
 
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"
+DEFAULT_OPERATOR_NAMESPACE = "pdfleet-system"
+# The chart's operator pods carry these (its selector labels, less the release's instance).
+DEFAULT_OPERATOR_LABELS = (("app.kubernetes.io/component", "operator"), ("app.kubernetes.io/name", "pdfleet"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """What the operator was started with that shapes what it renders (flags, from the chart's values)."""
+
+    runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    network_policies: bool = True  # the default of every pool's spec.networkPolicy.enabled
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    operator_labels: tuple[tuple[str, str], ...] = DEFAULT_OPERATOR_LABELS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,11 +29,19 @@ class RenderContext:
     namespace: str
     uid: str
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
+    # The name, in the pool's router-key Secret, of the key new router pods get (`planning.router_keys`).
+    router_key: str = "key-1"
+    # NetworkPolicies: rendered unless the pool says otherwise; the operator is the peer they let in.
+    network_policies: bool = True
+    operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
+    operator_labels: tuple[tuple[str, str], ...] = DEFAULT_OPERATOR_LABELS
 
     @classmethod
-    def of(cls, pool_body: dict[str, Any], *, runtime_image: str = DEFAULT_RUNTIME_IMAGE) -> RenderContext:
+    def of(cls, pool_body: dict[str, Any], settings: Settings | None = None, *,
+           router_key: str = "key-1") -> RenderContext:
         meta = pool_body["metadata"]
-        return cls(pool=meta["name"], namespace=meta["namespace"], uid=meta["uid"], runtime_image=runtime_image)
+        return cls(pool=meta["name"], namespace=meta["namespace"], uid=meta["uid"], router_key=router_key,
+                   **dataclasses.asdict(settings or Settings()))
 
     def owner_reference(self) -> dict[str, Any]:
         return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": self.pool,

@@ -7,7 +7,7 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.render import engine_group, layout, revision, router
+from pdfleet.operator.render import engine_group, layout, network_policy, revision, router
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import GroupId
 from pdfleet.operator.render.stamp import stamped
@@ -29,9 +29,10 @@ class Desired:
     services: tuple[Body, ...]  # the engine pods' headless Services, one per role that has groups
     router: tuple[Body, ...]
     kv_layout: str
+    policies: tuple[Body, ...] = ()  # NetworkPolicies, unless switched off
 
     def objects(self) -> list[Body]:
-        out: list[Body] = [*self.router, *self.services]
+        out: list[Body] = [*self.policies, *self.router, *self.services]
         for group in self.groups:
             out += group.pods
         return out
@@ -49,4 +50,5 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
                                        pods=tuple(stamped(p) for p in pods)))
     services = tuple(stamped(engine_group.headless_service(ctx, role)) for role in Role if spec.role(role).replicas)
     return Desired(groups=tuple(groups), services=services,
-                   router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec))
+                   router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec),
+                   policies=tuple(stamped(p) for p in network_policy.network_policies(ctx, spec)))

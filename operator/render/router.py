@@ -3,6 +3,11 @@
 Discovery (not a static worker list) means scaling the pool never restarts the router: it watches the
 pool's engine pods by label and adds or drops workers as they come and go. That needs `pods` get/list/watch in
 the pool's namespace, granted to the router's own ServiceAccount by a Role the operator creates.
+
+The router's control plane (`/workers`, `/flush_cache`, `/get_loads`, ...) is shut to everyone but the operator:
+the router runs with one admin control-plane key, taken from the pool's router-key Secret into an environment
+variable that its args refer to as `$(VAR)` (so no pod spec, Deployment or Event holds the key), and with
+sglang-router's audit log of control-plane calls on. Client traffic (`/generate`, `/v1/...`) needs no key.
 """
 
 from __future__ import annotations
@@ -11,12 +16,15 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.render import labels
+from pdfleet.operator.render import labels, router_secret
 from pdfleet.operator.render.context import RenderContext
 
 Body = dict[str, Any]
 METRICS_PORT = 29000
 COMPONENT = "router"
+# A terminating router pod keeps serving this long before SIGTERM: Services, proxies and gateways take a moment
+# to stop sending it new requests, and those in flight finish (a key rotation rolls the routers).
+DRAIN_S = 5
 
 
 def router_name(pool: str) -> str:
@@ -45,7 +53,15 @@ def router_args(ctx: RenderContext, spec: InferencePoolSpec) -> list[str]:
         "--decode-selector", *_selector_args(ctx, Role.DECODE),
         "--prometheus-host", "0.0.0.0",
         "--prometheus-port", str(METRICS_PORT),
+        # id:name:role:key; the id is what the audit log names as the caller.
+        "--control-plane-api-keys", f"{router_secret.KEY_ID}:pdfleet operator:admin:$({router_secret.ENV})",
+        "--control-plane-audit-enabled",
     ]
+
+
+def _key_env(ctx: RenderContext) -> list[Body]:
+    return [{"name": router_secret.ENV, "valueFrom": {"secretKeyRef": {
+        "name": router_secret.secret_name(ctx.pool), "key": ctx.router_key}}}]
 
 
 def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
@@ -67,9 +83,11 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
             "imagePullPolicy": str(spec.engine.image_pull_policy),
             "command": ["python3", "-m", "sglang_router.launch_router"],
             "args": router_args(ctx, spec),
+            "env": _key_env(ctx),
             "ports": [{"name": "http", "containerPort": router.port},
                       {"name": "metrics", "containerPort": METRICS_PORT}],
             "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 10},
+            "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", f"import time; time.sleep({DRAIN_S})"]}}},
             "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 20,
                               "failureThreshold": 3},
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},

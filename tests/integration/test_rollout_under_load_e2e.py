@@ -87,9 +87,8 @@ def client_load(url: str) -> Iterator[tuple[loadgen.Load, loadgen.Load]]:
         thread.join(timeout=60)
 
 
-def workers(url: str) -> list[str]:
-    code, body = fleet.http_get(f"{url}/workers")
-    return [w["url"] for w in json.loads(body)["workers"]] if code == 200 else []
+def workers(url: str, key: str) -> list[str]:
+    return [w["url"] for w in fleet.workers(url, key) or []]
 
 
 def uids(cluster: Cluster, namespace: str) -> dict[str, set[str]]:
@@ -117,6 +116,7 @@ def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_
         raise AssertionError(f"{e}\nstatus: {fleet.pool(cluster, namespace, POOL).get('status')}\n" +
                              "\n".join(fleet.event_lines(cluster, namespace))) from None
     url = fleet.router_url(cluster, namespace, POOL, workers=4)
+    key = fleet.router_key(cluster, namespace, POOL)
     before = uids(cluster, namespace)
     assert sorted(before) == [f"{POOL}-decode-0", f"{POOL}-decode-1", f"{POOL}-prefill-0", f"{POOL}-prefill-1"]
     assert all(len(u) == 1 for u in before.values()), before
@@ -163,7 +163,7 @@ def test_disabling_the_overlap_schedule_under_load_rolls_out_verified_and_fails_
     # Every new engine is back in the router's rotation, and nothing else is.
     port = fleet.pool(cluster, namespace, POOL)["spec"]["decode"]["port"]
     engines = {f"http://{p['status']['podIP']}:{port}" for p in fleet.engine_pods(cluster, namespace, POOL)}
-    wait_for("the router to send to exactly the new engines", lambda: set(workers(url)) == engines, timeout=30)
+    wait_for("the router to send to exactly the new engines", lambda: set(workers(url, key)) == engines, timeout=30)
 
     # An Event per step: one GroupReplaced per group (maxUnavailable 1), each naming its group and the revision.
     replaced = fleet.events(cluster, namespace, POOL, "GroupReplaced")

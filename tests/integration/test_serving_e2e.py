@@ -7,9 +7,7 @@ client and the engines' HTTP surface.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
-import http.server
 import json
 import threading
 import time
@@ -19,7 +17,6 @@ import httpx
 import openai
 import pytest
 
-from pdfleet.podrunner import loadgen
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
@@ -28,20 +25,6 @@ pytestmark = pytest.mark.cluster
 
 POOL = "fleet"
 MODEL = "qwen2.5-0.5b-instruct"
-
-
-@contextlib.contextmanager
-def steady_load(url: str, concurrency: int = 4) -> Iterator[loadgen.Load]:
-    """A client load from a thread of its own, stopped (and its requests finished) on exit."""
-    load = loadgen.Load(url, model=MODEL, concurrency=concurrency, timeout_s=10)
-    loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
-    thread.start()
-    try:
-        yield load
-    finally:
-        loop.call_soon_threadsafe(load.stop)
-        thread.join(timeout=30)
 
 
 @contextlib.contextmanager
@@ -86,7 +69,7 @@ def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(
 
     # Every engine saw PD traffic. A PD engine refuses a request without bootstrap fields (as SGLang does), so
     # each one it served came from the router with them, and each decode fetched its KV from a prefill engine.
-    with steady_load(url) as load:
+    with fleet.steady_load(url, model=MODEL) as load:
         wait_for("requests on every engine", lambda: all(
             served(pod) > 0 for pod in fleet.engine_pods(cluster, namespace, POOL)), timeout=60)
     assert load.tally.failed == 0, load.tally.summary()
@@ -107,40 +90,11 @@ def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(
     assert direct.status_code == 400 and "bootstrap room" in direct.text
 
 
-def registered(url: str) -> dict[str, str]:
+def registered(url: str, key: str) -> dict[str, str]:
     """The router's workers: url -> worker_type."""
-    code, body = fleet.http_get(f"{url}/workers")
-    assert code == 200, body
-    return {w["url"]: w["worker_type"] for w in json.loads(body)["workers"]}
-
-
-@contextlib.contextmanager
-def foreign_engine(ip: str, port: int) -> Iterator[str]:
-    """The registration surface of an SGLang engine (what sglang-router asks before it adds a worker)."""
-    answers = {"/health": {}, "/health_generate": {}, "/v1/models": {"object": "list", "data": []},
-               "/server_info": {"model_path": "foreign", "disaggregation_mode": "decode"},
-               "/model_info": {"model_path": "foreign", "is_generation": True}}
-
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def do_GET(self) -> None:
-            body = json.dumps(answers.get(self.path.split("?")[0], {})).encode()
-            self.send_response(200 if self.path.split("?")[0] in answers else 404)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args: object) -> None:
-            pass
-
-    server = http.server.ThreadingHTTPServer((ip, port), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://{ip}:{port}"
-    finally:
-        server.shutdown()
-        server.server_close()
+    listed = fleet.workers(url, key)
+    assert listed is not None, f"{url} did not list its workers"
+    return {w["url"]: w["worker_type"] for w in listed}
 
 
 def set_ready(cluster: Cluster, namespace: str, pod: dict, ready: bool) -> None:
@@ -160,24 +114,26 @@ def test_the_operator_keeps_the_routers_workers_to_what_it_judged(
     fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={"replicas": 2})
     fleet.wait_ready(cluster, namespace, POOL)
     url = fleet.router_url(cluster, namespace, POOL, workers=3)
+    key = fleet.router_key(cluster, namespace, POOL)
 
-    # An engine that is no pod of the pool (the leftover of a deleted pod, say) gets registered: the router
-    # itself would keep it for good.
-    with foreign_engine("127.1.9.9", 30000) as stale:
-        r = httpx.post(f"{url}/workers", json={"url": stale, "worker_type": "decode"}, timeout=10)
+    # An engine that is no pod of the pool (the leftover of a deleted pod, say) gets registered, by someone
+    # holding the control-plane key: the router itself would keep it for good.
+    with fleet.foreign_engine("127.1.9.9", 30000) as stale:
+        r = httpx.post(f"{url}/workers", json={"url": stale, "worker_type": "decode"}, headers=fleet.admin(key),
+                       timeout=10)
         assert r.status_code < 300, r.text
-        wait_for("the router to register it", lambda: stale in registered(url), timeout=60)
-        wait_for("the operator to remove it", lambda: stale not in registered(url), timeout=30)
+        wait_for("the router to register it", lambda: stale in registered(url, key), timeout=60)
+        wait_for("the operator to remove it", lambda: stale not in registered(url, key), timeout=30)
     pod = fleet.engine_pods(cluster, namespace, POOL, group=f"{POOL}-decode-1")[0]
     own = f"http://{pod['status']['podIP']}:30000"
     set_ready(cluster, namespace, pod, False)
-    wait_for("the NotReady decode engine out of rotation", lambda: own not in registered(url), timeout=30)
+    wait_for("the NotReady decode engine out of rotation", lambda: own not in registered(url, key), timeout=30)
     reasons = {e["message"].rsplit(": ", 1)[-1] for e in fleet.events(cluster, namespace, POOL,
                                                                        "RouterWorkerRemoved")}
     assert {"not Ready", "no such engine in the pool"} <= reasons, reasons
 
     set_ready(cluster, namespace, pod, True)
-    wait_for("the engine back in rotation", lambda: registered(url).get(own) == "decode", timeout=30)
+    wait_for("the engine back in rotation", lambda: registered(url, key).get(own) == "decode", timeout=30)
     assert fleet.events(cluster, namespace, POOL, "RouterWorkerAdded")
     assert operator.metric("pdfleet_router_worker_changes_total", action="remove") >= 2
 
@@ -230,7 +186,7 @@ def test_a_desync_under_load_is_detected_and_the_group_replaced_while_the_rest_k
     others = {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL)} - {victim["metadata"]["uid"]}
     victim_url = f"http://{victim['status']['podIP']}:30000"
 
-    with steady_load(url) as load, health_samples(f"{victim_url}/health") as health:
+    with fleet.steady_load(url, model=MODEL) as load, health_samples(f"{victim_url}/health") as health:
         wait_for("requests succeeding", lambda: load.tally.ok >= 20, timeout=60)
         injected_at = time.monotonic()
         fleet.inject(cluster, namespace, victim["metadata"]["name"], "desync")

@@ -4,7 +4,8 @@
   (`report.to_json`) with whatever ranks the test sets. The real agent (`runtime.health.agent`) reads a
   shared-memory ledger whose phase ages come from the clock; this one lets a test say "these two ranks have
   sat in different collectives for 40 s" without waiting 40 s.
-- `FakeRouter`: sglang-router's worker API (`GET /workers`, `DELETE /workers/{id}`, `POST /workers`), keeping
+- `FakeRouter`: sglang-router's worker API (`GET /workers`, `DELETE /workers/{id}`, `POST /workers`; with `key`
+  set, 401 without it as a bearer token, as with `--control-plane-api-keys`), keeping
   the worker list and every request it got.
 
 Each listens on its own 127.x.y.z address (every 127/8 address is loopback on Linux) and a free port, so pods
@@ -111,6 +112,7 @@ class FakeRouter(_Server):
         super().__init__(host)
         self.workers: list[Body] = []  # as GET /workers lists them
         self.failing: set[str] = set()  # the methods it answers with 500
+        self.key: str | None = None  # when set, the worker API wants it as a bearer token (401 otherwise)
         self._ids = itertools.count(1)
 
     def register(self, url: str, worker_type: str, **extra: Any) -> str:
@@ -131,12 +133,21 @@ class FakeRouter(_Server):
         app.router.add_delete("/workers/{id}", self._remove)
         app.router.add_post("/workers", self._add)
 
-    async def _list(self, _: web.Request) -> web.Response:
+    def _refused(self, request: web.Request) -> web.Response | None:
+        if self.key is not None and request.headers.get("Authorization") != f"Bearer {self.key}":
+            return web.Response(status=401, text="Missing or invalid Authorization header")
+        return None
+
+    async def _list(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         if "GET" in self.failing:
             return web.json_response({"error": "broken"}, status=500)
         return web.json_response({"workers": self.workers, "total": len(self.workers)})
 
     async def _remove(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         if "DELETE" in self.failing:
             return web.json_response({"error": "broken"}, status=500)
         before = len(self.workers)
@@ -146,6 +157,8 @@ class FakeRouter(_Server):
         return web.json_response({"status": "removed"})
 
     async def _add(self, request: web.Request) -> web.Response:
+        if (refused := self._refused(request)) is not None:
+            return refused
         body = await request.json()
         if "POST" in self.failing:
             return web.json_response({"error": "broken"}, status=500)

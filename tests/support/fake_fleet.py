@@ -4,6 +4,7 @@ membership, membership -> events through the executor). For tests of the operato
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import dataclasses
 from collections.abc import AsyncIterator, Callable
@@ -76,7 +77,8 @@ async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
         monitor = HealthMonitor(cache=kube.cache(), agents=agents.AgentClient(addressing=address, timeout=1.0),
                                 poke=pokes.append)
         controller = Controller(client=kube, cache=kube.cache(), health=monitor.health)
-        membership = RouterMembership(routers=RouterClient(timeout=1.0), post_event=controller.post_event,
+        membership = RouterMembership(routers=RouterClient(timeout=1.0), key=controller.router_keys.for_pod,
+                                      post_event=controller.post_event,
                                       clock=lambda: clock[0])
         monitor.after_poll = membership.sync
         await controller.reconcile(KEY)
@@ -84,6 +86,7 @@ async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
         for group in PODS:
             fleet.ready(group)
         _start_router(kube, router.host)
+        router.key = _router_key(kube)
         await controller.reconcile(KEY)
         kube.take_writes()
         router.register(URLS[PREFILL], "prefill", bootstrap_port=8998)
@@ -111,6 +114,13 @@ def _start_router(kube: FakeKube, ip: str) -> None:
                                                  "name": "tiny-router-6f9c", "uid": "uid-rs", "controller": True}]},
                "spec": deployment["spec"]["template"]["spec"],
                "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}})
+
+
+def _router_key(kube: FakeKube) -> str:
+    """The key the router pod started with, from the Secret the operator made (as kubelet would read it)."""
+    secret = kube.get("Secret", KEY[0], "tiny-router-key")
+    assert secret is not None, "the operator made no router-key Secret"
+    return base64.b64decode(secret["data"]["key-1"]).decode()
 
 
 @contextlib.asynccontextmanager

@@ -9,7 +9,8 @@ apiserver's contract that the executor relies on, and nothing more:
 - server-side apply (`application/apply-patch+yaml`): creates, or replaces what the single field manager set
   while keeping server-owned metadata and status; a Pod's spec is immutable (422, as the apiserver says);
 - a status merge patch (RFC 7386) guarded by `metadata.resourceVersion`: a stale one is refused with 409;
-- create (POST) with `generateName`, 409 when the name is taken;
+- create (POST) with `generateName`, 409 when the name is taken; GET of one object (404 when absent), not
+  recorded among the writes;
 - a RoleBinding whose Role does not exist yet is refused (403), as RBAC's escalation check does for an operator
   without the `bind` verb;
 - delete with a uid precondition (409 on mismatch, 404 when gone); a Pod with a grace period turns terminating
@@ -207,6 +208,12 @@ class FakeKube(KubeClient):
                       query: Mapping[str, str] | None = None, content_type: str = "application/json",
                       timeout: float = 30) -> Body:
         api_version, kind, namespace, name, sub = _parse(path)
+        if method == "GET" and name and sub is None:  # a read: answered, not recorded among the writes
+            await asyncio.sleep(0)
+            found = self.objects.get((kind, namespace, name))
+            if found is None:
+                raise _error(404, f'{kind.lower()}s "{name}" not found')
+            return copy.deepcopy(found)
         verb = _verb(method, content_type, name, sub)
         if verb == "patch":  # a JSON Patch: a list of operations
             body = {"ops": copy.deepcopy(list(body or ()))}

@@ -3,11 +3,18 @@ the engine simulator, faults injected by pod annotation (docs/local-fleet.md).""
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
+import http.server
 import json
+import threading
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from pdfleet.podrunner import loadgen
 from tests.support.cluster import Cluster, wait_for
 from tests.support.pools import example
 
@@ -88,14 +95,36 @@ def wait_ready(cluster: Cluster, namespace: str, name: str, timeout: float = 180
     wait_for(f"pool {name} Ready", ready, timeout=timeout, interval=0.5)
 
 
-def http_get(url: str, timeout: float = 3) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 3, headers: dict[str, str] | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as r:
             return r.status, r.read().decode()
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode(errors="replace")
     except OSError:
         return 0, ""
+
+
+def router_key(cluster: Cluster, namespace: str, name: str, pod: dict[str, Any] | None = None) -> str:
+    """The control-plane key a router pod started with (by default the current one), read from the pool's
+    Secret as an admin who may read Secrets would."""
+    secret = cluster.get("secret", f"{name}-router-key", "-n", namespace)
+    key = secret["metadata"]["annotations"]["pdfleet.dev/current-key"]
+    if pod is not None:
+        env = pod["spec"]["containers"][0].get("env") or []
+        key = next(v["valueFrom"]["secretKeyRef"]["key"] for v in env if v["name"] == "PDFLEET_ROUTER_ADMIN_KEY")
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def admin(key: str) -> dict[str, str]:
+    """The headers of a call to the router's control plane."""
+    return {"Authorization": f"Bearer {key}"}
+
+
+def workers(url: str, key: str) -> list[dict[str, Any]] | None:
+    """The router's registered workers, asked with `key`; None when it does not list them."""
+    code, body = http_get(f"{url}/workers", headers=admin(key))
+    return json.loads(body)["workers"] if code == 200 else None
 
 
 def router_url(cluster: Cluster, namespace: str, name: str, *, workers: int) -> str:
@@ -107,7 +136,7 @@ def router_url(cluster: Cluster, namespace: str, name: str, *, workers: int) -> 
         if not pods:
             return None
         url = f"http://{pods[0]['status']['podIP']}:{port}"
-        code, body = http_get(f"{url}/workers")
+        code, body = http_get(f"{url}/workers", headers=admin(router_key(cluster, namespace, name, pods[0])))
         if code != 200:
             return None
         listed = json.loads(body)
@@ -119,3 +148,76 @@ def router_url(cluster: Cluster, namespace: str, name: str, *, workers: int) -> 
 def inject(cluster: Cluster, namespace: str, pod: str, fault: str, **params: str) -> None:
     extra = [f"sim.pdfleet.dev/{k.replace('_', '-')}={v}" for k, v in params.items()]
     cluster.kubectl("annotate", "pod", pod, "-n", namespace, "--overwrite", f"{FAULT}={fault}", *extra)
+
+
+@contextlib.contextmanager
+def steady_load(url: str, *, model: str, concurrency: int = 4, timeout_s: float = 10,
+                endpoints: Callable[[], Sequence[str]] | None = None) -> Iterator[loadgen.Load]:
+    """A client load from a thread of its own, stopped (and its requests finished) on exit."""
+    load = loadgen.Load(url, model=model, concurrency=concurrency, timeout_s=timeout_s, endpoints=endpoints)
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
+    thread.start()
+    try:
+        yield load
+    finally:
+        loop.call_soon_threadsafe(load.stop)
+        thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def ready_routers(cluster: Cluster, namespace: str, name: str, *, every_s: float = 0.2) -> Iterator[list[str]]:
+    """The URLs of the pool's Ready, not terminating router pods, kept current from a thread: the endpoints a
+    Service would send new connections to (the local control plane runs no EndpointSlice controller, and tests
+    never go through a Service IP)."""
+    port = pool(cluster, namespace, name)["spec"]["router"]["port"]
+    current: list[str] = []
+    stop = threading.Event()
+
+    def follow() -> None:
+        while not stop.wait(every_s):
+            pods = router_pods(cluster, namespace, name)
+            current[:] = [f"http://{p['status']['podIP']}:{port}" for p in pods
+                          if is_ready(p) and not p["metadata"].get("deletionTimestamp")]
+    thread = threading.Thread(target=follow, daemon=True)
+    thread.start()
+    try:
+        yield current
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def foreign_engine(ip: str, port: int, seen: list[str] | None = None) -> Iterator[str]:
+    """A server that is no engine of the pool, answering what sglang-router asks before it adds a worker (the
+    registration surface of an SGLang engine); every request it gets is appended to `seen`, if given."""
+    answers = {"/health": {}, "/health_generate": {}, "/v1/models": {"object": "list", "data": []},
+               "/server_info": {"model_path": "foreign", "disaggregation_mode": "decode"},
+               "/model_info": {"model_path": "foreign", "is_generation": True}}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            if seen is not None:
+                seen.append(f"{self.command} {self.path}")
+            path = self.path.split("?")[0]
+            body = json.dumps(answers.get(path, {})).encode()
+            self.send_response(200 if path in answers else 404)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer((ip, port), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://{ip}:{port}"
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -18,7 +18,8 @@ from tests.support.pools import pool_body
 KEY = ("ns", "tiny")
 Body = dict[str, Any]
 ROUTER_OBJECTS = [("ServiceAccount", "tiny-router"), ("Role", "tiny-router"), ("RoleBinding", "tiny-router"),
-                  ("Deployment", "tiny-router"), ("Service", "tiny-router")]
+                  ("Deployment", "tiny-router"), ("Service", "tiny-router"), ("Secret", "tiny-router-key"),
+                  ("NetworkPolicy", "tiny-engines"), ("NetworkPolicy", "tiny-router")]
 GROUP_OBJECTS = [("Service", "tiny-prefill"), ("Pod", "tiny-prefill-0-0"),
                  ("Service", "tiny-decode"), ("Pod", "tiny-decode-0-0")]
 
@@ -71,12 +72,14 @@ async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_
 
     writes = kube.take_writes()
     assert all(w.ok for w in writes), writes
-    assert sorted(what(writes, "apply")) == sorted((o["kind"], o["metadata"]["name"]) for o in planned.apply)
+    # The router-key Secret is the executor's (its values are not the planner's to make), and goes first.
+    assert what(writes, "apply")[0] == ("Secret", "tiny-router-key")
+    assert sorted(what(writes, "apply")[1:]) == sorted((o["kind"], o["metadata"]["name"]) for o in planned.apply)
     assert sorted(what(writes, "apply")) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
     # Objects, then status, then events; a RoleBinding only after the Role it binds, the router's Deployment only
     # after its ServiceAccount and RoleBinding; engine pods and Services wait for nothing.
     verbs = [w.verb for w in writes]
-    assert verbs == ["apply"] * 9 + ["status"] + ["create"] * len(planned.events)
+    assert verbs == ["apply"] * 12 + ["status"] + ["create"] * len(planned.events)
     order = what(writes, "apply")
     sent = {(w.kind, w.name): w for w in writes}
     binding = sent[("RoleBinding", "tiny-router")]
@@ -200,7 +203,7 @@ async def test_a_reconcile_before_the_watch_catches_up_does_not_write_the_same_o
     controller = executor(kube)
     with kube.watch_paused():
         await controller.reconcile(KEY)
-        assert len(what(kube.take_writes(), "apply")) == 9
+        assert len(what(kube.take_writes(), "apply")) == 12
         # The pool's own status write is not shown yet either: the reconcile plans from what that write
         # returned, so its guarded status patch goes through (the pods it wrote now count as Starting) instead of
         # being refused with a 409 and retried after a backoff, as it was dozens of times in a burst.
@@ -257,7 +260,7 @@ async def test_a_lost_event_does_not_fail_the_reconcile(kube: FakeKube) -> None:
     writes = kube.take_writes()
     assert [(w.verb, w.code) for w in writes if w.verb == "create"] == [("create", 500), ("create", 500)]
     assert what(writes, "status") == [("InferencePool", "tiny")]
-    assert len(what(writes, "apply")) == 9
+    assert len(what(writes, "apply")) == 12
 
 
 def pools_by_phase() -> dict[str, float]:

@@ -20,15 +20,17 @@ class FakeRouters:
         self.lists = lists
         self.removed: list[str] = []
 
-    async def workers(self, base: str) -> list[Registered] | None:
+    async def workers(self, base: str, key: str | None) -> list[Registered] | None:
+        assert key == f"key-of-{base}", "each router is called with the key of that router pod"
         return list(self.lists[base])
 
-    async def remove(self, base: str, worker: Registered) -> bool:
+    async def remove(self, base: str, key: str | None, worker: Registered) -> bool:
+        assert key == f"key-of-{base}"
         self.lists[base] = [w for w in self.lists[base] if w.id != worker.id]
         self.removed.append(worker.url)
         return True
 
-    async def add(self, base: str, worker: Worker) -> bool:
+    async def add(self, base: str, key: str | None, worker: Worker) -> bool:
         return True
 
     async def close(self) -> None:
@@ -46,7 +48,8 @@ def test_a_stale_worker_of_each_pool_goes_after_the_grace_while_pools_take_turns
              "http://127.1.4.2:30000": [Registered("b", "http://127.1.9.2:30000", "decode")]}
     routers = FakeRouters(stale)
     now = [0.0]
-    membership = RouterMembership(routers=routers, grace_s=5.0, clock=lambda: now[0])  # type: ignore[arg-type]
+    membership = RouterMembership(routers=routers, grace_s=5.0, clock=lambda: now[0],  # type: ignore[arg-type]
+                                  key=lambda pod: f"key-of-http://{pod['status']['podIP']}:30000")
 
     async def polls() -> None:
         for _ in range(7):

@@ -109,6 +109,11 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: [""]
   resources: [services, configmaps]
   verbs: [get, list, watch, create, patch, delete]
+# Each pool's router-key Secret, read and written by name only: no list or watch, so the operator never reads a
+# Secret it was not told the name of (RBAC cannot narrow by name a Secret created later).
+- apiGroups: [""]
+  resources: [secrets]
+  verbs: [get, create, patch]
 # The router's ServiceAccount (for its Kubernetes service discovery).
 - apiGroups: [""]
   resources: [serviceaccounts]
@@ -120,6 +125,10 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: ["", events.k8s.io]
   resources: [events]
   verbs: [create, patch]
+# Each pool's NetworkPolicies.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [get, list, watch, create, patch, delete]
 # The router's Role (pods get/list/watch, for pod discovery) and its RoleBinding. RBAC forbids granting what
 # one does not hold, so the operator keeps pods get/list/watch above; it gets neither `escalate` nor `bind`.
 - apiGroups: [rbac.authorization.k8s.io]

@@ -1,0 +1,82 @@
+"""The pools' router-key Secrets: made, rotated and pruned as `planning.router_keys` decides, and the key each
+router pod takes, for the operator's calls to it.
+
+The operator reads its Secrets by name (RBAC: secrets get/create/patch, no list or watch, so it can read no
+Secret it is not told the name of) and keeps what it read or wrote in memory; it reads again after
+`REFRESH_S`, so a Secret deleted or edited by hand is healed. No key value is ever logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pdfleet.operator.kube import resources
+from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.planning import router_keys
+from pdfleet.operator.planning.router_keys import KeySet
+from pdfleet.operator.render import labels, router_secret
+from pdfleet.operator.render.context import RenderContext
+
+log = logging.getLogger(__name__)
+
+Body = dict[str, Any]
+REFRESH_S = 60.0
+KEY_BYTES = 32
+
+
+def new_key() -> str:
+    return secrets.token_urlsafe(KEY_BYTES)
+
+
+class RouterKeys:
+    def __init__(self, client: KubeClient, *, new_key: Callable[[], str] = new_key,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._client = client
+        self._new_key = new_key
+        self._clock = clock
+        self._known: dict[tuple[str, str], tuple[KeySet, float]] = {}  # (namespace, pool) -> keys, read at
+
+    def forget(self, namespace: str, pool: str) -> None:
+        self._known.pop((namespace, pool), None)
+
+    async def ensure(self, pool: Mapping[str, Any], routers: Sequence[Body]) -> tuple[KeySet, bool]:
+        """The pool's keys after making, rotating or pruning them as needed; True when a rotation began."""
+        meta = pool["metadata"]
+        where = (meta["namespace"], meta["name"])
+        held = self._known.get(where)
+        referenced = {k for p in routers if (k := router_secret.referenced_key(p, meta["name"]))}
+        if held and self._clock() - held[1] < REFRESH_S:
+            current: KeySet | None = held[0]
+        else:
+            current = router_keys.recovered(await self._read(*where), held[0] if held else None, referenced)
+        rotate = str((meta.get("annotations") or {}).get(router_keys.ROTATE_ANNOTATION, ""))
+        wanted, rotated = router_keys.decide(current, rotate=rotate, referenced=referenced, new_key=self._new_key)
+        if wanted != current:
+            owner = RenderContext.of(dict(pool)).owner_reference()
+            await self._client.apply(router_secret.secret(meta["name"], meta["namespace"], owner, keys=wanted.keys,
+                                                          current=wanted.current, handled=wanted.handled))
+            log.info("router keys of %s/%s: current %s, holding %s%s", *where, wanted.current,
+                     ", ".join(sorted(wanted.keys)), " (rotated)" if rotated else "",
+                     extra={"pool": meta["name"], "namespace": meta["namespace"]})
+        self._known[where] = (wanted, self._clock())
+        return wanted, rotated
+
+    def for_pod(self, pod: Mapping[str, Any]) -> str | None:
+        """The key a router pod started with, if the operator holds it."""
+        meta = pod.get("metadata") or {}
+        pool = (meta.get("labels") or {}).get(labels.POOL, "")
+        held = self._known.get((meta.get("namespace", ""), pool))
+        return held[0].value(router_secret.referenced_key(pod, pool)) if held else None
+
+    async def _read(self, namespace: str, pool: str) -> KeySet | None:
+        path = resources.path_for("v1", "Secret", namespace, router_secret.secret_name(pool))
+        try:
+            return router_keys.parse(await self._client.request("GET", path))
+        except KubeError as e:
+            if e.not_found:
+                return None
+            raise
