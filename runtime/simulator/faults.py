@@ -8,11 +8,27 @@ annotation wins over the environment while it is present.
                                                                         wrong-event-loop | wrong-server-args
                                                                         | leak-stripped-markers | leak-parser-off
                                                                         | leak-wrong-version-markers
-                                                                        | leak-malformed-call
+                                                                        | leak-malformed-call | failing
+                                                                        | slow-requests | crash
                                                                         (env only: crash-at-start)
     sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
     sim.pdfleet.dev/forward-delay-ms   PDFLEET_SIM_FORWARD_DELAY_MS    a forward's duration under `slow`
     sim.pdfleet.dev/stall-ms           PDFLEET_SIM_STALL_MS            how long `straggle` holds its rank
+    sim.pdfleet.dev/fail-share         PDFLEET_SIM_FAIL_SHARE          the share of requests `failing` answers
+                                                                        with a 500 (default 0.5)
+    sim.pdfleet.dev/latency-factor     PDFLEET_SIM_LATENCY_FACTOR      how much slower `slow-requests` makes
+                                                                        time to first token and each next token
+                                                                        (default 3)
+    sim.pdfleet.dev/fault-after-s      PDFLEET_SIM_FAULT_AFTER_S       the fault starts only this long after the
+                                                                        engine started (default 0)
+    sim.pdfleet.dev/fault-after-requests PDFLEET_SIM_FAULT_AFTER_REQUESTS  ... and only once it has been sent
+                                                                        this many requests (default 0)
+
+The last three make a bad revision of the kind that passes a rollout's first checks and breaks once it serves:
+`PDFLEET_SIM_FAULT=desync PDFLEET_SIM_FAULT_AFTER_S=20` in `spec.engine.env` is a revision whose ranks diverge
+20 s after each engine starts; `failing` answers a share of requests with a 500 (deterministically: the k-th
+request fails when floor(k * share) moves); `slow-requests` multiplies the prefill's time and adds to each
+decode step; `crash` ends the engine process with a non-zero exit, as a fatal error in SGLang does.
 
 straggle is one stall of one rank in its own code (default 5 s) while its peers wait for it in the KV-poll
 collective: past desyncAfter it reads as a Desync, then the rank catches up and the group recovers. Each
@@ -32,6 +48,7 @@ import enum
 import logging
 import re
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
@@ -46,6 +63,8 @@ ENV_STALL_MS = "PDFLEET_SIM_STALL_MS"
 POLL_S = 0.2
 DEFAULT_SLOW_MS = 1000
 DEFAULT_STALL_MS = 5000
+DEFAULT_FAIL_SHARE = 0.5
+DEFAULT_LATENCY_FACTOR = 3.0
 
 
 class Fault(enum.IntEnum):
@@ -64,6 +83,9 @@ class Fault(enum.IntEnum):
     LEAK_PARSER_OFF = 10
     LEAK_WRONG_VERSION_MARKERS = 11
     LEAK_MALFORMED_CALL = 12
+    FAILING = 13
+    SLOW_REQUESTS = 14
+    CRASH = 15
 
     @property
     def label(self) -> str:
@@ -89,6 +111,14 @@ class Asked:
     rank: int | None = None
     forward_delay_ms: int = DEFAULT_SLOW_MS
     stall_ms: int = DEFAULT_STALL_MS
+    fail_share: float = DEFAULT_FAIL_SHARE
+    latency_factor: float = DEFAULT_LATENCY_FACTOR
+    after_s: float = 0.0
+    after_requests: int = 0
+
+    @property
+    def delayed(self) -> bool:
+        return self.fault is not Fault.NONE and (self.after_s > 0 or self.after_requests > 0)
 
 
 _ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
@@ -122,36 +152,63 @@ def parse_annotations(text: str) -> dict[str, str]:
     return out
 
 
-def asked(values: Mapping[str, str], *, fault_key: str, rank_key: str, delay_key: str,
-          stall_key: str) -> Asked | None:
-    """The fault `values` ask for (None when they name none). Raises ValueError for a bad value."""
-    if fault_key not in values:
+def _number(values: Mapping[str, str], key: str, default: float, *, low: float = 0.0,
+            high: float | None = None) -> float:
+    raw = values.get(key, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"{key}={raw!r} is not a number") from None
+    if value < low or (high is not None and value > high):
+        raise ValueError(f"{key}={raw!r} must be between {low} and {high}" if high is not None else
+                         f"{key}={raw!r} must be at least {low}")
+    return value
+
+
+def asked(values: Mapping[str, str], key: Callable[[str], str]) -> Asked | None:
+    """The fault `values` ask for (None when they name none), each setting's name spelled by `key` (`fault`,
+    `fault-rank`, ...). Raises ValueError for a bad value."""
+    if key("fault") not in values:
         return None
-    fault = Fault.parse(values[fault_key])
-    rank = values.get(rank_key, "").strip()
-    delay = values.get(delay_key, "").strip()
-    stall = values.get(stall_key, "").strip()
-    return Asked(fault, int(rank) if rank else None, int(delay) if delay else DEFAULT_SLOW_MS,
-                 int(stall) if stall else DEFAULT_STALL_MS)
+    rank = values.get(key("fault-rank"), "").strip()
+    return Asked(Fault.parse(values[key("fault")]), int(rank) if rank else None,
+                 int(_number(values, key("forward-delay-ms"), DEFAULT_SLOW_MS)),
+                 int(_number(values, key("stall-ms"), DEFAULT_STALL_MS)),
+                 _number(values, key("fail-share"), DEFAULT_FAIL_SHARE, high=1.0),
+                 _number(values, key("latency-factor"), DEFAULT_LATENCY_FACTOR, low=1.0),
+                 _number(values, key("fault-after-s"), 0.0),
+                 int(_number(values, key("fault-after-requests"), 0)))
+
+
+def env_key(name: str) -> str:
+    return "PDFLEET_SIM_" + name.upper().replace("-", "_")
 
 
 def from_env(env: Mapping[str, str]) -> Asked:
-    found = asked(env, fault_key=ENV_FAULT, rank_key=ENV_FAULT_RANK, delay_key=ENV_FORWARD_DELAY_MS,
-                  stall_key=ENV_STALL_MS)
-    return found or Asked()
+    return asked(env, env_key) or Asked()
 
 
 def from_annotations(values: Mapping[str, str]) -> Asked | None:
-    p = ANNOTATION_PREFIX
-    return asked(values, fault_key=p + "fault", rank_key=p + "fault-rank", delay_key=p + "forward-delay-ms",
-                 stall_key=p + "stall-ms")
+    return asked(values, lambda name: ANNOTATION_PREFIX + name)
+
+
+def due(fault: Asked, *, running_s: float, requests: int) -> bool:
+    """Whether a fault asked for with a delay has started: both its conditions hold."""
+    return running_s >= fault.after_s and requests >= fault.after_requests
 
 
 class Watcher:
-    """Polls the annotations file from a daemon thread and hands every change to `apply`."""
+    """Polls the annotations file from a daemon thread and hands every change to `apply`; a fault asked for with
+    a delay is handed over as no fault until it is due (`requests` counts the requests the engine was sent)."""
 
-    def __init__(self, env: Mapping[str, str], apply: Callable[[Asked], None]) -> None:
+    def __init__(self, env: Mapping[str, str], apply: Callable[[Asked], None],
+                 requests: Callable[[], int] = lambda: 0, clock: Callable[[], float] = time.monotonic) -> None:
         self._base = from_env(env)
+        self._requests = requests
+        self._clock = clock
+        self._started = clock()
         podinfo = env.get(PODINFO_ENV)
         self._path = Path(podinfo) / "annotations" if podinfo else None
         self._apply = apply
@@ -178,6 +235,9 @@ class Watcher:
                     log.warning("simulator: ignoring %s: %s", self._path, e)
                     self._last_error = str(e)
                 return self._last or current
+        if current.delayed and not due(current, running_s=self._clock() - self._started,
+                                       requests=self._requests()):
+            current = Asked()  # not yet: the engine serves as a good one until then
         if current != self._last:
             if current.fault is not Fault.NONE or self._last is not None:
                 log.warning("simulator: fault now %s (rank %s)", current.fault.label, current.rank)

@@ -73,12 +73,19 @@ class Control:
         # Never complete: where every rank waits under the `hang` fault.
         self.never = _CTX.Barrier(ranks + 1)
         self._ranks = ranks
+        # The HTTP side's own (not shared with the ranks): what `failing` and `slow-requests` apply, and the
+        # requests sent so far (for faults that start after some).
+        self.fail_share = 0.0
+        self.latency_factor = 1.0
+        self.requests = 0
 
     def ask(self, asked: Asked) -> None:
         rank = asked.rank if asked.rank is not None else self._ranks - 1
         self.fault_rank.value = min(max(rank, 0), self._ranks - 1)
         self.delay_ms.value = asked.forward_delay_ms
         self.stall_ms.value = asked.stall_ms
+        self.fail_share = asked.fail_share if asked.fault is Fault.FAILING else 0.0
+        self.latency_factor = asked.latency_factor if asked.fault is Fault.SLOW_REQUESTS else 1.0
         if asked.fault is Fault.STRAGGLE:
             self.stalls.value += 1
         self.fault.value = int(asked.fault)

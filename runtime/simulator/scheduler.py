@@ -95,6 +95,12 @@ class Scheduler:
     async def generate(self, req: Request) -> AsyncIterator[int]:
         """The request's output token ids, each as soon as it exists. Raises RequestError."""
         self.check(req)
+        self.control.requests += 1
+        if self._fails(self.control.requests):
+            self.totals["aborted"] += 1
+            raise RequestError(HTTPStatus.INTERNAL_SERVER_ERROR,
+                               f"Internal server error (simulated: the failing fault fails a "
+                               f"{self.control.fail_share:g} share of requests) req.rid={req.rid!r}")
         self.in_flight += 1
         self._idle.clear()
         self.totals["requests"] += 1
@@ -113,6 +119,12 @@ class Scheduler:
             self.in_flight -= 1
             if self.in_flight == 0:
                 self._idle.set()
+
+    def _fails(self, k: int) -> bool:
+        """Whether the k-th request fails under `failing`: every time k * share passes a whole number, so a share
+        of 0.25 fails the 4th, 8th, ... request, on every engine alike."""
+        share = self.control.fail_share
+        return share > 0 and int(k * share) > int((k - 1) * share)
 
     async def complete(self, req: Request) -> list[int]:
         """Every output token of a non-streamed request. Raises RequestError."""
@@ -168,6 +180,7 @@ class Scheduler:
             yield first
             for i in range(1, req.max_new_tokens):
                 await self.ticks.advance(1)
+                await self._slower(self.timing.decode_step_s)
                 self.used_tokens += 1
                 yield tokenizer.output_token(key, i)
         finally:
@@ -177,8 +190,13 @@ class Scheduler:
             self._slots.release()
 
     async def _forward_prefill(self, prompt_tokens: int) -> None:
-        await asyncio.sleep(self.timing.prefill_s(prompt_tokens))
+        await asyncio.sleep(self.timing.prefill_s(prompt_tokens) * self.control.latency_factor)
         await self.ticks.advance(1)
+
+    async def _slower(self, step_s: float) -> None:
+        """Under `slow-requests`, a decode step takes latency_factor times as long (the rest is added here)."""
+        if self.control.latency_factor > 1:
+            await asyncio.sleep(step_s * (self.control.latency_factor - 1))
 
     async def _transfer(self, req: Request) -> int:
         if req.bootstrap_host == kv.FAKE_BOOTSTRAP_HOST:

@@ -61,7 +61,15 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
                  enable_metrics: bool) -> int:
     loop = asyncio.get_running_loop()
     control = Control(engine.local_ranks)
-    watcher = faults.Watcher(env, control.ask).start()
+    stop = asyncio.Event()
+    crashed: list[faults.Asked] = []
+
+    def apply(asked: faults.Asked) -> None:
+        control.ask(asked)
+        if asked.fault is faults.Fault.CRASH:  # from the watcher's thread: end the process as a fatal error does
+            loop.call_soon_threadsafe(lambda: (crashed.append(asked), stop.set()))
+
+    watcher = faults.Watcher(env, apply, requests=lambda: control.requests).start()
     ranks = RankGroup(engine, timing, control).start()
     ticks = Ticks(ranks.tick_read)
     ticks.attach(loop)
@@ -69,7 +77,6 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
     scheduler = Scheduler(engine, timing, ticks, control, rooms)
     resolved = loop.run_in_executor(None, info.resolve_server_args, sglang_args)
     state = State(engine, timing, scheduler, control, resolved)
-    stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     runners: list[web.AppRunner] = []
@@ -93,6 +100,11 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
             _say(f"serving {engine.mode} engine on {host}:{engine.port}, {engine.local_ranks} rank(s) "
                  f"(pids {', '.join(map(str, ranks.pids()))}), loop {engine.loop().method}")
             await stop.wait()
+            if crashed:
+                _say("crashing, as the crash fault asks" + (f" ({crashed[0].after_s:g} s, "
+                                                             f"{crashed[0].after_requests} requests after start)"
+                                                             if crashed[0].delayed else ""))
+                return EXIT_CRASH
             state.shutting_down = True
             _say(f"SIGTERM: draining {scheduler.in_flight} in-flight request(s), at most {timing.drain_s:.0f} s")
             drained = await scheduler.wait_idle(timing.drain_s)
