@@ -88,7 +88,8 @@ if [ -n "$old" ] && grep -qa "pdfleet-sim" "/proc/$old/cmdline" 2>/dev/null; the
 # demo killed halfway never leaves a client running for good.
 start_load() {
   LOAD_LOG="$STATE/load-$1-$(date +%s).log"
-  .venv/bin/pdfleet-sim load --url "$URL" --model "$MODEL" --concurrency 6 --every 2 --duration 900 \
+  .venv/bin/pdfleet-sim load --pool "$NS/$POOL" --kubeconfig "$KUBECONFIG" --model "$MODEL" --concurrency 6 \
+    --every 2 --duration 900 \
     >"$LOAD_LOG" 2>&1 &
   LOAD_PID=$!
   echo $LOAD_PID >"$STATE/load.pid"
@@ -174,7 +175,7 @@ step "Done: the fleet keeps running"
 cat <<MSG
   eval "\$(make -s cluster-env)"
   kubectl get pdpool,pods -n $NS -o wide
-  .venv/bin/pdfleet-sim load --url $URL --model $MODEL --duration 30
+  .venv/bin/pdfleet-sim load --pool $NS/$POOL --model $MODEL --duration 30   # every router, as a Service would
   kubectl annotate pod <decode pod> -n $NS sim.pdfleet.dev/fault=desync      # again
 Pods' logs and state: $(dirname "$KUBECONFIG")/pods/. Stop everything with: make cluster-down
 MSG

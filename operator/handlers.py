@@ -159,6 +159,7 @@ OWNED_KINDS = (
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),
     ("networking.k8s.io", "v1", "networkpolicies", "NetworkPolicy"),
+    ("policy", "v1", "poddisruptionbudgets", "PodDisruptionBudget"),  # the routers'
 )
 
 

@@ -1,6 +1,7 @@
 """A steady client load through a pool's router, counting every request that fails and why.
 
     pdfleet-sim load --url http://127.1.4.3:8000 [--concurrency 4] [--duration 60] [--timeout 15]
+    pdfleet-sim load --pool NAMESPACE/NAME --kubeconfig K ...     every Ready router pod, as a Service would
 
 Each worker sends, in turn, the three kinds of request a client of an SGLang pool sends: `/generate`, a chat
 completion, and a streamed chat completion (the last two through the `openai` client, as users do). A request
@@ -19,11 +20,14 @@ import contextlib
 import dataclasses
 import itertools
 import json
+import os
 import signal
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
 
 import httpx
 import openai
@@ -36,6 +40,7 @@ FAILURE_PAUSE_S = 0.5
 class Tally:
     sent: int = 0
     ok: int = 0
+    retried: int = 0  # requests sent again after a refused connection (with endpoints to choose from)
     failures: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     by_kind: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     latencies_s: list[float] = dataclasses.field(default_factory=list)
@@ -71,6 +76,7 @@ class Tally:
     def summary(self) -> dict[str, object]:
         lat = sorted(self.latencies_s)
         return {"sent": self.sent, "ok": self.ok, "failed": self.failed, "in_flight": self.in_flight,
+                "retried": self.retried,
                 "failures": dict(self.failures), "ok_by_kind": dict(self.by_kind),
                 "p50_ms": round(statistics.median(lat) * 1000, 1) if lat else None,
                 "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1) if lat else None}
@@ -99,7 +105,9 @@ class Load:
 
     With `endpoints`, each request goes to the next of the URLs it returns at that moment (to `url` when it
     returns none): what a client behind a Service sees, whose proxy sends new connections only to the ready
-    endpoints (`url` alone is one fixed address).
+    endpoints (`url` alone is one fixed address). A request whose connection was refused never reached a
+    server, so it is sent once more, to the next endpoint, as a balancer's connect-failure retry does (counted
+    in `retried`); any failure after the connection is counted.
     """
 
     def __init__(self, url: str, *, model: str = "default", concurrency: int = 4, timeout_s: float = 15.0,
@@ -173,7 +181,7 @@ class Load:
             self.tally.sent += 1
             started = time.monotonic()
             try:
-                await asyncio.wait_for(senders[kind](n), self.timeout_s)  # type: ignore[arg-type]
+                await self._send(senders[kind], n)
             except Exception as e:  # every failure is counted, by kind and cause
                 self.tally.record(kind, started, _describe(e))
                 # A client backs off after a failure: a refused connection fails in microseconds, and a tight
@@ -182,6 +190,16 @@ class Load:
                     await asyncio.wait_for(self._stop.wait(), FAILURE_PAUSE_S)
             else:
                 self.tally.record(kind, started, None)
+
+    async def _send(self, sender: Callable[[int], object], n: int) -> None:
+        try:
+            await asyncio.wait_for(sender(n), self.timeout_s)  # type: ignore[arg-type]
+        except (httpx.ConnectError, openai.APIConnectionError) as e:
+            refused = isinstance(e, httpx.ConnectError) or isinstance(e.__cause__, httpx.ConnectError)
+            if self._endpoints is None or not refused:
+                raise
+            self.tally.retried += 1
+            await asyncio.wait_for(sender(n), self.timeout_s)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self._stop.set()
@@ -205,12 +223,51 @@ class Load:
         return self.tally
 
 
+ROUTER_SELECTOR = "app.kubernetes.io/component=router,pdfleet.dev/pool={pool}"
+
+
+def ready_urls(pods: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The URLs of the Ready, not terminating pods among `pods` (on their `http` port): the endpoints a Service
+    would send new connections to."""
+    urls = []
+    for pod in pods:
+        status = pod.get("status") or {}
+        ready = any(c.get("type") == "Ready" and c.get("status") == "True" for c in status.get("conditions") or [])
+        port = next((p["containerPort"] for c in pod.get("spec", {}).get("containers") or []
+                     for p in c.get("ports") or [] if p.get("name") == "http"), None)
+        if ready and port and status.get("podIP") and not pod["metadata"].get("deletionTimestamp"):
+            urls.append(f"http://{status['podIP']}:{port}")
+    return sorted(urls)
+
+
+async def follow_routers(kubeconfig: Path, where: str, endpoints: list[str], stop: asyncio.Event,
+                         every_s: float = 0.5) -> None:
+    """Keeps `endpoints` the Ready router pods of pool `where` (namespace/name), read from the apiserver."""
+    from pdfleet.podrunner.kube import Client, Kubeconfig
+
+    namespace, _, pool = where.partition("/")
+    client = Client(Kubeconfig(kubeconfig))
+    try:
+        while not stop.is_set():
+            listed = await client.list(f"/api/v1/namespaces/{namespace}/pods",
+                                       {"labelSelector": ROUTER_SELECTOR.format(pool=pool)})
+            endpoints[:] = ready_urls(listed.get("items") or [])
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every_s)
+    finally:
+        await client.close()
+
+
 def main(argv: list[str]) -> int:
     import argparse
 
     p = argparse.ArgumentParser(prog="pdfleet-sim load", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--url", required=True, help="the router, e.g. http://<router pod IP>:<port>")
+    target = p.add_mutually_exclusive_group(required=True)
+    target.add_argument("--url", help="one router, e.g. http://<router pod IP>:<port>")
+    target.add_argument("--pool", metavar="NAMESPACE/NAME", help="every Ready router pod of this pool, followed "
+                        "as they come and go (as a client behind the router's Service): needs --kubeconfig")
+    p.add_argument("--kubeconfig", type=Path, default=None, help="for --pool (default: $KUBECONFIG)")
     p.add_argument("--model", default="default", help="model name sent in chat requests")
     p.add_argument("--concurrency", type=int, default=4)
     p.add_argument("--duration", type=float, default=None, help="seconds (default: until interrupted)")
@@ -218,14 +275,29 @@ def main(argv: list[str]) -> int:
     p.add_argument("--every", type=float, default=1.0, help="seconds between progress lines (0: none)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
     args = p.parse_args(argv)
-    load = Load(args.url, model=args.model, concurrency=args.concurrency, timeout_s=args.timeout)
+    kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
+    if args.pool and ("/" not in args.pool or kubeconfig is None):
+        p.error("--pool takes NAMESPACE/NAME and needs --kubeconfig or $KUBECONFIG")
+    endpoints: list[str] = []
+    load = Load(args.url or "http://127.0.0.1:9", model=args.model, concurrency=args.concurrency,
+                timeout_s=args.timeout, endpoints=(lambda: endpoints) if args.pool else None)
 
     async def until_stopped() -> Tally:
         # SIGTERM as well as Ctrl-C: a script stops its background load with `kill`, and expects the summary.
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, load.stop)
-        return await load.run(args.duration, report_every_s=args.every)
+        if not args.pool:
+            return await load.run(args.duration, report_every_s=args.every)
+        stop = asyncio.Event()
+        follower = asyncio.create_task(follow_routers(kubeconfig, args.pool, endpoints, stop))
+        try:
+            while not endpoints and not follower.done():  # the first listing, before the first request
+                await asyncio.sleep(0.1)
+            return await load.run(args.duration, report_every_s=args.every)
+        finally:
+            stop.set()
+            await follower
 
     tally = asyncio.run(until_stopped())
     print(json.dumps(tally.summary()) if args.json else f"final: {tally.line()}", flush=True)

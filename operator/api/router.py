@@ -25,7 +25,9 @@ class RouterSpec(ApiModel):
     """The PD router."""
 
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(
-        default=1, description="Router pods. 0 runs the pool without a router (clients talk to engines)."
+        default=2, description="Router pods. Two by default, spread across nodes and kept by a "
+        "PodDisruptionBudget, so one router's death or eviction costs only the requests in flight on it. 0 runs "
+        "the pool without a router (clients talk to engines)."
     )
     image: ImageRef | None = Field(
         default=None, description="Router image; defaults to the engine image (SGLang images ship the router)."

@@ -19,6 +19,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("rbac.authorization.k8s.io/v1", "Role"): "roles",
     ("rbac.authorization.k8s.io/v1", "RoleBinding"): "rolebindings",
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
+    ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (POOL_API_VERSION, "InferencePool"): "inferencepools",
 }
 

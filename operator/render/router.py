@@ -97,6 +97,11 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
     }
     if router.scheduling.affinity:
         pod_spec["affinity"] = router.scheduling.affinity
+    elif router.replicas > 1:
+        # One node's loss should not take every router: spread them, where the cluster has the nodes.
+        pod_spec["affinity"] = {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
+            "weight": 100, "podAffinityTerm": {"topologyKey": "kubernetes.io/hostname",
+                                               "labelSelector": {"matchLabels": selector}}}]}}
     if router.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = router.scheduling.priority_class_name
     return [
@@ -118,4 +123,15 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
          "spec": {"selector": selector, "ports": [
              {"name": "http", "port": router.port, "targetPort": "http"},
              {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}},
+        *_disruption_budget(ctx, name, common, selector, router.replicas),
     ]
+
+
+def _disruption_budget(ctx: RenderContext, name: str, common: dict[str, str], selector: dict[str, str],
+                       replicas: int) -> list[Body]:
+    """With more than one router, a drain or an eviction takes them one at a time (with one, a budget would
+    block node drains for good)."""
+    if replicas < 2:
+        return []
+    return [{"apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": ctx.metadata(name, common),
+             "spec": {"maxUnavailable": 1, "selector": {"matchLabels": selector}}}]

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +19,7 @@ import httpx
 import openai
 import pytest
 
+from pdfleet.podrunner import loadgen
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
@@ -221,3 +224,44 @@ def test_a_desync_under_load_is_detected_and_the_group_replaced_while_the_rest_k
     if decode["restarts"] != 1:
         print("decode-0:", json.dumps(decode, indent=1), *fleet.event_lines(cluster, namespace), sep="\n")
     assert decode["restarts"] == 1
+
+
+def container_pid(pod: dict) -> int:
+    """The pid of a pod's first container on the local fleet, from its containerID (`pdfleet-sim://<pid>`): the
+    runner execs it, and sglang-router renames its process (`sglang::router`), so its command line cannot say."""
+    container_id = pod["status"]["containerStatuses"][0]["containerID"]
+    assert container_id.startswith("pdfleet-sim://"), container_id
+    return int(container_id.removeprefix("pdfleet-sim://"))
+
+
+def test_a_router_killed_under_load_costs_only_the_requests_in_flight_on_it(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    """Two routers by default; a client behind their Service (following the Ready router pods) loses at most
+    what was in flight on the one that died, while its container restarts."""
+    fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={"replicas": 1})
+    fleet.wait_ready(cluster, namespace, POOL)
+    url = fleet.router_url(cluster, namespace, POOL, workers=2)
+
+    def both_ready() -> list[dict] | None:
+        pods = fleet.router_pods(cluster, namespace, POOL)
+        return pods if len(loadgen.ready_urls(pods)) == 2 else None
+    routers = wait_for("two Ready routers", both_ready, timeout=120)
+    victim = routers[0]
+    concurrency = 4
+    with fleet.ready_routers(cluster, namespace, POOL) as endpoints, \
+            fleet.steady_load(url, model=MODEL, concurrency=concurrency, endpoints=lambda: endpoints) as load:
+        wait_for("the load served through both routers",
+                 lambda: load.tally.summary()["ok"] >= 40 and len(load.used) == 2, timeout=60)
+        os.kill(container_pid(cluster.get("pod", victim["metadata"]["name"], "-n", namespace)), signal.SIGKILL)
+        killed_at = load.tally.summary()["ok"]
+
+        def restarted() -> bool:
+            pod = cluster.get("pod", victim["metadata"]["name"], "-n", namespace)
+            statuses = (pod.get("status") or {}).get("containerStatuses") or []
+            return bool(statuses) and statuses[0].get("restartCount", 0) >= 1 and fleet.is_ready(pod)
+        wait_for("the killed router's container restarted and Ready", restarted, timeout=120, interval=0.5)
+        wait_for("requests served after the restart", lambda: load.tally.summary()["ok"] >= killed_at + 40,
+                 timeout=60)
+    summary = load.tally.summary()
+    assert summary["failed"] <= concurrency, (
+        f"more failures than requests that can be in flight on the killed router: {summary}")

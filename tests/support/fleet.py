@@ -170,15 +170,12 @@ def ready_routers(cluster: Cluster, namespace: str, name: str, *, every_s: float
     """The URLs of the pool's Ready, not terminating router pods, kept current from a thread: the endpoints a
     Service would send new connections to (the local control plane runs no EndpointSlice controller, and tests
     never go through a Service IP)."""
-    port = pool(cluster, namespace, name)["spec"]["router"]["port"]
     current: list[str] = []
     stop = threading.Event()
 
     def follow() -> None:
         while not stop.wait(every_s):
-            pods = router_pods(cluster, namespace, name)
-            current[:] = [f"http://{p['status']['podIP']}:{port}" for p in pods
-                          if is_ready(p) and not p["metadata"].get("deletionTimestamp")]
+            current[:] = loadgen.ready_urls(router_pods(cluster, namespace, name))
     thread = threading.Thread(target=follow, daemon=True)
     thread.start()
     try:

@@ -28,7 +28,7 @@ EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yam
 
 def test_defaults_fill_every_omitted_section() -> None:
     spec = InferencePoolSpec.model_validate(minimal_spec())
-    assert spec.router.replicas == 1
+    assert spec.router.replicas == 2
     assert spec.engine.overlap_schedule is Switch.ENABLED
     assert spec.prefill.bootstrap_port == 8998
     assert spec.health.hang_after == "10m"

@@ -19,7 +19,8 @@ KEY = ("ns", "tiny")
 Body = dict[str, Any]
 ROUTER_OBJECTS = [("ServiceAccount", "tiny-router"), ("Role", "tiny-router"), ("RoleBinding", "tiny-router"),
                   ("Deployment", "tiny-router"), ("Service", "tiny-router"), ("Secret", "tiny-router-key"),
-                  ("NetworkPolicy", "tiny-engines"), ("NetworkPolicy", "tiny-router")]
+                  ("NetworkPolicy", "tiny-engines"), ("NetworkPolicy", "tiny-router"),
+                  ("PodDisruptionBudget", "tiny-router")]
 GROUP_OBJECTS = [("Service", "tiny-prefill"), ("Pod", "tiny-prefill-0-0"),
                  ("Service", "tiny-decode"), ("Pod", "tiny-decode-0-0")]
 
@@ -79,7 +80,7 @@ async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_
     # Objects, then status, then events; a RoleBinding only after the Role it binds, the router's Deployment only
     # after its ServiceAccount and RoleBinding; engine pods and Services wait for nothing.
     verbs = [w.verb for w in writes]
-    assert verbs == ["apply"] * 12 + ["status"] + ["create"] * len(planned.events)
+    assert verbs == ["apply"] * 13 + ["status"] + ["create"] * len(planned.events)
     order = what(writes, "apply")
     sent = {(w.kind, w.name): w for w in writes}
     binding = sent[("RoleBinding", "tiny-router")]
@@ -130,13 +131,13 @@ async def test_a_spec_change_patches_only_the_objects_it_changes(kube: FakeKube)
     await settle(kube, controller)
     before = {k: kube.get(*k[:1], "ns", k[1]) for k in ROUTER_OBJECTS + GROUP_OBJECTS}
 
-    kube.update("InferencePool", *KEY, lambda p: p["spec"].setdefault("router", {}).update(replicas=2))
+    kube.update("InferencePool", *KEY, lambda p: p["spec"].setdefault("router", {}).update(replicas=3))
     await controller.reconcile(KEY)
 
     writes = kube.take_writes()
     assert what(writes, "apply") == [("Deployment", "tiny-router")]
     assert what(writes, "delete") == []
-    assert kube.get("Deployment", "ns", "tiny-router")["spec"]["replicas"] == 2  # type: ignore[index]
+    assert kube.get("Deployment", "ns", "tiny-router")["spec"]["replicas"] == 3  # type: ignore[index]
     assert pool(kube)["status"]["observedGeneration"] == 2
     unchanged = [k for k in before if k != ("Deployment", "tiny-router")]
     assert all(kube.get(k[0], "ns", k[1]) == before[k] for k in unchanged)
@@ -203,7 +204,7 @@ async def test_a_reconcile_before_the_watch_catches_up_does_not_write_the_same_o
     controller = executor(kube)
     with kube.watch_paused():
         await controller.reconcile(KEY)
-        assert len(what(kube.take_writes(), "apply")) == 12
+        assert len(what(kube.take_writes(), "apply")) == 13
         # The pool's own status write is not shown yet either: the reconcile plans from what that write
         # returned, so its guarded status patch goes through (the pods it wrote now count as Starting) instead of
         # being refused with a 409 and retried after a backoff, as it was dozens of times in a burst.
@@ -260,7 +261,7 @@ async def test_a_lost_event_does_not_fail_the_reconcile(kube: FakeKube) -> None:
     writes = kube.take_writes()
     assert [(w.verb, w.code) for w in writes if w.verb == "create"] == [("create", 500), ("create", 500)]
     assert what(writes, "status") == [("InferencePool", "tiny")]
-    assert len(what(writes, "apply")) == 12
+    assert len(what(writes, "apply")) == 13
 
 
 def pools_by_phase() -> dict[str, float]:

@@ -7,6 +7,7 @@ import time
 
 import httpx
 import openai
+import pytest
 from aiohttp import web
 
 from pdfleet.podrunner import loadgen
@@ -86,3 +87,27 @@ async def test_with_endpoints_each_request_goes_to_an_endpoint_listed_at_that_mo
     assert tally.summary()["failed"] == 0
     assert hits["a"] <= before["a"] + 2, "at most the requests already in flight went to the listed-out endpoint"
     assert load.used == {a, b}
+
+
+async def test_a_refused_connection_is_sent_again_to_the_next_endpoint_and_only_with_endpoints() -> None:
+    async def generate(_: web.Request) -> web.Response:
+        return web.json_response({"text": "ok"})
+    app = web.Application()
+    app.router.add_post("/generate", generate)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    good = f"http://127.0.0.1:{runner.addresses[0][1]}"
+    closed = "http://127.0.0.1:9"  # nothing listens: the connection is refused, nothing was sent
+    balanced = loadgen.Load(closed, concurrency=1, endpoints=lambda: [closed, good])
+    fixed = loadgen.Load(closed, concurrency=1)
+    try:
+        await balanced._send(balanced._generate, 1)  # the first turn goes to the closed port, the retry not
+        assert balanced.tally.retried == 1 and balanced.used == {closed, good}
+        with pytest.raises(httpx.ConnectError):
+            await fixed._send(fixed._generate, 1)  # one fixed address: nothing else to try
+        assert fixed.tally.retried == 0
+    finally:
+        await balanced._http.aclose()
+        await fixed._http.aclose()
+        await runner.cleanup()

@@ -98,7 +98,8 @@ def test_a_new_pool_gets_its_groups_and_router_and_becomes_ready() -> None:
     plans = cluster.converge()
     assert cluster.pods() == ["tiny-decode-0-0", "tiny-decode-1-0", "tiny-prefill-0-0"]
     kinds = sorted({k for k, _ in cluster.owned})
-    assert kinds == ["Deployment", "NetworkPolicy", "Pod", "Role", "RoleBinding", "Service", "ServiceAccount"]
+    assert kinds == ["Deployment", "NetworkPolicy", "Pod", "PodDisruptionBudget", "Role", "RoleBinding", "Service",
+                     "ServiceAccount"]
     status = cluster.pool["status"]
     assert status["phase"] == "Ready"
     assert status["decode"] == {"desired": 2, "ready": 2, "updated": 2, "summary": "2/2"}

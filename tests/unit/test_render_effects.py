@@ -177,7 +177,7 @@ def test_scheduling_places_the_roles_pods_and_only_them(role: Role) -> None:
     assert_scheduled_by(pods(spec, role)[0]["spec"])
     other = pods(spec, Role.DECODE if role is Role.PREFILL else Role.PREFILL)[0]["spec"]
     assert other["nodeSelector"] == {} and "affinity" not in other and "priorityClassName" not in other
-    assert "affinity" not in router_pod(spec) and router_pod(spec)["tolerations"] == []
+    assert router_pod(spec).get("affinity") != AFFINITY and router_pod(spec)["tolerations"] == []
 
 
 # ---- router -----------------------------------------------------------------------------------------------
@@ -196,6 +196,22 @@ def test_router_scheduling_places_the_router_pods_and_not_the_engines() -> None:
 @pytest.mark.effect("spec.router.replicas")
 def test_router_replicas_is_the_deployments() -> None:
     assert router(spec_of(router={"replicas": 3}))["Deployment"]["spec"]["replicas"] == 3
+
+
+@pytest.mark.effect("spec.router.replicas")
+def test_routers_are_two_by_default_spread_across_nodes_and_kept_by_a_disruption_budget() -> None:
+    objects = router(spec_of())
+    assert objects["Deployment"]["spec"]["replicas"] == 2
+    spread = objects["Deployment"]["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    term = spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "kubernetes.io/hostname"
+    assert term["labelSelector"]["matchLabels"] == objects["Deployment"]["spec"]["selector"]["matchLabels"]
+    budget = objects["PodDisruptionBudget"]["spec"]
+    assert budget == {"maxUnavailable": 1, "selector": objects["Deployment"]["spec"]["selector"]}
+    # One router: no budget (it would block every node drain) and nothing to spread; the user's affinity wins.
+    one = router(spec_of(router={"replicas": 1}))
+    assert "PodDisruptionBudget" not in one and "affinity" not in one["Deployment"]["spec"]["template"]["spec"]
+    assert router_pod(spec_of(router={"scheduling": SCHEDULING}))["affinity"] == AFFINITY
 
 
 @pytest.mark.effect("spec.router.image")

@@ -129,6 +129,10 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
   verbs: [get, list, watch, create, patch, delete]
+# The routers' PodDisruptionBudget.
+- apiGroups: [policy]
+  resources: [poddisruptionbudgets]
+  verbs: [get, list, watch, create, patch, delete]
 # The router's Role (pods get/list/watch, for pod discovery) and its RoleBinding. RBAC forbids granting what
 # one does not hold, so the operator keeps pods get/list/watch above; it gets neither `escalate` nor `bind`.
 - apiGroups: [rbac.authorization.k8s.io]
