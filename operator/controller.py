@@ -166,7 +166,8 @@ class Controller:
             await self._post_event(pool, Event("Normal", "RouterKeyRotated",
                                                f"router control-plane key rotated to {keys.current}; the router "
                                                f"pods restart to take it, the old key stays valid until they have"))
-        plan = reconcile.plan(pool, observed, expect=expect, settings=self._settings,
+        plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
+                              settings=self._settings,
                               health=self._health(key), engines=self._engines(key), router_key=keys.current)
         planned = time.perf_counter()
         applied, deleting = self._applied[key], self._deleting[key]

@@ -65,12 +65,20 @@ def parser() -> argparse.ArgumentParser:
     status.add_argument("--timeout", type=_timeout, default=None, metavar="DURATION",
                         help="with --watch: give up after this long (30s, 5m, 1h30m; 0, the default, waits "
                              "forever)")
-    rollout.add_parser("undo", parents=[common], epilog=EPILOG,
-                       help="back to the last verified revision (the engine-shaping spec it recorded)",
-                       description="Patches the engine-shaping part of the spec (model, engine, transfer, each "
-                                   "role but its replicas) back to the last revision every group of which passed "
-                                   "verification (annotation pdfleet.dev/verified-spec); the operator rolls it out "
-                                   "verified. Follow it with `pdfleet rollout status POOL --watch`.")
+    undo = rollout.add_parser("undo", parents=[common], epilog=EPILOG,
+                              help="back to a verified revision (the engine-shaping spec it recorded)",
+                              description="Patches the engine-shaping part of the spec (model, engine, transfer, "
+                                          "each role but its replicas) back to a revision every group of which "
+                                          "passed verification: the newest one the pool does not have now, or the "
+                                          "one --to-revision names (see `pdfleet rollout history`); the operator "
+                                          "rolls it out verified. Follow it with `pdfleet rollout status POOL "
+                                          "--watch`.")
+    undo.add_argument("--to-revision", metavar="REVISION", help="a revision of `pdfleet rollout history`")
+    rollout.add_parser("history", parents=[common],
+                       help="the verified revisions recorded, oldest first",
+                       description="The revisions every group of which passed verification, oldest first, when "
+                                   "each was verified, and which the pool runs now (annotation "
+                                   "pdfleet.dev/verified-history, the last 10).")
     rollout.add_parser("pause", parents=[common], epilog=EPILOG,
                        help="start no new group replacement (spec.rollout.paused: true)",
                        description="Sets spec.rollout.paused: no new group replacement starts; replacements "
@@ -86,11 +94,11 @@ def _paused(pool: Body) -> bool:
     return spec is not None and spec.rollout.paused
 
 
-def _plan_change(command: str, pool: Body, name: str) -> SpecChange | str:
+def _plan_change(command: str, pool: Body, name: str, to_revision: str | None = None) -> SpecChange | str:
     """The patch a rollout command makes, or what to say instead (str: done already, exit 0), or raises
     NothingToUndo."""
     if command == "undo":
-        return rollback.undo(pool, datetime.datetime.now(datetime.UTC))
+        return rollback.undo(pool, datetime.datetime.now(datetime.UTC), to_revision)
     if command == "pause":
         return f"InferencePool {name} is already paused" if _paused(pool) else \
             spec_change.patch(pool, {("spec", "rollout", "paused"): True}, why="pdfleet rollout pause") or ""
@@ -98,12 +106,12 @@ def _plan_change(command: str, pool: Body, name: str) -> SpecChange | str:
         spec_change.patch(pool, {("spec", "rollout", "paused"): REMOVE}, why="pdfleet rollout resume") or ""
 
 
-async def change_rollout(reader: PoolReader, command: str, out: TextIO) -> int:
+async def change_rollout(reader: PoolReader, command: str, out: TextIO, to_revision: str | None = None) -> int:
     """`pdfleet rollout undo|pause|resume`: one patch of the pool as read, refused if its spec changed since."""
     pool = await reader.pool()
     name = f"{reader.namespace}/{reader.name}"
     try:
-        change = _plan_change(command, pool, name)
+        change = _plan_change(command, pool, name, to_revision)
     except rollback.NothingToUndo as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.FAILED
@@ -114,9 +122,8 @@ async def change_rollout(reader: PoolReader, command: str, out: TextIO) -> int:
         print(f"error: the spec of InferencePool {name} changed while `rollout {command}` ran: nothing was "
               f"changed; run it again", file=sys.stderr)
         return Exit.FAILED
-    target = rollback.recorded(pool)
-    done = {"undo": f"rolled back to revision {target.revision if target else '?'} (the last verified); follow it "
-                    f"with `pdfleet rollout status {reader.name} -n {reader.namespace} --watch`",
+    done = {"undo": f"rolled back to {report.undo_label(pool, to_revision) if command == 'undo' else ''}; follow "
+                    f"it with `pdfleet rollout status {reader.name} -n {reader.namespace} --watch`",
             "pause": "paused: no new group replacement starts; replacements already started finish",
             "resume": "resumed"}[command]
     print(f"InferencePool {name} {done}", file=out)
@@ -193,8 +200,12 @@ async def run(args: argparse.Namespace, out: TextIO) -> int:
         reader = PoolReader(client, host, namespace, args.pool)
         if args.command == "status":
             return await show_status(reader, out)
+        if args.rollout_command == "history":
+            for line in report.history_lines(await reader.pool()):
+                print(line, file=out)
+            return Exit.COMPLETE
         if args.rollout_command != "status":
-            return await change_rollout(reader, args.rollout_command, out)
+            return await change_rollout(reader, args.rollout_command, out, getattr(args, "to_revision", None))
         printer = Printer(out, tty=out.isatty())
         try:
             async with asyncio.timeout(args.timeout if args.watch else None):

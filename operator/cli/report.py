@@ -248,10 +248,8 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
     state = rollout(pool)
     current = status.current_revision or "-"
     revisions = f"current {current}, update {status.update_revision or '-'}"
-    recorded = rollback.recorded(pool)
     lines = [f"Pool:       {name_of(pool)}", f"Phase:      {status.phase}", f"Revision:   {revisions}",
-             f"Undo to:    {f'revision {recorded.revision} (the last verified)' if recorded else 'none recorded'}",
-             f"Rollout:    {summary(state)}"]
+             f"Undo to:    {undo_label(pool)}", f"Rollout:    {summary(state)}"]
     back = rollback.latest_rollback(pool)
     if back is not None:
         lines.append(f"Rolled back: {age(parse_time(back.at), now)} ago from revision {back.from_revision} to "
@@ -288,3 +286,30 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
     newest = newest_evidence(evidence)
     lines.append(f"Evidence:   {newest or 'none'}")
     return lines
+
+
+def history_lines(pool: Mapping[str, Any]) -> list[str]:
+    """`pdfleet rollout history`: the verified revisions recorded, oldest first, and which the pool runs now."""
+    entries = rollback.history(pool)
+    if not entries:
+        return [f"InferencePool {name_of(pool)} has no verified revision recorded: it never completed a verified "
+                "rollout"]
+    current = read_status(pool).current_revision
+    rows = [("REVISION", "VERIFIED AT", "GENERATION", "")]
+    rows += [(e.revision, e.at or "-", "-" if e.generation is None else str(e.generation),
+              "current" if e.revision == current else "") for e in entries]
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    return [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip() for r in rows]
+
+
+def undo_label(pool: Mapping[str, Any], to_revision: str | None = None) -> str:
+    """Where `pdfleet rollout undo` would go, as `status` and `undo` say it."""
+    try:
+        target = rollback.undo_target(pool, to_revision)
+    except rollback.NothingToUndo:
+        last = rollback.recorded(pool)
+        return f"none (revision {last.revision}, the last verified, runs now)" if last else "none recorded"
+    last = rollback.recorded(pool)
+    verified = "the last verified" if last is not None and last.revision == target.revision else \
+        f"verified {target.at or 'earlier'}"
+    return f"revision {target.revision} ({verified})"

@@ -93,13 +93,13 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
     return tuple((o["kind"], o["metadata"]["name"]) for o in objects)
 
 
-def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
-         now: datetime.datetime | None = None, settings: Settings | None = None,
-         health: Mapping[str, GroupHealth] | None = None,
+def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expectations | None = None,
+         settings: Settings | None = None, health: Mapping[str, GroupHealth] | None = None,
          engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1") -> Plan:
+    """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller."""
     expect = expect or Expectations()
     health = rank_health.current(health or {}, pods_by_group(observed.of_kind("Pod")))
-    now = (now or datetime.datetime.now(datetime.UTC)).replace(microsecond=0)
+    now = now.replace(microsecond=0)
     generation = pool["metadata"].get("generation")
     previous = status_mod.parse_status(pool.get("status"))
     spec, problems = checks.validate_pool(pool)
@@ -119,7 +119,7 @@ def plan(pool: Body, observed: Observed, *, expect: Expectations | None = None,
     _plan_removals(want, observed, expect, out)
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
                          outcomes)
-    if (verified := rollback.record(pool, new_status)) is not None:
+    if (verified := rollback.record(pool, new_status, now)) is not None:
         out.pool_changes.append(verified)
     if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
                                      now, spec_changing=any(c.changes_spec for c in out.pool_changes))) is not None:

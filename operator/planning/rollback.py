@@ -7,6 +7,11 @@ revision, written once `currentRevision` moves to a revision whose every group p
 the cluster, next to the spec it can restore, so an operator restarted at any moment (or another replica taking
 the lease) finds it; nothing of it is kept in memory.
 
+Every verified revision is also kept, newest last, in `pdfleet.dev/verified-history` (the last `HISTORY_LIMIT`,
+each with its spec and when it was verified): `pdfleet rollout history` lists them, and `pdfleet rollout undo`
+goes to the newest one that is not the pool's revision now (or, `--to-revision`, to the one named), so a
+revision that was verified and then went bad can still be undone.
+
 Going back patches those sections of the spec to the record (`kubectl rollout undo`'s way), and the new spec
 rolls out like any other: group by group, each verified. Replicas and every policy (rollout, health, router)
 stay as they are. Why the spec changed is recorded next to it, in `pdfleet.dev/rolled-back`, and said by a
@@ -35,6 +40,8 @@ from pdfleet.operator.render import labels, revision
 
 Body = dict[str, Any]
 VERIFIED_SPEC = f"{labels.PREFIX}/verified-spec"
+VERIFIED_HISTORY = f"{labels.PREFIX}/verified-history"
+HISTORY_LIMIT = 10  # each entry holds an engine-shaping spec (a few KB); annotations share 256 KB per object
 ROLLED_BACK = f"{labels.PREFIX}/rolled-back"
 SHAPING = ("model", "engine", "transfer")  # sections of the spec that shape every engine (render.revision)
 ROLES = ("prefill", "decode")
@@ -48,6 +55,18 @@ class VerifiedSpec(BaseModel):
     revision: str
     generation: int | None = None
     spec: Body
+
+
+class Verified(VerifiedSpec):
+    """One entry of `pdfleet.dev/verified-history`."""
+
+    at: str = ""  # when it was recorded as verified (RFC 3339); "" for a record older than the history
+
+
+class History(BaseModel):
+    """The content of `pdfleet.dev/verified-history`, oldest first."""
+
+    entries: list[Verified]
 
 
 class RolledBack(BaseModel):
@@ -75,6 +94,15 @@ def recorded(pool: Mapping[str, Any]) -> VerifiedSpec | None:
     return spec_change.annotation_record(pool, VERIFIED_SPEC, VerifiedSpec)
 
 
+def history(pool: Mapping[str, Any]) -> list[Verified]:
+    """Every verified revision recorded, oldest first (a pool verified by an older pdfleet: its last one)."""
+    found = spec_change.annotation_record(pool, VERIFIED_HISTORY, History)
+    if found is not None:
+        return list(found.entries)
+    last = recorded(pool)
+    return [Verified(**last.model_dump())] if last is not None else []
+
+
 def latest_rollback(pool: Mapping[str, Any]) -> RolledBack | None:
     """The last rollback (or undo) recorded on the pool, however old."""
     return spec_change.annotation_record(pool, ROLLED_BACK, RolledBack)
@@ -88,10 +116,10 @@ def rolled_back(pool: Mapping[str, Any]) -> RolledBack | None:
     return record if record is not None and record.generation == generation else None
 
 
-def record(pool: Mapping[str, Any], status: InferencePoolStatus) -> SpecChange | None:
-    """Records the pool's spec as the last verified one once every group of its revision passed verification
-    (RolloutVerified True and currentRevision == updateRevision, at the spec's generation); None when the
-    record already says so or the rollout has not completed."""
+def record(pool: Mapping[str, Any], status: InferencePoolStatus, now: datetime.datetime) -> SpecChange | None:
+    """Records the pool's spec as the last verified one, and at the end of the history, once every group of its
+    revision passed verification (RolloutVerified True and currentRevision == updateRevision, at the spec's
+    generation); None when the record already says so or the rollout has not completed."""
     generation = (pool.get("metadata") or {}).get("generation")
     verified = next((c for c in status.conditions if c.type == ConditionType.ROLLOUT_VERIFIED), None)
     if verified is None or verified.status is not ConditionStatus.TRUE or status.observed_generation != generation \
@@ -100,10 +128,14 @@ def record(pool: Mapping[str, Any], status: InferencePoolStatus) -> SpecChange |
     before = recorded(pool)
     if before is not None and before.revision == status.current_revision:
         return None
-    value = VerifiedSpec(revision=status.current_revision, generation=generation,
-                         spec=shaping(pool.get("spec") or {})).model_dump_json()
-    return spec_change.patch(pool, {}, annotations={VERIFIED_SPEC: value},
-                             why=f"recorded revision {status.current_revision} as the last verified one")
+    entry = Verified(revision=status.current_revision, generation=generation, spec=shaping(pool.get("spec") or {}),
+                     at=now.strftime("%Y-%m-%dT%H:%M:%SZ"))
+    # A revision verified again (rolled back to) moves to the end: the history is in order of verification.
+    entries = [e for e in history(pool) if e.revision != entry.revision] + [entry]
+    value = VerifiedSpec(revision=entry.revision, generation=generation, spec=entry.spec).model_dump_json()
+    return spec_change.patch(pool, {}, annotations={
+        VERIFIED_SPEC: value, VERIFIED_HISTORY: History(entries=entries[-HISTORY_LIMIT:]).model_dump_json()},
+        why=f"recorded revision {status.current_revision} as the last verified one")
 
 
 def restore(pool: Mapping[str, Any], target: VerifiedSpec, *, cause: str, message: str,
@@ -188,17 +220,37 @@ class NothingToUndo(ValueError):
     """`pdfleet rollout undo` has no verified revision to go back to, or the pool already has it."""
 
 
-def undo(pool: Mapping[str, Any], now: datetime.datetime) -> SpecChange:
-    """`pdfleet rollout undo`: the patch back to the last verified revision."""
+def undo_target(pool: Mapping[str, Any], to_revision: str | None = None) -> Verified:
+    """Where `pdfleet rollout undo` goes: the revision named, or the newest verified one that the pool does not
+    have now. Raises NothingToUndo saying why there is none."""
     meta = pool.get("metadata") or {}
     name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    target = recorded(pool)
-    if target is None:
+    entries = history(pool)
+    if not entries:
         raise NothingToUndo(f"InferencePool {name} has no verified revision recorded (annotation {VERIFIED_SPEC}): "
                             f"it never completed a verified rollout, so there is nothing to go back to")
     current = _revision_of(pool)
+    if to_revision is not None:
+        target = next((e for e in entries if e.revision == to_revision), None)
+        if target is None:
+            raise NothingToUndo(f"InferencePool {name} has no verified revision {to_revision} in its history "
+                                f"(recorded: {', '.join(e.revision for e in entries)})")
+        if target.revision == current:
+            raise NothingToUndo(f"InferencePool {name} already has revision {to_revision}: nothing to undo")
+        return target
+    older = [e for e in entries if e.revision != current]
+    if not older:
+        raise NothingToUndo(f"InferencePool {name} already has the last verified revision {entries[-1].revision}, "
+                            f"and no other verified revision is recorded: nothing to undo")
+    return older[-1]
+
+
+def undo(pool: Mapping[str, Any], now: datetime.datetime, to_revision: str | None = None) -> SpecChange:
+    """`pdfleet rollout undo [--to-revision R]`: the patch back to a verified revision (`undo_target`)."""
+    target = undo_target(pool, to_revision)
     change = restore(pool, target, cause=UNDO, message="pdfleet rollout undo", now=now)
-    if change is None or current == target.revision:
-        raise NothingToUndo(f"InferencePool {name} already has the last verified revision {target.revision}: "
-                            f"nothing to undo")
+    if change is None:
+        meta = pool.get("metadata") or {}
+        raise NothingToUndo(f"InferencePool {meta.get('namespace', '')}/{meta.get('name', '')} already has the "
+                            f"engine-shaping spec of revision {target.revision}: nothing to undo")
     return change

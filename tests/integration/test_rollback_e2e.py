@@ -125,6 +125,11 @@ def test_a_failed_gate_rolls_back_verified_and_undo_pause_resume_work(
     assert annotation(final, "pdfleet.dev/rolled-back")["cause"] == "Undo"  # type: ignore[index]
     done = pdfleet(cluster, "rollout", "status", POOL, "-n", namespace)
     assert done.returncode == 0, done
+    history = pdfleet(cluster, "rollout", "history", POOL, "-n", namespace)
+    assert history.returncode == 0, history
+    rows = [line.split() for line in history.stdout.splitlines()[1:]]
+    assert [r[0] for r in rows] == [good, normal["status"]["currentRevision"]] and rows[-1][-1] == "current", \
+        history.stdout
 
 
 def test_under_load_a_failed_gate_rolls_back_verified_and_no_client_request_fails(

@@ -47,7 +47,7 @@ def test_a_rolled_back_rollout_fails_with_exit_1_while_returning_and_once_back()
     done = report.rollout(recorded(cluster))
     assert done.outcome is Exit.FAILED and done.detail.endswith(f"; revision {old} is verified again")
     lines = report.status_lines(recorded(cluster), now=NOW)
-    assert f"Undo to:    revision {old} (the last verified)" in lines
+    assert f"Undo to:    none (revision {old}, the last verified, runs now)" in lines, "undo would have nowhere to go"
     assert any(line.startswith(f"Rolled back: 0s ago from revision {new} to {old} (GateFailed: ") for line in lines)
 
     # A later spec change by anyone makes the rollback history: that rollout is judged on its own.

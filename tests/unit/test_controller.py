@@ -4,6 +4,7 @@ change to how plans turn into API calls fails fast, without a cluster."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import pytest
@@ -66,7 +67,7 @@ async def settle(kube: FakeKube, controller: Controller, limit: int = 5) -> None
 
 
 async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_its_events(kube: FakeKube) -> None:
-    planned = reconcile.plan(pool(kube), kube.cache().snapshot(KEY))
+    planned = reconcile.plan(pool(kube), kube.cache().snapshot(KEY), now=datetime.datetime.now(datetime.UTC))
     rv = pool(kube)["metadata"]["resourceVersion"]
 
     await executor(kube).reconcile(KEY)

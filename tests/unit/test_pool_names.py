@@ -4,6 +4,7 @@ limit is tight (a name one longer would really break a derived name), so it foll
 
 from __future__ import annotations
 
+import datetime
 import re
 from collections.abc import Iterator
 from typing import Any
@@ -140,7 +141,7 @@ def test_the_operator_refuses_a_pool_created_before_the_rule_with_the_same_messa
     from pdfleet.operator.planning import reconcile
 
     pool = pool_body(name="p" * 60)
-    plan = reconcile.plan(pool, Observed(pool=pool, owned={}))
+    plan = reconcile.plan(pool, Observed(pool=pool, owned={}), now=datetime.datetime(2026, 12, 3, tzinfo=datetime.UTC))
     assert plan.rejected and plan.apply == ()
     accepted = next(c for c in plan.status["conditions"] if c["type"] == "Accepted")
     assert accepted["status"] == "False"

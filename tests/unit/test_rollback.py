@@ -12,6 +12,7 @@ import pytest
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.cli import report
 from pdfleet.operator.planning import rollback, spec_change
 from pdfleet.operator.planning.rollback import Action
 from pdfleet.operator.planning.verification import RolloutVerified
@@ -214,6 +215,46 @@ def test_a_paused_rollout_starts_no_replacement_lets_the_one_in_flight_finish_an
     cluster.converge(limit=20)
     assert condition(cluster, "RolloutVerified")["status"] == "True"
     assert condition(cluster, "Progressing")["reason"] == "Stable"
+
+
+def test_a_revision_verified_then_gone_bad_can_be_undone_to_the_one_before_from_the_history() -> None:
+    """The outage that motivated the history: the bad revision was verified (its gates passed before it broke),
+    so the last verified revision was the bad one and undo had nowhere to go."""
+    cluster = verified_cluster(auto_rollback=False)
+    first = cluster.pool["status"]["currentRevision"]
+    change_spec(cluster, overlapSchedule="Disabled")
+    cluster.converge(limit=20)
+    second = cluster.pool["status"]["currentRevision"]
+    assert second != first
+    entries = rollback.history(cluster.pool)
+    assert [e.revision for e in entries] == [first, second] and all(e.at for e in entries)
+    lines = report.history_lines(cluster.pool)
+    assert lines[0].split() == ["REVISION", "VERIFIED", "AT", "GENERATION"]
+    assert lines[1].startswith(first) and lines[2].startswith(second) and lines[2].endswith("current")
+
+    assert rollback.undo_target(cluster.pool).revision == first, "the newest verified one the pool does not run"
+    change = rollback.undo(cluster.pool, NOW + datetime.timedelta(minutes=5))
+    cluster.pool = spec_change.apply(cluster.pool, change)
+    cluster.pool["metadata"]["generation"] += 1
+    assert revision_of(cluster.pool) == first
+    cluster.converge(limit=20)
+    # Verified again, it moves to the end of the history; --to-revision names any entry, and only those.
+    assert [e.revision for e in rollback.history(cluster.pool)] == [second, first]
+    assert rollback.undo_target(cluster.pool, second).revision == second
+    with pytest.raises(rollback.NothingToUndo, match="no verified revision nope in its history"):
+        rollback.undo(cluster.pool, NOW, "nope")
+    with pytest.raises(rollback.NothingToUndo, match=f"already has revision {first}"):
+        rollback.undo(cluster.pool, NOW, first)
+
+
+def test_the_history_keeps_the_newest_verified_revisions_only() -> None:
+    cluster = verified_cluster(auto_rollback=False, decode=1)
+    for n in range(rollback.HISTORY_LIMIT + 2):
+        change_spec(cluster, env=[{"name": "ROUND", "value": str(n)}])
+        cluster.converge(limit=20)
+    entries = rollback.history(cluster.pool)
+    assert len(entries) == rollback.HISTORY_LIMIT
+    assert entries[-1].revision == cluster.pool["status"]["currentRevision"]
 
 
 def test_undo_goes_back_to_the_last_verified_revision_or_says_why_it_cannot() -> None:

@@ -90,8 +90,9 @@ def test_slow_requests_take_the_factor_longer_to_first_token_and_between_tokens(
     r = generate(engines["slow"], 1, tokens=3)
     took = time.monotonic() - started
     assert r.status_code == 200
-    # A prefill of 200 ms and two decode steps of 50 ms, each 4 times as long: at least 0.8 + 0.4 s.
-    assert took >= 1.2, took
+    # A prefill of 200 ms taken 4 times (0.8 s), and each of the two decode steps 3 x 50 ms longer (0.3 s): what
+    # the factor adds is slept for certain; the steps' own ticks may come sooner than a full step after a wait.
+    assert took >= 1.1, took
 
 
 def test_a_desync_after_some_requests_leaves_the_engine_healthy_until_then(engines: dict[str, SimEngine]) -> None:
