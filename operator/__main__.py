@@ -27,7 +27,12 @@ from pdfleet.operator.kube.client import KubeClient, load_configuration
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.leader.elector import LeaderElector
 from pdfleet.operator.leader.lease import LeaseStore
-from pdfleet.operator.render.context import DEFAULT_OPERATOR_LABELS, DEFAULT_OPERATOR_NAMESPACE, Settings
+from pdfleet.operator.render.context import (
+    DEFAULT_OPERATOR_LABELS,
+    DEFAULT_OPERATOR_NAMESPACE,
+    DEFAULT_RUNTIME_IMAGE,
+    Settings,
+)
 from pdfleet.operator.runtime_state import LeaderElection, OperatorState, Options
 
 log = logging.getLogger("pdfleet.operator")
@@ -139,8 +144,7 @@ def _pod_namespace() -> str | None:
 
 
 def _render_settings(args: argparse.Namespace) -> Settings:
-    base = Settings()
-    return Settings(runtime_image=args.runtime_image or base.runtime_image,
+    return Settings(runtime_image=args.runtime_image or DEFAULT_RUNTIME_IMAGE,
                     network_policies=args.network_policies == "true",
                     operator_namespace=args.operator_namespace or _pod_namespace() or DEFAULT_OPERATOR_NAMESPACE,
                     operator_labels=args.operator_labels)

@@ -304,12 +304,11 @@ def history_lines(pool: Mapping[str, Any]) -> list[str]:
 
 def undo_label(pool: Mapping[str, Any], to_revision: str | None = None) -> str:
     """Where `pdfleet rollout undo` would go, as `status` and `undo` say it."""
+    last = rollback.recorded(pool)
     try:
         target = rollback.undo_target(pool, to_revision)
     except rollback.NothingToUndo:
-        last = rollback.recorded(pool)
         return f"none (revision {last.revision}, the last verified, runs now)" if last else "none recorded"
-    last = rollback.recorded(pool)
     verified = "the last verified" if last is not None and last.revision == target.revision else \
         f"verified {target.at or 'earlier'}"
     return f"revision {target.revision} ({verified})"

@@ -26,17 +26,25 @@ from pdfleet.runtime.health import phases
 ENV_PREFIX = "PDFLEET_SIM_"
 
 
-def _num(env: Mapping[str, str], name: str, default: float) -> float:
-    raw = env.get(ENV_PREFIX + name, "").strip()
+def number(values: Mapping[str, str], key: str, default: float, *, low: float = 0.0,
+           high: float | None = None) -> float:
+    """`values[key]` as a number between `low` and `high`, `default` when unset. Raises ValueError naming it."""
+    raw = values.get(key, "").strip()
     if not raw:
         return default
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} is not a number") from None
-    if value < 0:
-        raise ValueError(f"{ENV_PREFIX}{name}={raw!r} must not be negative")
+        raise ValueError(f"{key}={raw!r} is not a number") from None
+    if value < low or (high is not None and value > high):
+        bound = f"between {low:g} and {high:g}" if high is not None else \
+            "not negative" if low == 0 else f"at least {low:g}"
+        raise ValueError(f"{key}={raw!r} must be {bound}")
     return value
+
+
+def _num(env: Mapping[str, str], name: str, default: float) -> float:
+    return number(env, ENV_PREFIX + name, default)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,6 +52,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
+from pdfleet.runtime.simulator.config import number
+
 log = logging.getLogger(__name__)
 
 PODINFO_ENV = "PDFLEET_PODINFO"
@@ -152,21 +154,6 @@ def parse_annotations(text: str) -> dict[str, str]:
     return out
 
 
-def _number(values: Mapping[str, str], key: str, default: float, *, low: float = 0.0,
-            high: float | None = None) -> float:
-    raw = values.get(key, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{key}={raw!r} is not a number") from None
-    if value < low or (high is not None and value > high):
-        raise ValueError(f"{key}={raw!r} must be between {low} and {high}" if high is not None else
-                         f"{key}={raw!r} must be at least {low}")
-    return value
-
-
 def asked(values: Mapping[str, str], key: Callable[[str], str]) -> Asked | None:
     """The fault `values` ask for (None when they name none), each setting's name spelled by `key` (`fault`,
     `fault-rank`, ...). Raises ValueError for a bad value."""
@@ -174,12 +161,12 @@ def asked(values: Mapping[str, str], key: Callable[[str], str]) -> Asked | None:
         return None
     rank = values.get(key("fault-rank"), "").strip()
     return Asked(Fault.parse(values[key("fault")]), int(rank) if rank else None,
-                 int(_number(values, key("forward-delay-ms"), DEFAULT_SLOW_MS)),
-                 int(_number(values, key("stall-ms"), DEFAULT_STALL_MS)),
-                 _number(values, key("fail-share"), DEFAULT_FAIL_SHARE, high=1.0),
-                 _number(values, key("latency-factor"), DEFAULT_LATENCY_FACTOR, low=1.0),
-                 _number(values, key("fault-after-s"), 0.0),
-                 int(_number(values, key("fault-after-requests"), 0)))
+                 int(number(values, key("forward-delay-ms"), DEFAULT_SLOW_MS)),
+                 int(number(values, key("stall-ms"), DEFAULT_STALL_MS)),
+                 number(values, key("fail-share"), DEFAULT_FAIL_SHARE, high=1.0),
+                 number(values, key("latency-factor"), DEFAULT_LATENCY_FACTOR, low=1.0),
+                 number(values, key("fault-after-s"), 0.0),
+                 int(number(values, key("fault-after-requests"), 0)))
 
 
 def env_key(name: str) -> str:

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import signal
-import threading
 import time
 from collections.abc import Iterator
 
@@ -34,18 +33,8 @@ MODEL = "qwen2.5-0.5b-instruct"
 def health_samples(url: str) -> Iterator[list[tuple[float, int]]]:
     """(time, status) of `url` every 0.25 s from a thread, until the block ends (0: no answer)."""
     samples: list[tuple[float, int]] = []
-    stop = threading.Event()
-
-    def sample() -> None:
-        while not stop.wait(0.25):
-            samples.append((time.monotonic(), fleet.http_get(url, timeout=2)[0]))
-    thread = threading.Thread(target=sample, daemon=True)
-    thread.start()
-    try:
+    with fleet.every(0.25, lambda: samples.append((time.monotonic(), fleet.http_get(url, timeout=2)[0]))):
         yield samples
-    finally:
-        stop.set()
-        thread.join()
 
 
 def test_a_2p2d_pool_serves_generate_and_chat_through_the_real_router(

@@ -166,23 +166,33 @@ def steady_load(url: str, *, model: str, concurrency: int = 4, timeout_s: float 
 
 
 @contextlib.contextmanager
+def every(interval_s: float, step: Callable[[], None]) -> Iterator[None]:
+    """Runs `step` every `interval_s` from a thread of its own until the block ends."""
+    stop = threading.Event()
+
+    def run() -> None:
+        while not stop.wait(interval_s):
+            step()
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
 def ready_routers(cluster: Cluster, namespace: str, name: str, *, every_s: float = 0.2) -> Iterator[list[str]]:
     """The URLs of the pool's Ready, not terminating router pods, kept current from a thread: the endpoints a
     Service would send new connections to (the local control plane runs no EndpointSlice controller, and tests
     never go through a Service IP)."""
     current: list[str] = []
-    stop = threading.Event()
 
     def follow() -> None:
-        while not stop.wait(every_s):
-            current[:] = loadgen.ready_urls(router_pods(cluster, namespace, name))
-    thread = threading.Thread(target=follow, daemon=True)
-    thread.start()
-    try:
+        current[:] = loadgen.ready_urls(router_pods(cluster, namespace, name))
+    with every(every_s, follow):
         yield current
-    finally:
-        stop.set()
-        thread.join()
 
 
 @contextlib.contextmanager

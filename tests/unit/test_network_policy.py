@@ -8,6 +8,7 @@ real apiserver, and their selectors against real pods, in tests/integration/test
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 from collections.abc import Mapping
 from typing import Any
 
@@ -44,7 +45,10 @@ def _selects(selector: Body, found: Mapping[str, str]) -> bool:
 
 def _peer_matches(rule_peer: Body, peer: Peer, policy_ns: str) -> bool:
     if "ipBlock" in rule_peer:
-        return peer.ip.startswith(rule_peer["ipBlock"]["cidr"].split("/")[0].rsplit(".", 1)[0])
+        block = rule_peer["ipBlock"]
+        ip = ipaddress.ip_address(peer.ip)
+        return ip in ipaddress.ip_network(block["cidr"]) and \
+            not any(ip in ipaddress.ip_network(e) for e in block.get("except") or [])
     ns_labels = {"kubernetes.io/metadata.name": peer.namespace}
     if "namespaceSelector" in rule_peer:
         if not _selects(rule_peer["namespaceSelector"], ns_labels):
