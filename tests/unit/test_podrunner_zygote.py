@@ -17,7 +17,7 @@ SERVE = ("from pdfleet.podrunner import zygote; zygote._prctl(zygote.PR_SET_CHIL
          "zygote.Zygote().serve()")  # the zygote without its SGLang imports, which this test does not need
 
 
-def read_message(proc: subprocess.Popen[bytes], timeout: float = 20) -> dict[str, Any]:
+def read_message(proc: subprocess.Popen[bytes], timeout: float = 90) -> dict[str, Any]:
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, f"no message from the zygote within {timeout} s"
