@@ -2,8 +2,10 @@
 # `make demo`: pdfleet's main job on the local fleet, end to end. The chart's own operator Deployment runs (the
 # pod runner plays its pod), a PD pool goes Ready on real readiness, requests flow through the real
 # sglang-router to simulated engines, then one decode group desyncs: detected, evidence captured, restarted as
-# a unit, and the pool is Ready again. Act two is the production fix: overlapSchedule: Disabled rolled out under
-# load, followed with `pdfleet rollout status --watch`, every rank on the normal loop, failed requests counted.
+# a unit, and the pool is Ready again. Act two rolls out a bad revision (it fails a share of its requests once it
+# serves): its canary's bake catches it and the pool rolls back. Act three is the production fix:
+# overlapSchedule: Disabled rolled out under load, each group baked, followed with `pdfleet rollout status
+# --watch`, every rank on the normal loop, failed requests counted.
 # The fleet keeps running afterwards for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -144,7 +146,33 @@ wait $LOAD_PID 2>/dev/null || true
 trap - EXIT
 tail -n1 "$LOAD_LOG"
 
-step "Act two: the production fix, overlapSchedule: Disabled, rolled out verified under load"
+step "Act two: a bad revision, caught by its canary's bake and rolled back under load"
+# A spec change whose engines start, pass their gates, then fail 30% of their requests once they serve (the
+# simulator's `failing` fault, in spec.engine.env as any env would be). The first decode group is its canary:
+# it bakes, its /metrics are compared with the old revision's groups, and the rollout stops there.
+start_load badrev
+kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p \
+  '{"spec":{"engine":{"env":[{"name":"PDFLEET_SIM_FAULT","value":"failing"},{"name":"PDFLEET_SIM_FAIL_SHARE","value":"0.3"}]}}}'
+if .venv/bin/pdfleet rollout status "$POOL" -n "$NS" --watch --timeout 5m; then
+  fail "the bad revision was not stopped"
+fi
+kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message \
+  | grep -E '^TYPE|RolloutCanaryBaking|RolloutAnalysisFailed|RolloutRevisionFailed|RolloutRolledBack' || true
+back_verified() {
+  [ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath='{.status.conditions[?(@.type=="RolloutVerified")].status}')" = True ] &&
+    [ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath='{.status.phase}')" = Ready ] &&
+    [ "$(jp pdpool "$POOL" -n "$NS" -o jsonpath='{.status.currentRevision}')" = \
+      "$(jp pdpool "$POOL" -n "$NS" -o jsonpath='{.status.updateRevision}')" ]
+}
+watch_until "the pool back on its verified revision" back_verified \
+  'echo "$(kubectl get pdpool "$POOL" -n "$NS" --no-headers)   load: $(tail -n1 "$LOAD_LOG")"' 180
+kill $LOAD_PID 2>/dev/null || true
+wait $LOAD_PID 2>/dev/null || true
+trap - EXIT
+echo "groups that ever ran the bad revision: one (the decode canary); the client's view: $(tail -n1 "$LOAD_LOG")"
+
+step "Act three: the production fix, overlapSchedule: Disabled, rolled out verified under load"
 loops() {
   kubectl get pdpool "$POOL" -n "$NS" \
     -o jsonpath='{range .status.groups[*]}{"  "}{.name}{"  "}{.eventLoop}{"  verified at "}{.verifiedRevision}{"\n"}{end}'

@@ -216,6 +216,9 @@ class Controller:
         for restart in plan.restarted:
             if not failed & set(restart.pods):
                 metrics.GROUP_RESTARTS.labels(reason=restart.cause).inc()
+        for analysis in plan.analyses:
+            metrics.ROLLOUT_ANALYSES.labels(result=analysis.result).inc()
+            metrics.ROLLOUT_BAKE_DURATION.labels(result=analysis.result).observe(analysis.seconds)
         status, events = plan.status, tuple(e for e in plan.events if not failed & set(e.about))
         if refused:
             # Said in the status and by one Warning, in this reconcile: retrying the same write changes nothing.

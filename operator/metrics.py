@@ -52,6 +52,18 @@ TOOLCALL_CANARY_RUNS = Counter(
     "retried).",
     ["result"], registry=REGISTRY,
 )
+ROLLOUT_ANALYSES = Counter(
+    "pdfleet_rollout_analysis_total",
+    "Bakes of new engine groups judged (rollout.verification.bake and analysis), by result (passed, failed, "
+    "timed_out).",
+    ["result"], registry=REGISTRY,
+)
+ROLLOUT_BAKE_DURATION = Histogram(
+    "pdfleet_rollout_bake_duration_seconds",
+    "How long a new engine group baked before its bake was judged, by result.",
+    ["result"], registry=REGISTRY,
+    buckets=(5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600),
+)
 LEADER = Gauge(
     "pdfleet_leader_is_leader",
     "1 while this operator replica holds the leader-election Lease and reconciles; 0 while it stands by.",

@@ -1,11 +1,15 @@
 """`spec.rollout`: how a new engine revision replaces the old one.
 
 A change to anything that shapes the engine process is a new revision. Groups of the old revision are replaced
-whole, a role at a time in `order`, at most `maxUnavailable` groups of a role out of service at once; a group
-counts as replaced once every pod of the new revision is Ready and the group passed every enabled
-`verification` gate. A failed gate stops the rollout until the spec changes, or, with `autoRollback`, returns
-the pool to its last verified revision. `paused` holds further replacements. `playbooks` are the spec changes the
-operator may make on its own, each at most once per pool, through the same verified rollout.
+whole, a role at a time in `order`. The first group of each role is its canary: no second group of the role is
+replaced until it counts as replaced; then up to `maxUnavailable` groups of the role are out of service at once.
+A group counts as replaced once every pod of the new revision is Ready, it passed every enabled `verification`
+gate and, for a revision never verified before, it baked (served for `verification.bake` with its ranks Healthy
+and its requests no worse than the old revision's). After the last group, the revision is watched for
+`postRolloutWatch` before it is recorded as verified. A failed gate, bake or watch stops the rollout until the
+spec changes, or, with `autoRollback`, returns the pool to its last verified revision. `paused` holds further
+replacements. `playbooks` are the spec changes the operator may make on its own, each at most once per pool,
+through the same verified rollout.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Annotated
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel
-from pdfleet.operator.api.scalars import Duration
+from pdfleet.operator.api.scalars import Duration, DurationOrZero
 
 
 class RolloutOrder(enum.StrEnum):
@@ -29,6 +33,34 @@ class MaxUnavailable(ApiModel):
 
     prefill: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="Prefill groups at once.")
     decode: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="Decode groups at once.")
+
+
+class AnalysisSpec(ApiModel):
+    """How a baking group is judged against the groups of the old revision of its role over the same window,
+    from the counters and histograms its engines publish on /metrics (SGLang's names)."""
+
+    min_requests: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        default=20, description="Requests the baking group must have finished (or aborted) in its bake before it "
+                                "is judged on them; with fewer when the bake ends, it waits (up to "
+                                "verification.timeout past the bake's end). Also the least a baseline needs to be "
+                                "compared with.",
+    )
+    max_error_rate_increase: Annotated[float, Field(ge=0, le=1)] = Field(
+        default=0.02, description="How much higher than the baseline's the group's share of aborted requests "
+                                  "(sglang:num_aborted_requests_total over it plus sglang:num_requests_total) may "
+                                  "be: 0.02 is two percentage points. Judged at every poll once minRequests are "
+                                  "in, so a failing revision is stopped early.",
+    )
+    ttft_ratio: Annotated[float, Field(ge=1, le=100)] = Field(
+        default=2.0, description="Prefill groups: the most their mean time to first token "
+                                 "(sglang:time_to_first_token_seconds) may be, as a multiple of the baseline's. "
+                                 "Judged at the bake's end.",
+    )
+    itl_ratio: Annotated[float, Field(ge=1, le=100)] = Field(
+        default=2.0, description="Decode groups: the most their mean inter-token latency "
+                                 "(sglang:inter_token_latency_seconds) may be, as a multiple of the baseline's. "
+                                 "Judged at the bake's end.",
+    )
 
 
 class VerificationSpec(ApiModel):
@@ -53,8 +85,19 @@ class VerificationSpec(ApiModel):
     )
     timeout: Duration = Field(
         default="15m", description="How long a group may take to pass its gates, from when all its pods are "
-                                   "Ready; past it the rollout fails with GateTimedOut.",
+                                   "Ready (the bake's own wait for minRequests: from the bake's end); past it the "
+                                   "rollout fails with GateTimedOut.",
     )
+    bake: DurationOrZero = Field(
+        default="5m", description="After its other gates passed, how long each group of a new revision serves "
+                                  "before it counts as verified: at every poll its ranks must stay Healthy and its "
+                                  "pods Ready, and its requests are compared with the old revision's groups "
+                                  "(analysis). Not for a pool's first revision nor for a return to a revision "
+                                  "verified before (nothing to compare with, nothing to protect). 0s switches it "
+                                  "off.",
+    )
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec,
+                                   description="What a baking group is compared on, and how much worse it may be.")
 
 
 class OverlapDesyncAction(enum.StrEnum):
@@ -94,11 +137,20 @@ class RolloutSpec(ApiModel):
                                            description="What a replaced group must show before it counts.")
     auto_rollback: bool = Field(
         default=False,
-        description="When a verification gate fails or times out, patch the engine-shaping part of the spec back "
+        description="When a verification gate (the bake included) fails or times out, or the revision fails its "
+                    "postRolloutWatch, patch the engine-shaping part of the spec back "
                     "to the last verified revision (annotation pdfleet.dev/verified-spec) and roll that out "
                     "through the same verified path; the operator records why in the annotation "
                     "pdfleet.dev/rolled-back and a RolloutRolledBack Warning. Off: the pool holds (phase Failed) "
                     "until the spec changes.",
+    )
+    post_rollout_watch: DurationOrZero = Field(
+        default="10m", description="After every group of a new revision baked, how long the operator still "
+                                   "watches them before the revision counts as verified (RolloutVerified True, the "
+                                   "record that rollback and undo return to): a group of it that turns Desync, "
+                                   "Hang or Dead, or whose pod ends, in that time fails the rollout "
+                                   "(WatchFailed), and with autoRollback rolls the pool back. Not after a pool's "
+                                   "first revision nor a return to a verified one. 0s switches it off.",
     )
     paused: bool = Field(
         default=False,

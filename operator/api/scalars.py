@@ -50,6 +50,9 @@ Duration = Annotated[
     AfterValidator(_positive),
 ]
 
+# A duration that may be zero ("0s": the thing it times is switched off).
+DurationOrZero = Annotated[str, Field(pattern=DURATION_PATTERN, max_length=32)]
+
 Port = Annotated[int, Field(ge=1, le=65535)]
 
 # An RFC 1123 label-ish name: container env names, parser names and the like stay short and plain.

@@ -90,6 +90,36 @@ class GateResult(ApiModel):
     message: Annotated[str, Field(max_length=2048)] = Field(default="", description="Expected and seen.")
 
 
+Amount = Annotated[float, Field(ge=0)]
+
+
+class ServingSample(ApiModel):
+    """One engine's serving counters at one moment, as its /metrics showed them (summed over label sets)."""
+
+    pod: Annotated[str, Field(min_length=1, max_length=64)] = Field(description="The engine pod's uid.")
+    requests: Amount = Field(default=0, description="sglang:num_requests_total.")
+    aborted: Amount = Field(default=0, description="sglang:num_aborted_requests_total.")
+    ttft_sum: Amount = Field(default=0, description="sglang:time_to_first_token_seconds_sum.")
+    ttft_count: Amount = Field(default=0, description="sglang:time_to_first_token_seconds_count.")
+    itl_sum: Amount = Field(default=0, description="sglang:inter_token_latency_seconds_sum.")
+    itl_count: Amount = Field(default=0, description="sglang:inter_token_latency_seconds_count.")
+
+
+class Bake(ApiModel):
+    """A group's bake: when it began and ends, and the counters it is measured from (so that an operator
+    restarted mid-bake judges the same window)."""
+
+    since: Timestamp = Field(description="When the group's other gates passed and its bake began.",
+                             json_schema_extra={"format": "date-time"})
+    until: Timestamp = Field(description="When the bake ends (since + verification.bake).",
+                             json_schema_extra={"format": "date-time"})
+    start: tuple[ServingSample, ...] = Field(
+        default=(), max_length=9, description="Counters at the bake's start: the group's leader engine first, then "
+                                              "the baseline's (leaders of up to 8 groups of its role at the old "
+                                              "revision).",
+    )
+
+
 class GroupVerification(ApiModel):
     """The verification gates' results for one group at one revision."""
 
@@ -98,6 +128,7 @@ class GroupVerification(ApiModel):
         default=(), max_length=8, description="One entry per gate.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
+    bake: Bake | None = Field(default=None, description="The group's bake, once its other gates passed.")
 
 
 class RoleStatus(ApiModel):
@@ -166,6 +197,21 @@ class GroupStatus(ApiModel):
     )
 
 
+class RevisionWatch(ApiModel):
+    """How a new revision fares from its rollout's start to the end of its postRolloutWatch."""
+
+    revision: Annotated[str, Field(max_length=64)] = Field(description="The pool revision watched.")
+    since: Timestamp | None = Field(default=None, description="When its last group was verified and its "
+                                                              "postRolloutWatch began.",
+                                    json_schema_extra={"format": "date-time"})
+    until: Timestamp | None = Field(default=None, description="When the postRolloutWatch ends.",
+                                    json_schema_extra={"format": "date-time"})
+    failure: Annotated[str, Field(max_length=2048)] | None = Field(
+        default=None, description="What failed the revision (a group of it turned Desync, Hang or Dead, or its pod "
+                                  "ended); set once, kept for the revision.",
+    )
+
+
 class InferencePoolStatus(ApiModel):
     """The observed state of the pool."""
 
@@ -185,6 +231,10 @@ class InferencePoolStatus(ApiModel):
     groups: tuple[GroupStatus, ...] = Field(
         default=(), max_length=4096, description="One entry per engine group.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    watch: RevisionWatch | None = Field(
+        default=None, description="How the last new revision rolled out fared, during its rollout and its "
+                                  "postRolloutWatch.",
     )
     conditions: tuple[Condition, ...] = Field(
         default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",

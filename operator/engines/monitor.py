@@ -9,11 +9,14 @@ reconcile; the reconcile turns the stored verdicts into status, conditions and e
 So an unchanged verdict costs one HTTP round trip per pod per period and no API call at all.
 
 For the verification gates it also fetches, once per pod (by uid), `/server_info` of the leader engine of every
-group that runs its role's update revision with all pods Ready (`server_info.ServerInfoClient`), and hands the
+group that runs its role's update revision with all pods Ready (`engine_api.EngineApiClient`), and hands the
 planner `EngineFacts` per group: which pods the poll judged, and what their /server_info showed. With the
 toolCallCanary gate on, it starts the tool-call canary at each such decode group's leader, paired with a Ready
 prefill leader (`canary_gate.CanaryRunner`: once per pod, as a task; the finding comes with a later poll, which
-the run's end wakes).
+the run's end wakes). While a new revision rolls out with a bake, it also reads `/metrics` of every group's
+leader, old revision and new, at every poll: the counters a bake compares (`EngineFacts.metrics`); a baking
+group that has served too few requests to be judged gets plain probe requests from the operator
+(`bake_probes.BakeProber`).
 """
 
 from __future__ import annotations
@@ -31,17 +34,18 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.api.status import Verdict
+from pdfleet.operator.api.status import ServingSample, Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
 from pdfleet.operator.engines import canary_gate
 from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.bake_probes import BakeProber, Pair
 from pdfleet.operator.engines.canary_gate import CanaryRunner
-from pdfleet.operator.engines.server_info import ServerInfoClient
+from pdfleet.operator.engines.engine_api import EngineApiClient
+from pdfleet.operator.planning import bake, rank_health, router_membership, status
 from pdfleet.operator.planning import canary_gate as planning_canary
-from pdfleet.operator.planning import rank_health, status
 from pdfleet.operator.planning.groups import pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.planning.verification import STOPPED, EngineFacts
 from pdfleet.operator.render import labels, revision
 
 log = logging.getLogger(__name__)
@@ -58,12 +62,13 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 
 class HealthMonitor:
     def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
-                 after_poll: AfterPoll | None = None, server_info: ServerInfoClient | None = None,
+                 after_poll: AfterPoll | None = None, server_info: EngineApiClient | None = None,
                  canary: CanaryRunner | None = None) -> None:
         self._cache = cache
         self._agents = agents
         self._server_info = server_info  # made on first use, inside the event loop
         self._canary = canary  # the same
+        self._prober: BakeProber | None = None  # the same
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
         self._poke = poke
@@ -109,6 +114,8 @@ class HealthMonitor:
             kept.pop(key, None)
         if self._canary is not None:
             self._canary.forget(key)
+        if self._prober is not None:
+            self._prober.forget(key)
 
     async def close(self) -> None:
         tasks = list(self._tasks.values())
@@ -122,6 +129,8 @@ class HealthMonitor:
             await self._server_info.close()
         if self._canary is not None:
             await self._canary.close()
+        if self._prober is not None:
+            await self._prober.close()
 
     async def _run(self, key: PoolKey) -> None:
         wake = self._wake.setdefault(key, asyncio.Event())
@@ -190,16 +199,20 @@ class HealthMonitor:
         infos = self._infos.setdefault(key, {})
         foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
+        sampled: list[tuple[Body, int]] = []  # leaders whose /metrics a bake compares, old revision or new
+        sampling = _baking(spec, self._cache.snapshot(key).pool)
         for name, pods in judged_pods.items():
             role = _role(pods)
             live = rank_health.live_pods(pods)
             if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
                 continue
+            head = _leader(live)
+            if sampling and head is not None and head["metadata"].get("uid") not in foreign:
+                sampled.append((head, spec.role(role).port))
             if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
                     {revision.role_revision(spec, role)}:
                 continue
-            leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
-                          None)
+            leader = head
             if leader is None or leader["metadata"].get("uid") in foreign:
                 continue
             if leader["metadata"].get("uid") not in infos:
@@ -207,14 +220,19 @@ class HealthMonitor:
             if role is Role.DECODE and spec.rollout.verification.tool_call_canary and \
                     verified.get(name) != revision.role_revision(spec, role):
                 self._start_canary(key, spec, leader, judged_pods)
-        if wanted:
+        samples: dict[str, ServingSample] = {}
+        if wanted or sampled:
             if self._server_info is None:
-                self._server_info = ServerInfoClient(timeout=MAX_AGENT_TIMEOUT)
+                self._server_info = EngineApiClient(timeout=MAX_AGENT_TIMEOUT)
             client = self._server_info
-            got = await asyncio.gather(*(client.fetch(pod, port) for pod, port in wanted))
+            got, counted = await asyncio.gather(asyncio.gather(*(client.fetch(pod, port) for pod, port in wanted)),
+                                                asyncio.gather(*(client.metrics(pod, port) for pod, port in sampled)))
             for (pod, _), info in zip(wanted, got, strict=True):
                 if info is not None:
                     infos[pod["metadata"]["uid"]] = info
+            samples = {sample.pod: sample for sample in counted if sample is not None}
+        if sampling:
+            self._probe_thin_bakes(key, spec, judged_pods, samples)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
         found = self._canary.findings(key, {str(u) for u in alive}) if self._canary is not None else {}
         facts = {}
@@ -222,10 +240,36 @@ class HealthMonitor:
             uids = {p["metadata"].get("uid") for p in rank_health.live_pods(pods)} - {None}
             facts[name] = EngineFacts(pods=frozenset(str(u) for u in uids),
                                       server_info={u: infos[u] for u in uids if u in infos},
-                                      canary={u: found[u] for u in uids if u in found})
+                                      canary={u: found[u] for u in uids if u in found},
+                                      metrics={u: samples[u] for u in uids if u in samples})
         for uid in set(infos) - alive:  # forget pods that are gone, so the memory stays as small as the fleet
             del infos[uid]
         return facts
+
+    def _probe_thin_bakes(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
+                          samples: Mapping[str, ServingSample]) -> None:
+        """Probe requests for each baking group that has served too few requests to be judged yet."""
+        pool = self._cache.snapshot(key).pool
+        for group in status.parse_status((pool or {}).get("status")).groups:
+            check = group.verification
+            if check is None or check.bake is None or check.revision != group.revision or \
+                    group.verified_revision == group.revision or any(g.state in STOPPED for g in check.gates):
+                continue
+            needed = bake.shortfall(spec.rollout.verification, check.bake, samples)
+            head = _leader(rank_health.live_pods(judged_pods.get(group.name, [])))
+            other = Role.PREFILL if group.role is Role.DECODE else Role.DECODE
+            partner = planning_canary.pick_prefill(judged_pods.values(), other)
+            if needed <= 0 or head is None or partner is None:
+                continue
+            prefill, decode = (partner, head) if group.role is Role.DECODE else (head, partner)
+            prefill_ip, decode_ip = router_membership.pod_ip(prefill), router_membership.pod_ip(decode)
+            if prefill_ip is None or decode_ip is None:
+                continue
+            if self._prober is None:
+                self._prober = BakeProber()
+            self._prober.ensure(key, Pair(group=group.name, prefill_ip=prefill_ip, prefill_port=spec.prefill.port,
+                                          bootstrap_port=spec.prefill.bootstrap_port, decode_ip=decode_ip,
+                                          decode_port=spec.decode.port, model=spec.model.served_name), needed)
 
     def _start_canary(self, key: PoolKey, spec: InferencePoolSpec, leader: Body,
                       judged_pods: Mapping[str, list[Body]]) -> None:
@@ -300,6 +344,23 @@ class HealthMonitor:
 def _foreign(pods: list[Body], answers: rank_health.Answers, own: rank_health.Answers) -> list[Body]:
     """The pods whose answer lost ranks to `own_answers`."""
     return [p for p in pods if answers.get(p["metadata"]["name"]) is not own.get(p["metadata"]["name"])]
+
+
+def _leader(live: list[Body]) -> Body | None:
+    return next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
+
+
+def _baking(spec: InferencePoolSpec, pool: Body | None) -> bool:
+    """Whether the pool's engines' /metrics are read in this poll: while a revision other than the one the pool
+    last completed rolls out (or is watched) and groups of it may bake."""
+    if parse_duration(spec.rollout.verification.bake).total_seconds() <= 0:
+        return False
+    last = status.parse_status((pool or {}).get("status"))
+    if last.current_revision is None:
+        return False
+    return last.current_revision != revision.pool_revision(spec) or any(
+        g.verification is not None and g.verification.bake is not None and g.verified_revision != g.revision
+        for g in last.groups)
 
 
 def _verified(pool: Body | None) -> dict[str, str]:

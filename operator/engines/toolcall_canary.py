@@ -144,11 +144,12 @@ async def run(url: str, *, requests: int = DEFAULT_REQUESTS, concurrency: int = 
 
 async def run_pd(prefill_url: str, decode_url: str, *, bootstrap_host: str, bootstrap_port: int, model: str,
                  requests: int, concurrency: int, timeout_s: float, parser: str | None,
-                 max_tokens: int = DEFAULT_MAX_TOKENS) -> Report:
+                 max_tokens: int = DEFAULT_MAX_TOKENS, plain: bool = False) -> Report:
     """The canary as sglang-router sends requests in PD mode: each probe to the prefill engine and to the decode
     engine at once, the same body with the same bootstrap fields (the prefill engine's host and bootstrap port, a
     fresh random room), and the decode engine's answer judged (the prefill engine's is drained: the router
-    discards it too). No proxy from the environment is used.
+    discards it too). No proxy from the environment is used. `plain`: plain chat requests only (a bake's probes:
+    traffic to judge the pair on, not tool calls).
 
     Raises Unreachable when the decode engine's model list fails."""
     async with _client(prefill_url, timeout_s, concurrency, trust_env=False) as prefill, \
@@ -165,4 +166,5 @@ async def run_pd(prefill_url: str, decode_url: str, *, bootstrap_host: str, boot
                 return Answer(error=f"prefill: {first.error}")
             return answer
 
-        return await _judged(plan.plan(requests), paired, concurrency=concurrency, parser=parser, model=model)
+        probes = plan.plain(requests) if plain else plan.plan(requests)
+        return await _judged(probes, paired, concurrency=concurrency, parser=parser, model=model)

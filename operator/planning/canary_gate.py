@@ -67,15 +67,16 @@ def inconclusive(why: str) -> CanaryFinding:
     return CanaryFinding(GateState.WAITING, _bounded(f"the last canary run was inconclusive, retrying: {why}"))
 
 
-def pick_prefill(groups: Iterable[Sequence[Body]]) -> Body | None:
+def pick_prefill(groups: Iterable[Sequence[Body]], role: Role = Role.PREFILL) -> Body | None:
     """The leader pod of the first prefill group (by name) whose live pods are all Ready: the engine the
     canary's requests are paired with, as the router would pair them (of any revision: during a rollout the
-    router pairs new decode engines with the prefill engines there are)."""
+    router pairs new decode engines with the prefill engines there are). `role` decode: the same of decode
+    groups (a prefill group's bake probes need one)."""
     candidates = []
     for pods in groups:
         live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
         meta = [(p["metadata"].get("labels") or {}) for p in live]
-        if not live or any(m.get(labels.ROLE) != Role.PREFILL for m in meta) or not all(map(pod_ready, live)):
+        if not live or any(m.get(labels.ROLE) != role for m in meta) or not all(map(pod_ready, live)):
             continue
         leader = next((p for p, m in zip(live, meta, strict=True) if m.get(labels.RANK, "0") == "0"), None)
         if leader is not None and (leader.get("status") or {}).get("podIP"):

@@ -41,6 +41,15 @@ class Restart:
 
 
 @dataclasses.dataclass(frozen=True)
+class Analysis:
+    """A group's bake, judged: `result` passed, failed or timed_out, after `seconds` of baking."""
+
+    group: str
+    result: str
+    seconds: float
+
+
+@dataclasses.dataclass(frozen=True)
 class Plan:
     apply: tuple[Body, ...] = ()  # desired objects that differ from what the cluster has
     delete: tuple[ObjectRef, ...] = ()  # owned objects no longer desired
@@ -55,6 +64,8 @@ class Plan:
     # Changes to the pool's own object (its spec, its annotations), sent after the status; an Event whose `about`
     # names the pool ("InferencePool", name) is not posted if one of them is refused (the spec moved on).
     pool_changes: tuple[SpecChange, ...] = ()
+    # Bakes judged in this plan, for the operator's metrics.
+    analyses: tuple[Analysis, ...] = ()
 
     @property
     def empty(self) -> bool:

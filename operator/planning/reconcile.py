@@ -32,10 +32,12 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import RolloutOrder
+from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
+from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import (
+    bake,
     health_status,
     playbooks,
     rank_health,
@@ -43,6 +45,7 @@ from pdfleet.operator.planning import (
     rollback,
     toolcall_integrity,
     verification,
+    watch,
 )
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
@@ -54,7 +57,7 @@ from pdfleet.operator.planning.groups import (
     pod_ready,
     pods_by_group,
 )
-from pdfleet.operator.planning.plan import Event, ObjectRef, Plan, Restart
+from pdfleet.operator.planning.plan import Analysis, Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts, Outcome
@@ -80,6 +83,7 @@ class _Builder:
     capture: list[restarts.EvidenceRequest] = dataclasses.field(default_factory=list)
     restarted: list[Restart] = dataclasses.field(default_factory=list)
     pool_changes: list[SpecChange] = dataclasses.field(default_factory=list)
+    analyses: list[Analysis] = dataclasses.field(default_factory=list)
 
     def delete_objects(self, objects: list[Body], *, grace_period_seconds: int | None = None) -> None:
         for obj in objects:
@@ -114,7 +118,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     _plan_shared_objects(want, observed, expect, out)
     pods = pods_by_group(observed.of_kind("Pod"))
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
-    outcomes = _verify(spec, want, states, pods, previous, health, engines or {}, now)
+    outcomes = _verify(pool, spec, want, states, pods, previous, health, engines or {}, now)
     _plan_groups(spec, want, observed, states, outcomes, expect, out)
     _plan_removals(want, observed, expect, out)
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
@@ -126,12 +130,14 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
         out.pool_changes.append(playbook.change)
         out.events.append(playbook.event)
     waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None] + \
-        [o.deadline for o in outcomes.values() if o.deadline is not None]
+        [o.deadline for o in outcomes.values() if o.deadline is not None] + \
+        [w.until for w in (new_status.watch,) if w is not None and w.until is not None and w.failure is None
+         and w.until > now]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
                 requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None,
-                pool_changes=tuple(out.pool_changes))
+                pool_changes=tuple(out.pool_changes), analyses=tuple(out.analyses))
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
@@ -185,15 +191,32 @@ def _plan_layout_change(want: Desired, observed: Observed, out: _Builder) -> boo
     return True
 
 
-def _verify(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState],
+def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState],
             pods: Mapping[str, list[Body]], previous: InferencePoolStatus, health: Mapping[str, GroupHealth],
             engines: Mapping[str, EngineFacts], now: datetime.datetime) -> dict[str, Outcome]:
     before = {g.name: g for g in previous.groups}
+    baking = bake.policy(spec.rollout.verification.bake, current_revision=previous.current_revision,
+                         update_revision=revision.pool_revision(spec),
+                         verified_before=[e.revision for e in rollback.history(pool)])
+    samples = {uid: s for facts in engines.values() for uid, s in facts.metrics.items()}
+    # The baseline of a role: the leaders of its groups still serving the old revision.
+    baseline: dict[Role, list[str]] = {}
+    for g in want.groups:
+        leader = _leader_uid(pods.get(g.name, []))
+        if states[g.name] is GroupState.OUTDATED and leader is not None:
+            baseline.setdefault(g.id.role, []).append(leader)
     return {g.name: verification.verify(
         spec.rollout.verification, role=g.id.role, expected_loop=verification.expected_event_loop(spec, g.id.role),
         revision=g.revision, ready=states[g.name] is GroupState.READY, want_pods=g.pods,
         pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
-        facts=engines.get(g.name), now=now) for g in want.groups}
+        facts=engines.get(g.name), now=now, baking=baking, samples=samples,
+        baseline=baseline.get(g.id.role, []), state=states[g.name]) for g in want.groups}
+
+
+def _leader_uid(pods: list[Body]) -> str | None:
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
+    return str(leader["metadata"].get("uid")) if leader is not None and leader["metadata"].get("uid") else None
 
 
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
@@ -214,6 +237,10 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
         groups = [g for g in want.groups if g.id.role is role]
         budget = 0 if earlier_unsettled or halted or spec.rollout.paused else \
             _max_unavailable(spec, role) - sum(out_of_service(g) for g in groups)
+        if any(states[g.name] is GroupState.OUTDATED for g in groups) and \
+                not any(outcomes[g.name].verified for g in groups):
+            # The role's canary: until one group of the new revision is verified (baked), it is the only one.
+            budget = min(budget, 1 - sum(out_of_service(g) for g in groups))
         earlier_unsettled = earlier_unsettled or \
             any(out_of_service(g) or states[g.name] is GroupState.OUTDATED for g in groups)
         # One Event per role and step, naming its groups: a new pool of 8 groups says so in 2 Events, not 8.
@@ -395,6 +422,18 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     order = _role_order(spec)
     rollout = verification.rollout_verified(sorted(want.groups, key=lambda g: order.index(g.id.role)), outcomes,
                                             update_rev)
+    settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
+        rollout.status is ConditionStatus.TRUE
+    watched = watch.judge(
+        duration=parse_duration(spec.rollout.post_rollout_watch), previous=previous.watch,
+        active=previous.current_revision is not None and
+        update_rev not in {e.revision for e in rollback.history(pool)},
+        completing=settled and previous.current_revision != update_rev, verified=rollout,
+        failure=watch.failing((by_name[g.name], g.revision, states[g.name] is GroupState.FAILED)
+                              for g in want.groups),
+        update=update_rev, now=now, auto_rollback=spec.rollout.auto_rollback)
+    rollout = watched.rollout
+    _say_bakes(want, outcomes, out, now)
     after = rollback.decide(pool, spec, previous, rollout, now)
     if after.note:
         rollout = dataclasses.replace(rollout, message=f"{rollout.message}; {after.note}")
@@ -402,8 +441,6 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         out.pool_changes.append(after.change)
     if after.event is not None:
         out.events.append(after.event)
-    settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
-        rollout.status is ConditionStatus.TRUE
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
     degraded = health_status.degraded(groups, failed)
     summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"
@@ -413,6 +450,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         "Verifying" if rollout.status is ConditionStatus.UNKNOWN and not any(
             s in UNAVAILABLE for s in states.values()) else "Reconciling"
     stopped = rollout.status is ConditionStatus.FALSE
+    watching = rollout.reason == watch.WATCHING_REASON
     paused = spec.rollout.paused and not settled and not stopped
     integrity = toolcall_integrity.judge(spec)
     conds = [
@@ -421,10 +459,11 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
                              "GroupsNotReady", summary, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.PROGRESSING,
-                             ConditionStatus.UNKNOWN if paused else not settled and not stopped,
-                             "Stable" if settled else rollout.reason if stopped else "Paused" if paused else
-                             progressing_reason, rollout.message if stopped else _paused_message(states, summary)
-                             if paused else summary, generation=generation, now=now),
+                             ConditionStatus.UNKNOWN if paused else (not settled or watching) and not stopped,
+                             rollout.reason if stopped or watching else "Stable" if settled else "Paused" if paused
+                             else progressing_reason, rollout.message if stopped or watching else
+                             _paused_message(states, summary) if paused else summary, generation=generation,
+                             now=now),
         status_mod.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
                              degraded.message, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
@@ -440,7 +479,9 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     if stopped and not status_mod.holds(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
                                         rollout.message):
         # Once per failure: the condition stays False with this message until the spec changes.
-        out.events.append(Event("Warning", "RolloutGateFailed", f"rollout stopped: {rollout.message}"))
+        reason = {verification.ANALYSIS_FAILED: "RolloutAnalysisFailed",
+                  watch.FAILED_REASON: "RolloutRevisionFailed"}.get(rollout.reason, "RolloutGateFailed")
+        out.events.append(Event("Warning", reason, f"rollout stopped: {rollout.message}"))
     was_ready = any(c.type == ConditionType.READY and c.status == "True" for c in prev_conds)
     out.events.extend(health_status.transition_events(previous, groups))
     out.events.extend(health_status.exhausted_events(previous, groups))
@@ -448,9 +489,19 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     if all_ready and not was_ready:
         out.events.append(Event("Normal", "PoolReady", f"pool is Ready: {summary}"))
     if settled and previous.current_revision is not None and previous.current_revision != update_rev:
+        if watching:
+            out.events.append(Event("Normal", "RolloutWatching",
+                                    f"rollout from revision {previous.current_revision} to {update_rev}: all "
+                                    f"{len(groups)} group(s) replaced and verified; {rollout.message}"))
+        elif not stopped:
+            out.events.append(Event("Normal", "RolloutCompleted",
+                                    f"rollout from revision {previous.current_revision} to {update_rev} completed: "
+                                    f"all {len(groups)} group(s) replaced and verified"))
+    if watched.passed and any(c.type == ConditionType.ROLLOUT_VERIFIED and c.reason == watch.WATCHING_REASON
+                              for c in prev_conds):
         out.events.append(Event("Normal", "RolloutCompleted",
-                                f"rollout from revision {previous.current_revision} to {update_rev} completed: "
-                                f"all {len(groups)} group(s) replaced and verified"))
+                                f"rollout to revision {update_rev} completed: every group verified, and "
+                                f"postRolloutWatch {spec.rollout.post_rollout_watch} passed"))
     for role in Role:
         before = (previous.prefill if role is Role.PREFILL else previous.decode).desired
         if previous.observed_generation is not None and before != counts[role].desired:
@@ -464,8 +515,40 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         prefill=counts[Role.PREFILL],
         decode=counts[Role.DECODE],
         groups=groups,
+        watch=watched.watch,
         conditions=status_mod.merge_conditions(prev_conds, conds),
     )
+
+
+def _say_bakes(want: Desired, outcomes: Mapping[str, Outcome], out: _Builder, now: datetime.datetime) -> None:
+    """An Event when a group begins to bake (RolloutCanaryBaking for the first of its role) and when its bake is
+    judged; a failed bake is said by the rollout's stop (RolloutAnalysisFailed)."""
+    for g in want.groups:
+        outcome = outcomes[g.name]
+        record = outcome.verification.bake if outcome.verification is not None else None
+        if record is None:
+            continue
+        mine = [o for o in want.groups if o.id.role is g.id.role]
+        if outcome.baking_started:
+            canary = not any(outcomes[o.name].verified for o in mine)
+            compared = len(record.start) - 1
+            out.events.append(Event(
+                "Normal", "RolloutCanaryBaking" if canary else "RolloutGroupBaking",
+                f"{'canary ' if canary else ''}{g.id.role} group {g.name} of revision {g.revision} passed its gates "
+                f"and bakes until {record.until:%H:%M:%SZ}: compared with {compared} group(s) of the old revision"
+                if compared else f"{'canary ' if canary else ''}{g.id.role} group {g.name} of revision {g.revision} "
+                                 f"passed its gates and bakes until {record.until:%H:%M:%SZ} (no group of the old "
+                                 f"revision serves to compare with: judged on its own)"))
+            continue
+        gate = next((x for x in outcome.verification.gates if x.name == bake.BAKE), None) \
+            if outcome.verification is not None else None
+        seconds = max(0.0, (now - record.since).total_seconds())
+        if outcome.baked is not None and gate is not None:
+            out.analyses.append(Analysis(g.name, "passed", seconds))
+            out.events.append(Event("Normal", "RolloutBakePassed", f"{g.id.role} group {g.name}: {gate.message}"))
+        elif gate is not None and gate.state in verification.STOPPED and outcome.fresh_failure:
+            out.analyses.append(Analysis(g.name, "failed" if gate.state is GateState.FAILED else "timed_out",
+                                         seconds))
 
 
 def _paused_message(states: Mapping[str, GroupState], summary: str) -> str:

@@ -3,7 +3,8 @@
 
 The record is an annotation on the pool, `pdfleet.dev/verified-spec`: the engine-shaping part of the spec (model,
 engine, transfer, each role's section but its replicas: exactly what `render.revision` hashes) as JSON, with its
-revision, written once `currentRevision` moves to a revision whose every group passed verification. It lives in
+revision, written once RolloutVerified is True at the spec's revision: every group passed verification (its bake
+included) and the revision passed its post-rollout watch (`watch`). It lives in
 the cluster, next to the spec it can restore, so an operator restarted at any moment (or another replica taking
 the lease) finds it; nothing of it is kept in memory.
 

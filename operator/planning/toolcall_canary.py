@@ -60,6 +60,11 @@ def plan(requests: int) -> list[Probe]:
     return probes
 
 
+def plain(requests: int) -> list[Probe]:
+    """Plain chat requests only, streamed and not in turn."""
+    return [Probe(i, None, stream=i % 2 == 0) for i in range(requests)]
+
+
 def body(probe: Probe, *, model: str, max_tokens: int) -> dict[str, Any]:
     """The `chat.completions.create` keyword arguments of a probe."""
     prompt = TOOL_PROMPT if probe.tools else PLAIN_PROMPT

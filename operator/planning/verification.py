@@ -31,8 +31,8 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.api.status import GateResult, GateState, GroupStatus, GroupVerification
-from pdfleet.operator.planning import canary_gate
+from pdfleet.operator.api.status import Bake, GateResult, GateState, GroupStatus, GroupVerification, ServingSample
+from pdfleet.operator.planning import bake, canary_gate
 from pdfleet.operator.planning.canary_gate import CanaryFinding
 from pdfleet.operator.planning.groups import parse_time
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -45,6 +45,7 @@ Body = dict[str, Any]
 EVENT_LOOP = "eventLoop"
 SERVER_ARGS = "serverArgs"
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
+ANALYSIS_FAILED = "AnalysisFailed"  # RolloutVerified's reason when a group failed its bake
 
 # Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
 # there (`bool`: a store_true flag). Checked against the installed SGLang in tests/unit/test_verification.py.
@@ -95,6 +96,7 @@ class EngineFacts:
     pods: frozenset[str]  # uids of the pods the poll (and so the group's GroupHealth) was about
     server_info: Mapping[str, Mapping[str, Any]] = dataclasses.field(default_factory=dict)  # by pod uid
     canary: Mapping[str, CanaryFinding] = dataclasses.field(default_factory=dict)  # by decode leader pod uid
+    metrics: Mapping[str, ServingSample] = dataclasses.field(default_factory=dict)  # leader's /metrics, by pod uid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,6 +107,9 @@ class Outcome:
     verified_revision: str | None
     verification: GroupVerification | None
     deadline: datetime.datetime | None = None  # when a waiting gate times out
+    baking_started: bool = False  # the group's bake began in this reconcile
+    fresh_failure: bool = False  # a gate failed or timed out in this reconcile (not held from an earlier one)
+    baked: Bake | None = None  # the group's bake passed in this reconcile (or again, in a later one)
 
     @property
     def verified(self) -> bool:
@@ -244,9 +249,14 @@ def _canary_gate(policy: VerificationSpec, role: Role, leader: Body | None, fact
 
 def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision: str, ready: bool,
            want_pods: Sequence[Body], pods: Sequence[Body], before: GroupStatus | None,
-           health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime) -> Outcome:
+           health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime,
+           baking: bake.Policy | None = None, samples: Mapping[str, ServingSample] | None = None,
+           baseline: Sequence[str] = (), state: object = None) -> Outcome:
     """One group's verification. `revision`: the one it should run; `ready`: every pod of it runs that
-    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status; `role`: the group's."""
+    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status; `role`: the group's.
+    `baking`: whether groups of this revision bake (None: no bake gate at all); `samples`: the latest /metrics
+    counters of the pool's engines by pod uid; `baseline`: the leader pod uids of its role's groups at the old
+    revision; `state`: the group's state, for messages."""
     last = before.verification if before else None
     running = _running(pods)
     if last is not None and last.revision == revision and any(g.state in STOPPED for g in last.gates):
@@ -254,9 +264,14 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
     kept = last if last is not None and last.revision == running else None
     if before is not None and before.verified_revision is not None and before.verified_revision == running:
         return Outcome(revision, running, kept)  # verified, and still the pods it was verified on
+    live = _live(pods)
+    if last is not None and last.revision == revision and last.bake is not None:
+        return _baking(policy, role, revision, last, last.bake, now=now, leader=_leader(live),
+                       samples=samples or {}, sick=bake.sick_reason(
+                           ready=ready, state=state, verdict=health.verdict if health else None,
+                           message=health.message if health else None))
     if not ready:
         return Outcome(revision, None, kept)
-    live = _live(pods)
     current = facts is not None and facts.pods == frozenset(p["metadata"].get("uid") for p in live)
     gates = [
         _event_loop_gate(expected_loop, health, current) if policy.event_loop
@@ -265,6 +280,25 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
         _canary_gate(policy, role, _leader(live), facts if current else None),
     ]
+    started: Bake | None = None
+    if baking is not None:
+        leader = _leader(live)
+        own = (samples or {}).get(str(leader["metadata"].get("uid"))) if leader is not None else None
+        if baking.skipped is not None:
+            gates.append(GateResult(name=bake.BAKE, state=GateState.SKIPPED, message=baking.skipped))
+        elif not all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates):
+            gates.append(GateResult(name=bake.BAKE, state=GateState.WAITING, message="after the other gates"))
+        elif own is None:
+            gates.append(GateResult(name=bake.BAKE, state=GateState.WAITING,
+                                    message="waiting for /metrics of the leader engine to start the bake from"))
+        else:
+            started = bake.begin(now=now, duration=baking.duration, leader=own,
+                                 baseline=[s for uid in baseline if (s := (samples or {}).get(uid)) is not None])
+            gates.append(GateResult(name=bake.BAKE, state=GateState.WAITING,
+                                    message=f"baking until {started.until.strftime('%H:%M:%SZ')}: began"))
+    if started is not None:
+        return Outcome(revision, None, GroupVerification(revision=revision, gates=tuple(gates), bake=started),
+                       started.until, baking_started=True)
     deadline = None
     if any(g.state is GateState.WAITING for g in gates):
         since = ready_since(live)
@@ -279,6 +313,19 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
     verification = GroupVerification(revision=revision, gates=tuple(gates))
     passed = all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates)
     return Outcome(revision, revision if passed else None, verification, deadline)
+
+
+def _baking(policy: VerificationSpec, role: Role, revision: str, last: GroupVerification, record: Bake, *,
+            now: datetime.datetime, leader: Body | None, samples: Mapping[str, ServingSample],
+            sick: str | None) -> Outcome:
+    """A group whose other gates passed and whose bake began: only the bake is judged now."""
+    judged = bake.judge(policy, role, record, now=now, leader=str(leader["metadata"].get("uid")) if leader else None,
+                        samples=samples, sick=sick)
+    gates = (*(g for g in last.gates if g.name != bake.BAKE), judged.gate)
+    verification = GroupVerification(revision=revision, gates=gates, bake=record)
+    passed = judged.gate.state is GateState.PASSED
+    return Outcome(revision, revision if passed else None, verification, judged.deadline,
+                   baked=record if passed else None, fresh_failure=judged.gate.state in STOPPED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,7 +344,8 @@ def rollout_verified(groups: Sequence[DesiredGroup], outcomes: Mapping[str, Outc
     for group in groups:
         gate = outcomes[group.name].stopped
         if gate is not None:
-            reason = "GateTimedOut" if gate.state is GateState.TIMED_OUT else "GateFailed"
+            reason = "GateTimedOut" if gate.state is GateState.TIMED_OUT else \
+                ANALYSIS_FAILED if gate.name == bake.BAKE else "GateFailed"
             return RolloutVerified(ConditionStatus.FALSE, reason,
                                    f"gate {gate.name} failed for {group.id.role} group {group.name} at revision "
                                    f"{group.revision}: {gate.message}")

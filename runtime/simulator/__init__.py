@@ -10,8 +10,8 @@ and meet in real cross-process collectives, faults on demand, SIGTERM drain. See
 
 Modules: `config` (engine facts, timing knobs), `faults` (what is asked, from annotations and env),
 `ranks` (rank processes and collectives), `ticks` (rank iterations counted on the HTTP side), `scheduler`
-(queues, timing model, PD hand-off), `kv` (bootstrap server and KV fetch), `tokenizer`, `info`,
-`native_api`, `openai_api`, `state`, `server` (lifetime).
+(queues, timing model, PD hand-off), `latency` (TTFT and inter-token histograms), `kv` (bootstrap server and
+KV fetch), `tokenizer`, `info`, `native_api`, `openai_api`, `state`, `server` (lifetime).
 """
 
 from __future__ import annotations

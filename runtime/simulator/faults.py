@@ -27,8 +27,8 @@ annotation wins over the environment while it is present.
 The last three make a bad revision of the kind that passes a rollout's first checks and breaks once it serves:
 `PDFLEET_SIM_FAULT=desync PDFLEET_SIM_FAULT_AFTER_S=20` in `spec.engine.env` is a revision whose ranks diverge
 20 s after each engine starts; `failing` answers a share of requests with a 500 (deterministically: the k-th
-request fails when floor(k * share) moves); `slow-requests` multiplies the prefill's time and adds to each
-decode step; `crash` ends the engine process with a non-zero exit, as a fatal error in SGLang does.
+request fails when floor(k * share) moves); `slow-requests` multiplies the prefill's time and each decode
+step's; `crash` ends the engine process with a non-zero exit, as a fatal error in SGLang does.
 
 straggle is one stall of one rank in its own code (default 5 s) while its peers wait for it in the KV-poll
 collective: past desyncAfter it reads as a Desync, then the rank catches up and the group recovers. Each

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from pdfleet.runtime.simulator.config import Engine, Timing
+from pdfleet.runtime.simulator.latency import Histogram
 
 log = logging.getLogger(__name__)
 
@@ -107,8 +108,8 @@ def loads(engine: Engine, timing: Timing, queues: dict[str, int], used_tokens: i
 
 
 def metrics(engine: Engine, timing: Timing, queues: dict[str, int], totals: dict[str, int], used_tokens: int,
-            gen_throughput: float) -> str:
-    """Prometheus text with SGLang's metric names and labels."""
+            gen_throughput: float, histograms: tuple[Histogram, ...] = ()) -> str:
+    """Prometheus text with SGLang's metric names and labels; `histograms`: the scheduler's latencies."""
     labels = f'model_name="{engine.served_model_name}",engine_type="{_engine_type(engine)}",tp_rank="0",pp_rank="0"'
     gauges = {
         "num_running_reqs": queues["running"],
@@ -134,6 +135,8 @@ def metrics(engine: Engine, timing: Timing, queues: dict[str, int], totals: dict
         for name, value in values.items():
             lines += [f"# HELP sglang:{name} {name.replace('_', ' ')}", f"# TYPE sglang:{name} {kind}",
                       f"sglang:{name}{{{labels}}} {float(value)}"]
+    for histogram in histograms:
+        lines += histogram.render(labels)
     return "\n".join(lines) + "\n"
 
 

@@ -8,6 +8,10 @@ rank processes (`ticks`), so nothing advances while the ranks are stuck.
 
 PD: the prefill side answers after its KV was taken by the decode side (its inflight queue until then);
 the decode side fetches the KV (its transfer queue) and continues from the prefill's first token.
+
+Latency (`latency`, SGLang's histograms), from when `generate` took the request: time to first token, once per
+successful request (a prefill engine's when its prefill made the token, before the decode side takes the KV; a
+decode engine's includes the KV transfer); each next token's time since the previous one (decode, unified).
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from http import HTTPStatus
 
 import aiohttp
 
-from pdfleet.runtime.simulator import kv, tokenizer
+from pdfleet.runtime.simulator import kv, latency, tokenizer
 from pdfleet.runtime.simulator.config import Engine, Timing
 from pdfleet.runtime.simulator.ranks import Control
 from pdfleet.runtime.simulator.ticks import Ticks
@@ -43,6 +47,7 @@ class Request:
     bootstrap_host: str | None = None
     bootstrap_port: int | None = None
     bootstrap_room: int | None = None
+    stream: bool = False  # only a label of the time to first token
 
 
 QUEUES = ("waiting", "running", "prefill_bootstrap", "prefill_inflight", "decode_prealloc", "decode_transfer")
@@ -58,6 +63,8 @@ class Scheduler:
         self.session: aiohttp.ClientSession | None = None
         self.queues: collections.Counter[str] = collections.Counter({q: 0 for q in QUEUES})
         self.totals: collections.Counter[str] = collections.Counter()
+        self.ttft = latency.time_to_first_token()
+        self.itl = latency.inter_token_latency()
         self.in_flight = 0
         self.used_tokens = 0
         self._slots = asyncio.Semaphore(timing.max_running)
@@ -94,6 +101,7 @@ class Scheduler:
 
     async def generate(self, req: Request) -> AsyncIterator[int]:
         """The request's output token ids, each as soon as it exists. Raises RequestError."""
+        started = time.monotonic()
         self.check(req)
         self.control.requests += 1
         if self._fails(self.control.requests):
@@ -107,9 +115,16 @@ class Scheduler:
         self.totals["prompt_tokens"] += len(req.input_ids)
         try:
             if self.engine.mode == "prefill":
-                yield await self._prefill_side(req)
+                yield await self._prefill_side(req, started)
             else:
+                last = None
                 async for token in self._run(req):
+                    now = time.monotonic()
+                    if last is None:
+                        self.ttft.observe(now - started, latency.is_streaming(req.stream))
+                    else:
+                        self.itl.observe(now - last)
+                    last = now
                     self.totals["generation_tokens"] += 1
                     yield token
         except RequestError:
@@ -138,7 +153,7 @@ class Scheduler:
             self._move(queue, None)
             raise
 
-    async def _prefill_side(self, req: Request) -> int:
+    async def _prefill_side(self, req: Request, started: float) -> int:
         key = tokenizer.prompt_key(req.input_ids)
         await self._admit("prefill_bootstrap")
         self._move("prefill_bootstrap", "running")
@@ -148,6 +163,7 @@ class Scheduler:
             self._move("running", "prefill_inflight")
             self._slots.release()
         first = tokenizer.output_token(key, 0)
+        ttft = time.monotonic() - started  # observed once the request succeeded
         try:
             if req.bootstrap_host != kv.FAKE_BOOTSTRAP_HOST:
                 assert req.bootstrap_room is not None
@@ -161,6 +177,7 @@ class Scheduler:
         finally:
             self._move("prefill_inflight", None)
         self.totals["generation_tokens"] += 1
+        self.ttft.observe(ttft, latency.is_streaming(req.stream))
         return first
 
     async def _run(self, req: Request) -> AsyncIterator[int]:
@@ -177,11 +194,13 @@ class Scheduler:
             if not decode:
                 await self._forward_prefill(len(req.input_ids))
                 first = tokenizer.output_token(key, 0)
+            made = time.monotonic()
             yield first
             for i in range(1, req.max_new_tokens):
                 await self.ticks.advance(1)
-                await self._slower(self.timing.decode_step_s)
+                await self._slower(made, self.timing.decode_step_s)
                 self.used_tokens += 1
+                made = time.monotonic()
                 yield tokenizer.output_token(key, i)
         finally:
             if queue == "running":
@@ -193,10 +212,14 @@ class Scheduler:
         await asyncio.sleep(self.timing.prefill_s(prompt_tokens) * self.control.latency_factor)
         await self.ticks.advance(1)
 
-    async def _slower(self, step_s: float) -> None:
-        """Under `slow-requests`, a decode step takes latency_factor times as long (the rest is added here)."""
+    async def _slower(self, since: float, step_s: float) -> None:
+        """Under `slow-requests`, a decode step takes latency_factor times as long: after its rank iteration, it
+        sleeps what is left of latency_factor x step_s since the previous token (`since`). A fixed extra sleep
+        would let the ranks iterate meanwhile, and the next step's wait for an iteration would come up short."""
         if self.control.latency_factor > 1:
-            await asyncio.sleep(step_s * (self.control.latency_factor - 1))
+            left = since + step_s * self.control.latency_factor - time.monotonic()
+            if left > 0:
+                await asyncio.sleep(left)
 
     async def _transfer(self, req: Request) -> int:
         if req.bootstrap_host == kv.FAKE_BOOTSTRAP_HOST:

@@ -75,6 +75,7 @@ def request_from(body: Mapping[str, Any], *, prompt_text: str | None, max_new_to
             bootstrap_host=body.get("bootstrap_host"),
             bootstrap_port=_int_or_none(body.get("bootstrap_port")),
             bootstrap_room=_int_or_none(body.get("bootstrap_room")),
+            stream=bool(body.get("stream")),
         )
     except (TypeError, ValueError) as e:
         raise RequestError(HTTPStatus.BAD_REQUEST, f"invalid request: {e}") from None

@@ -32,13 +32,14 @@ def test_the_demo_serves_requests_through_a_desync_and_its_restart(cluster: Clus
                                 stderr=subprocess.PIPE, text=True, env=cluster.env | {"DEMO_NAMESPACE": namespace},
                                 start_new_session=True)
         try:
-            out, err = demo.communicate(timeout=540)
+            out, err = demo.communicate(timeout=780)
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(demo.pid, signal.SIGKILL)
         assert demo.returncode == 0, out[-4000:] + err[-3000:]
         assert "PoolReady" in out and "127.1." in out, "pods show their loopback IPs"
-        for reason in ("GroupDesync", "EvidenceCaptured", "GroupRestarted", "RouterWorkerRemoved"):
+        for reason in ("GroupDesync", "EvidenceCaptured", "GroupRestarted", "RouterWorkerRemoved",
+                       "RolloutCanaryBaking", "RolloutAnalysisFailed", "RolloutRolledBack"):
             assert reason in out, reason
         assert "verdict: Desync" in out, "the evidence summary is shown"
         final = re.findall(r"final: requests (\d+)  ok (\d+)  failed (\d+)", out)

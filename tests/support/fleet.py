@@ -22,13 +22,28 @@ FAULT = "sim.pdfleet.dev/fault"
 FAULT_RANK = "sim.pdfleet.dev/fault-rank"
 
 
-def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "local-fleet",
+# What apply_pool() merges into the example's rollout unless a test says otherwise: the tests of a rollout's
+# mechanics (gates, rollback, pause, replacements under load) run without a bake or a watch, and hold on a failed
+# gate; test_bake_e2e.py rolls out with both, as the example has them.
+MECHANICS = {"autoRollback": False, "verification": {"bake": "0s"}, "postRolloutWatch": "0s"}
+
+
+def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "local-fleet", baked: bool = False,
                **spec: dict[str, Any]) -> dict[str, Any]:
-    """Applies the example `base` as pool `name`, each keyword merged into the spec section it names."""
+    """Applies the example `base` as pool `name`, each keyword merged into the spec section it names (a rollout's
+    `verification` merged one level deeper). `baked`: the example's rollout as it is, else MECHANICS first."""
     body = example(base)
     body["metadata"] = {"name": name, "namespace": namespace}
+    if not baked:
+        rollout = body["spec"].setdefault("rollout", {})
+        rollout.update({k: v for k, v in MECHANICS.items() if k != "verification"})
+        rollout.setdefault("verification", {}).update(MECHANICS["verification"])
     for section, values in spec.items():
-        if isinstance(values, dict):
+        if section == "rollout" and isinstance(values, dict):
+            rollout = body["spec"].setdefault("rollout", {})
+            rollout.update({k: v for k, v in values.items() if k != "verification"})
+            rollout.setdefault("verification", {}).update(values.get("verification") or {})
+        elif isinstance(values, dict):
             body["spec"].setdefault(section, {}).update(values)
         else:
             body["spec"][section] = values

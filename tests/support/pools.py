@@ -31,3 +31,8 @@ def pool_body(*, name: str = "tiny", namespace: str = "ns", prefill: int = 1, de
             node = node.setdefault(part, {})
         node[leaf] = value
     return body
+
+
+# pool_body() updates for tests of a rollout's mechanics, not of its bake and watch: no group of a new revision
+# bakes and no revision is watched after its rollout (tests/unit/test_bake.py walks those).
+NO_BAKE: dict[str, Any] = {"rollout__verification__bake": "0s", "rollout__postRolloutWatch": "0s"}

@@ -15,7 +15,7 @@ from pdfleet.operator.cli import report
 from pdfleet.operator.cli.report import Exit
 from pdfleet.operator.kube.events import event_body
 from pdfleet.operator.planning.plan import Event
-from tests.support.pools import pool_body
+from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 from tests.unit.test_verification import OVERLAP_DECODE, condition, disable_overlap
 
@@ -28,7 +28,7 @@ def recorded(cluster: FakeCluster) -> Body:
 
 
 def ready_cluster() -> FakeCluster:
-    cluster = FakeCluster(pool_body(prefill=1, decode=2))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=2))
     cluster.converge()
     return cluster
 

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from pdfleet.runtime import drain
 from pdfleet.runtime.health import ledger, procs, report, verdict
@@ -25,6 +26,10 @@ from tests.support.sim_engine import SimEngine, until
 
 POLICY = verdict.HealthPolicy.from_seconds(desync_after=0.5, hang_after=0.5)
 FAKE_BOOTSTRAP = {"bootstrap_host": "2.2.2.2", "bootstrap_port": 1, "bootstrap_room": 0}
+TTFT, ITL = "sglang:time_to_first_token_seconds", "sglang:inter_token_latency_seconds"
+ENGINE_LABELS = {"model_name", "engine_type", "tp_rank", "pp_rank"}
+# Steps long enough that the ranks' and the event loop's own overheads do not blur a factor of 3.
+LATENCY_TIMING = {"PDFLEET_SIM_DECODE_MS": "40", "PDFLEET_SIM_PREFILL_BASE_MS": "200"}
 
 
 @pytest.fixture(scope="module")
@@ -37,6 +42,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEng
         "desync": sim_engine.start(tmp, "decode"),
         "dead": sim_engine.start(tmp, "prefill"),
         "term": sim_engine.start(tmp, "decode", env={"PDFLEET_SIM_DECODE_MS": "20"}),
+        "unified": sim_engine.start(tmp, "null", tp=1, env=LATENCY_TIMING),
+        "slow": sim_engine.start(tmp, "null", tp=1, env={**LATENCY_TIMING, "PDFLEET_SIM_FAULT": "slow-requests",
+                                                           "PDFLEET_SIM_LATENCY_FACTOR": "3"}),
     }
     # Started with the others, checked by its own test: one more SGLang import in parallel, not in series.
     crashing = sim_engine.start(tmp, "decode", env={"PDFLEET_SIM_FAULT": "crash-at-start"})
@@ -188,6 +196,62 @@ def test_loads_are_what_the_drain_reads_and_metrics_use_sglang_names(fleet: dict
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
                  "sglang:generation_tokens_total"):
         assert f"\n{name}{{" in text
+
+
+def latencies(engine: SimEngine) -> dict[str, tuple[float, float]]:
+    """TTFT's and ITL's (count, sum) on `engine`'s /metrics, over all their series; checks their shape."""
+    text = httpx.get(engine.url + "/metrics", timeout=10).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    out = {}
+    for name, own in ((TTFT, {"is_streaming"}), (ITL, set())):
+        family = families[name]
+        assert family.type == "histogram"
+        count = total = 0.0
+        for sample in family.samples:
+            assert sample.name in (name + "_bucket", name + "_sum", name + "_count"), sample
+            assert set(sample.labels) - {"le"} == ENGINE_LABELS | own, sample
+            count += sample.value if sample.name == name + "_count" else 0.0
+            total += sample.value if sample.name == name + "_sum" else 0.0
+        out[name] = (count, total)
+    return out
+
+
+def grew(before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]) -> dict[str, float]:
+    """How many observations each histogram gained."""
+    return {name: after[name][0] - before[name][0] for name in (TTFT, ITL)}
+
+
+def mean_latencies(engine: SimEngine, requests: int, tokens: int) -> dict[str, float]:
+    """Mean TTFT and ITL of `requests` new requests of `tokens` tokens each (streamed and not, in turn)."""
+    before = latencies(engine)
+    for n in range(requests):
+        r = httpx.post(engine.url + "/generate", json={"text": f"request {n}", "stream": n % 2 == 1,
+                                                        "sampling_params": {"max_new_tokens": tokens}}, timeout=30)
+        assert r.status_code == 200, r.text
+    after = latencies(engine)
+    assert grew(before, after) == {TTFT: requests, ITL: (tokens - 1) * requests}
+    return {name: (after[name][1] - before[name][1]) / (after[name][0] - before[name][0]) for name in (TTFT, ITL)}
+
+
+def test_metrics_have_sglangs_latency_histograms_observed_where_the_tokens_are_made(
+        fleet: dict[str, SimEngine]) -> None:
+    prefill, decode = fleet["prefill"], fleet["decode"]
+    before = {name: latencies(fleet[name]) for name in ("prefill", "decode")}
+    for n in range(3):
+        body = {"text": f"time me {n}", "stream": n == 1, "sampling_params": {"max_new_tokens": 5},
+                **pd_bootstrap(prefill)}
+        p, d = both(prefill, decode, "/generate", body)
+        assert p.status_code == d.status_code == 200, (p.text, d.text)
+    # The prefill side makes each request's first token, the decode side waits for it and makes the other four.
+    assert grew(before["prefill"], latencies(prefill)) == {TTFT: 3, ITL: 0}
+    assert grew(before["decode"], latencies(decode)) == {TTFT: 3, ITL: 12}
+
+
+def test_slow_requests_show_in_the_latency_histograms(fleet: dict[str, SimEngine]) -> None:
+    good, slow = mean_latencies(fleet["unified"], 3, 6), mean_latencies(fleet["slow"], 3, 6)
+    assert slow[ITL] >= 2.5 * good[ITL], (good, slow)
+    # Three times the 200 ms prefill, each plus up to one 40 ms rank iteration.
+    assert slow[TTFT] >= 2 * good[TTFT], (good, slow)
 
 
 def test_a_desync_is_judged_desync_while_health_says_200_and_requests_stall(fleet: dict[str, SimEngine]) -> None:

@@ -16,7 +16,8 @@ from pdfleet.runtime.health import phases, report
 from tests.support.fake_engines import FakeEngine, S, rank
 from tests.support.fake_fleet import DECODE, KEY, LOOPS, PODS, PREFILL, Fleet, engine_servers, rendered_fleet
 
-CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
+# toolCallCanary: switched off by default; bake: not for a first revision (nor with NO_BAKE)
+CANARY = {"toolCallCanary": "Skipped", "bake": "Skipped"}
 
 @pytest.fixture
 async def engines() -> AsyncIterator[dict[str, FakeEngine]]:

@@ -15,7 +15,7 @@ from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.render import labels
 from tests.support import verified_engines
-from tests.support.pools import pool_body
+from tests.support.pools import NO_BAKE, pool_body
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.UTC)
 Body = dict[str, Any]
@@ -182,7 +182,7 @@ def replaced_roles(plan: Plan) -> list[str]:
 
 @pytest.mark.effect("spec.engine.overlapSchedule", "spec.rollout.order")
 def test_an_engine_change_replaces_groups_one_at_a_time_decode_first() -> None:
-    cluster = FakeCluster(pool_body(prefill=2, decode=2))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=2, decode=2))
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
     plans = cluster.converge(limit=20)
@@ -196,7 +196,7 @@ def test_an_engine_change_replaces_groups_one_at_a_time_decode_first() -> None:
 
 @pytest.mark.effect("spec.rollout.order")
 def test_prefill_first_rolls_prefill_before_decode() -> None:
-    cluster = FakeCluster(pool_body(prefill=2, decode=2, rollout__order="PrefillFirst"))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=2, decode=2, rollout__order="PrefillFirst"))
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
     order = [role for plan in cluster.converge(limit=20) for role in replaced_roles(plan)]
@@ -205,7 +205,7 @@ def test_prefill_first_rolls_prefill_before_decode() -> None:
 
 def test_the_second_role_waits_while_a_new_group_of_the_first_is_not_ready() -> None:
     # A revision that does not come up stops at the first role: the other role keeps serving on the old one.
-    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=1))
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
     assert replaced_roles(cluster.step()) == ["decode"]

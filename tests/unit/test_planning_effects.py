@@ -26,19 +26,22 @@ P = phases.Phase
 @pytest.mark.parametrize(("prefill", "decode"), [(2, 1), (1, 3)])
 @pytest.mark.parametrize("order", ["DecodeFirst", "PrefillFirst"])
 @pytest.mark.effect("spec.rollout.maxUnavailable.prefill", "spec.rollout.maxUnavailable.decode")
-def test_max_unavailable_is_how_many_groups_of_each_role_one_step_replaces(prefill: int, decode: int,
-                                                                           order: str) -> None:
+def test_max_unavailable_is_how_many_groups_of_each_role_one_step_replaces_after_the_canary(
+        prefill: int, decode: int, order: str) -> None:
     cluster = FakeCluster(pool_body(prefill=3, decode=3))
-    cluster.pool["spec"]["rollout"] = {"maxUnavailable": {"prefill": prefill, "decode": decode}, "order": order}
+    cluster.pool["spec"]["rollout"] = {"maxUnavailable": {"prefill": prefill, "decode": decode}, "order": order,
+                                       "verification": {"bake": "0s"}, "postRolloutWatch": "0s"}
     cluster.converge()
     cluster.pool["spec"]["engine"]["overlapSchedule"] = "Disabled"
-
-    plan = cluster.step()
-
-    replaced = replaced_roles(plan)
     first = "decode" if order == "DecodeFirst" else "prefill"
-    assert set(replaced) == {first}, "the other role waits for the first"
-    assert replaced.count(first) == (decode if first == "decode" else prefill)
+    widest = decode if first == "decode" else prefill
+
+    steps = [replaced_roles(p) for p in cluster.converge(limit=30)]
+    replacing = [s for s in steps if s]
+    assert replacing[0] == [first], "the role's canary goes alone, whatever maxUnavailable allows"
+    assert replacing[1] == [first] * min(widest, 2), "then up to maxUnavailable at once (2 groups are left)"
+    assert {r for s in replacing[:2] for r in s} == {first}, "the other role waits for the first"
+    assert cluster.pool["status"]["phase"] == "Ready"
 
 
 # ---- rank health ------------------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from pdfleet.operator.api.status import GroupStatus, Verdict
 from pdfleet.operator.planning import playbooks, reconcile, rollback, spec_change
 from pdfleet.operator.planning.plan import Plan, Restart
 from pdfleet.operator.planning.rank_health import GroupHealth
-from tests.support.pools import pool_body
+from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 from tests.unit.test_verification import NORMAL_DECODE, OVERLAP_DECODE, condition
 
@@ -34,7 +34,8 @@ def at(seconds: float) -> datetime.datetime:
 
 
 def armed_cluster(*, playbook: Body | None = None) -> FakeCluster:
-    cluster = FakeCluster(pool_body(prefill=1, decode=2, rollout__playbooks=ON if playbook is None else playbook))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=2,
+                                    rollout__playbooks=ON if playbook is None else playbook))
     cluster.converge()
     return cluster
 

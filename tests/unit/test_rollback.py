@@ -17,7 +17,7 @@ from pdfleet.operator.planning import rollback, spec_change
 from pdfleet.operator.planning.rollback import Action
 from pdfleet.operator.planning.verification import RolloutVerified
 from pdfleet.operator.render import revision
-from tests.support.pools import pool_body
+from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 from tests.unit.test_verification import NORMAL_DECODE, OVERLAP_DECODE, condition, events, group
 
@@ -33,7 +33,8 @@ def change_spec(cluster: FakeCluster, **engine: Any) -> None:
 
 
 def verified_cluster(*, auto_rollback: bool = True, prefill: int = 1, decode: int = 2) -> FakeCluster:
-    cluster = FakeCluster(pool_body(prefill=prefill, decode=decode, rollout__autoRollback=auto_rollback))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=prefill, decode=decode,
+                                     rollout__autoRollback=auto_rollback))
     cluster.converge()
     return cluster
 
@@ -175,7 +176,7 @@ def test_a_failed_gate_without_auto_rollback_or_any_verified_revision_holds_and_
     assert condition(cluster, "RolloutVerified")["message"].endswith("(spec.rollout.autoRollback is off)")
 
     # A new pool whose very first revision fails has nothing to return to.
-    fresh = FakeCluster(pool_body(prefill=1, decode=1, rollout__autoRollback=True))
+    fresh = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=1, rollout__autoRollback=True))
     fresh.loops["tiny-decode-0"] = NORMAL_DECODE  # the overlap loop is expected
     plans = fresh.converge(limit=10)
     assert not events(plans, "RolloutRolledBack") and fresh.pool["status"]["phase"] == "Failed"

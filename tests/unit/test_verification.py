@@ -19,10 +19,11 @@ from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import engine_args, labels
-from tests.support.pools import pool_body
+from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
 
-CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
+# toolCallCanary: switched off by default; bake: not for a first revision (nor with NO_BAKE)
+CANARY = {"toolCallCanary": "Skipped", "bake": "Skipped"}
 
 Body = dict[str, Any]
 OVERLAP_DECODE = "event_loop_overlap_disagg_decode"
@@ -182,7 +183,7 @@ def test_a_gate_still_waiting_after_the_timeout_times_out_counted_from_when_the_
 
 
 def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
-    cluster = FakeCluster(pool_body(prefill=1, decode=1), engines=False)
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=1), engines=False)
     cluster.converge()
     status = cluster.pool["status"]
     assert status["phase"] == "Ready", "the groups serve meanwhile"
@@ -207,7 +208,7 @@ def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
 
 @pytest.mark.effect("spec.rollout.verification.eventLoop")
 def test_switching_overlap_off_rolls_out_verified_on_the_normal_loop() -> None:
-    cluster = FakeCluster(pool_body(prefill=2, decode=2))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=2, decode=2))
     cluster.converge()
     before = cluster.pool["status"]["currentRevision"]
     disable_overlap(cluster)
@@ -227,7 +228,7 @@ def test_switching_overlap_off_rolls_out_verified_on_the_normal_loop() -> None:
 
 
 def test_a_replaced_group_ready_but_not_verified_holds_the_next_group_and_the_next_role() -> None:
-    cluster = FakeCluster(pool_body(prefill=1, decode=2))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=2))
     cluster.converge()
     cluster.engines = False  # the new pods' agents have not answered yet
     disable_overlap(cluster)
@@ -245,7 +246,7 @@ def test_a_replaced_group_ready_but_not_verified_holds_the_next_group_and_the_ne
 
 @pytest.mark.effect("spec.rollout.verification.eventLoop")
 def test_a_group_on_the_wrong_loop_stops_the_rollout_once_and_keeps_serving_until_the_spec_changes() -> None:
-    cluster = FakeCluster(pool_body(prefill=1, decode=2))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=2))
     cluster.converge()
     old_revision = cluster.pool["status"]["currentRevision"]
     cluster.loops["tiny-decode-0"] = OVERLAP_DECODE  # its new engines still run the overlap loop
@@ -285,7 +286,7 @@ def test_a_group_on_the_wrong_loop_stops_the_rollout_once_and_keeps_serving_unti
 
 @pytest.mark.effect("spec.rollout.verification.serverArgs")
 def test_an_engine_whose_server_info_differs_from_what_was_rendered_fails_the_server_args_gate() -> None:
-    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=1))
     cluster.converge()
     cluster.server_args["tiny-decode-0"] = {"disable_overlap_schedule": False}
     disable_overlap(cluster)
@@ -302,7 +303,7 @@ def test_an_engine_whose_server_info_differs_from_what_was_rendered_fails_the_se
 @pytest.mark.effect("spec.rollout.verification.eventLoop", "spec.rollout.verification.serverArgs")
 def test_switched_off_gates_are_skipped_not_passed_and_do_not_hold_the_rollout() -> None:
     cluster = FakeCluster(pool_body(prefill=1, decode=1, rollout__verification={
-        "eventLoop": False, "serverArgs": False}), engines=False)
+        "eventLoop": False, "serverArgs": False, "bake": "0s"}), engines=False)
     cluster.converge()
     assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Skipped", "serverArgs": "Skipped", **CANARY}
     assert condition(cluster, "RolloutVerified")["status"] == "True"
@@ -330,7 +331,7 @@ def test_a_group_that_never_answers_times_out_and_stops_the_rollout() -> None:
 
 
 def test_a_new_kv_layout_still_replaces_everything_at_once_then_verifies_the_new_groups() -> None:
-    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=1))
     cluster.converge()
     cluster.engines = False
     cluster.pool["spec"]["engine"]["extraArgs"] = ["--page-size", "64"]
