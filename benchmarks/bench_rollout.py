@@ -1,17 +1,22 @@
 """A verified configuration rollout under client load, through the whole local fleet: what clients feel of it.
 
-A pool of 2 prefill + 2 decode groups (examples/local-fleet.yaml) serves a steady load through the real
-sglang-router (`pdfleet-sim load`'s client: `/generate`, chat and streamed chat in turn, no retries). After a
-baseline window, `overlapSchedule` is switched (Disabled, then Enabled again, ...) and each rollout is followed
-until the pool's status says it is verified: `RolloutVerified=True` and `currentRevision` at the new
-`updateRevision`, read every 100 ms. Reported per rollout and over all of them:
-- the rollout's duration, from the spec patch to that status;
-- client requests sent and failed during it (the goal is zero failed), and the rate achieved;
-- the p99 latency of client requests that completed during the rollouts, as a ratio of the p99 of those that
-  completed in the baseline window before the first one (same process, same load, same pool).
-Needs the local cluster with the pod runner and the engine simulator (`make cluster-up`). About two minutes.
+A pool of 2 prefill + 2 decode groups (examples/local-fleet.yaml: each new group bakes 15 s, each new revision
+is watched 20 s) serves a steady load through the real sglang-router (`pdfleet-sim load`'s client: `/generate`,
+chat and streamed chat in turn, no retries). After a baseline window, `overlapSchedule` is switched (Disabled,
+then Enabled again, ..., each a revision never verified before) and each rollout is followed until the pool's
+status says it is verified: `RolloutVerified=True` (bake and watch passed) and `currentRevision` at the new
+`updateRevision`, read every 100 ms. Then each bad revision kind (`--bad`) is rolled out the same way and
+followed until the pool is verified again on the revision before. Reported:
+- each good rollout's duration, from the spec patch to that status, against its floor: the steps it takes
+  (one group at a time, maxUnavailable 1) times the bake, plus the watch;
+- client requests sent and failed during the good rollouts (the goal is zero failed), and the rate achieved;
+- the p99 latency of client requests that completed during them, as a ratio of the p99 of those that completed
+  in the baseline window before the first one (same process, same load, same pool);
+- for each bad revision: the time from the patch to the pool verified on the previous revision again, and the
+  client requests that failed meanwhile.
+Needs the local cluster with the pod runner and the engine simulator (`make cluster-up`). About five minutes.
 
-    python benchmarks/bench_rollout.py [--rollouts 2] [--concurrency 8] [--baseline 20]
+    python benchmarks/bench_rollout.py [--rollouts 2] [--concurrency 8] [--baseline 20] [--bad failing,slow]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from pathlib import Path
 import localfleet
 from localfleet import Api, Body
 
+from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.podrunner import loadgen
 
 POOL = "rollout"
@@ -112,19 +118,43 @@ def router_url(api: Api, namespace: str, port: int, workers: int) -> str:
     return localfleet.wait_for(f"the router with {workers} workers", found, timeout=180, interval=0.5)
 
 
-def rollout_once(api: Api, namespace: str, load: loadgen.Load, overlap: str) -> Window:
+# Bad revision kinds: the simulator's faults, in spec.engine.env as a person's change would put them.
+BAD = {
+    "failing": {"PDFLEET_SIM_FAULT": "failing", "PDFLEET_SIM_FAIL_SHARE": "0.3"},
+    "slow": {"PDFLEET_SIM_FAULT": "slow-requests", "PDFLEET_SIM_LATENCY_FACTOR": "3"},
+    "desync": {"PDFLEET_SIM_FAULT": "desync", "PDFLEET_SIM_FAULT_AFTER_S": "8"},
+    "crash": {"PDFLEET_SIM_FAULT": "crash", "PDFLEET_SIM_FAULT_AFTER_S": "8"},
+}
+
+
+def rollout_once(api: Api, namespace: str, load: loadgen.Load, overlap: str, index: int) -> Window:
     before = api.pool(namespace, POOL)["status"]["currentRevision"]
     start = Mark(load.tally)
-    localfleet.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
-                       json.dumps({"spec": {"engine": {"overlapSchedule": overlap}}}))
+    # The env makes every rollout a revision never verified before, so each one bakes and is watched.
+    localfleet.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p", json.dumps(
+        {"spec": {"engine": {"overlapSchedule": overlap, "env": [{"name": "BENCH_ROLLOUT", "value": str(index)}]}}}))
     localfleet.wait_for(f"the rollout to overlapSchedule: {overlap} verified",
                         lambda: verified(api.pool(namespace, POOL), not_revision=before),
                         timeout=600, interval=STATUS_PERIOD_S)
     return start.until(f"rollout to overlapSchedule: {overlap}", Mark(load.tally), load.tally)
 
 
-def measure(api: Api, namespace: str, *, rollouts: int, concurrency: int,
-            baseline_s: float) -> tuple[Window, list[Window], loadgen.Tally]:
+def bad_once(api: Api, namespace: str, load: loadgen.Load, kind: str) -> Window:
+    """A bad revision rolled out, until the pool is verified on the revision before again."""
+    pool = api.pool(namespace, POOL)
+    before, engine = pool["status"]["currentRevision"], pool["spec"]["engine"]
+    start = Mark(load.tally)
+    env = [*(engine.get("env") or []), *({"name": k, "value": v} for k, v in BAD[kind].items())]
+    localfleet.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
+                       json.dumps({"spec": {"engine": {"env": env}}}))
+    localfleet.wait_for(f"the bad revision ({kind}) rolled back", lambda: verified(
+        now := api.pool(namespace, POOL)) and now["status"]["currentRevision"] == before and
+        now["metadata"]["generation"] > pool["metadata"]["generation"] + 1, timeout=600, interval=STATUS_PERIOD_S)
+    return start.until(f"bad revision {kind}, stopped and rolled back", Mark(load.tally), load.tally)
+
+
+def measure(api: Api, namespace: str, *, rollouts: int, concurrency: int, baseline_s: float,
+            bad: list[str]) -> tuple[Window, list[Window], list[Window], loadgen.Tally]:
     """The pool made, the load started, a baseline window, then `rollouts` rollouts under that load."""
     body = localfleet.pool_body(namespace, POOL)
     localfleet.apply(body)
@@ -136,6 +166,7 @@ def measure(api: Api, namespace: str, *, rollouts: int, concurrency: int,
     thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
     thread.start()
     windows: list[Window] = []
+    bads: list[Window] = []
     try:
         localfleet.wait_for("the load flowing", lambda: load.tally.ok >= 50, timeout=60)
         start = Mark(load.tally)
@@ -143,12 +174,15 @@ def measure(api: Api, namespace: str, *, rollouts: int, concurrency: int,
         baseline = start.until("baseline before", Mark(load.tally), load.tally)
         print(baseline.line(), flush=True)
         for i in range(rollouts):
-            windows.append(rollout_once(api, namespace, load, "Disabled" if i % 2 == 0 else "Enabled"))
+            windows.append(rollout_once(api, namespace, load, "Disabled" if i % 2 == 0 else "Enabled", i))
             print(windows[-1].line(), flush=True)
+        for kind in bad:
+            bads.append(bad_once(api, namespace, load, kind))
+            print(bads[-1].line(), flush=True)
     finally:
         loop.call_soon_threadsafe(load.stop)
         thread.join(timeout=60)
-    return baseline, windows, load.tally
+    return baseline, windows, bads, load.tally
 
 
 def options() -> argparse.Namespace:
@@ -156,7 +190,14 @@ def options() -> argparse.Namespace:
     parser.add_argument("--rollouts", type=int, default=2, help="rollouts in turn: Disabled, Enabled, ...")
     parser.add_argument("--concurrency", type=int, default=8, help="client workers (8: about 45 requests/s)")
     parser.add_argument("--baseline", type=float, default=20, help="seconds of load measured before")
-    return parser.parse_args()
+    parser.add_argument("--bad", default="failing,slow",
+                        help=f"bad revision kinds rolled out after the good ones, of {', '.join(BAD)} ('' for none)")
+    args = parser.parse_args()
+    args.bad = [k for k in args.bad.split(",") if k]
+    unknown = [k for k in args.bad if k not in BAD]
+    if unknown:
+        parser.error(f"--bad: unknown kind(s) {', '.join(unknown)}; known: {', '.join(BAD)}")
+    return args
 
 
 def main() -> None:
@@ -169,8 +210,9 @@ def main() -> None:
     try:
         with localfleet.running_operator(localfleet.token_kubeconfig(kubeconfig, tmp / "kubeconfig"),
                                          tmp / "operator.log", namespace):
-            baseline, windows, tally = measure(api, namespace, rollouts=args.rollouts,
-                                               concurrency=args.concurrency, baseline_s=args.baseline)
+            baseline, windows, bads, tally = measure(api, namespace, rollouts=args.rollouts,
+                                                     concurrency=args.concurrency, baseline_s=args.baseline,
+                                                     bad=args.bad)
             print(f"loadavg after: {localfleet.loadavg()}")
     finally:
         localfleet.delete_namespace(api, namespace)
@@ -183,12 +225,19 @@ def main() -> None:
 
     during = Window("all rollouts", sum(w.seconds for w in windows), sum(w.sent for w in windows),
                     sum(w.failed for w in windows), [x for w in windows for x in w.latencies_s])
+    rollout = localfleet.pool_body(namespace, POOL)["spec"]["rollout"]
+    bake_s = parse_duration(rollout["verification"]["bake"]).total_seconds()
+    floor = 4 * bake_s + parse_duration(rollout["postRolloutWatch"]).total_seconds()
     print(f"rollout duration (2 prefill + 2 decode groups, maxUnavailable 1): "
-          f"{', '.join(f'{w.seconds:.1f}' for w in windows)} s")
+          f"{', '.join(f'{w.seconds:.1f}' for w in windows)} s; the bake floor (4 steps x {bake_s:g} s bake + "
+          f"the watch) is {floor:g} s: {', '.join(f'{w.seconds / floor:.2f}x' for w in windows)}")
     print(f"client requests during the rollouts: sent {during.sent} ({during.rate:.1f}/s), failed {during.failed}"
           f" (goal 0: {'PASS' if during.failed == 0 else 'FAIL'})")
     print(f"p99 latency during the rollouts / before: {during.p99() * 1e3:.0f} ms / {baseline.p99() * 1e3:.0f} ms"
           f" = {during.p99() / baseline.p99():.2f}x")
+    for window in bads:
+        print(f"{window.name}: {window.seconds:.1f} s from the patch to verified on the revision before; client "
+              f"requests failed {window.failed} of {window.sent}")
 
 
 if __name__ == "__main__":

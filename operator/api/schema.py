@@ -63,8 +63,8 @@ def _convert(node: Schema, defs: dict[str, Schema], where: str) -> Schema:
     node = _collapse_optional(_resolve(node, defs), where)
     if "anyOf" in node and not node.get("x-kubernetes-int-or-string"):
         raise NotStructural(f"{where}: anyOf outside int-or-string")
-    if "$ref" in node:  # an optional reference: anyOf [$ref, null]
-        node = _convert(node, defs, where)
+    if "$ref" in node:  # an optional reference: anyOf [$ref, null], converted whole (not twice: a second pass
+        return _convert(node, defs, where)  # would take its optional sub-objects for defaulted ones)
     out: Schema = {}
     for key, value in node.items():
         if key in _DROP:

@@ -42,6 +42,8 @@ WHY = {  # what the Warning that stops each rollout says
 }
 SMALL = {"prefill": {"replicas": 1, "tp": 1, "gpusPerNode": 1}, "decode": {"replicas": 2, "tp": 1, "gpusPerNode": 1},
          "router": {"replicas": 1}}
+# A desync is ranks of one engine apart in their collectives: it takes two of them.
+SHAPE = {name: SMALL for name in BAD} | {"bake-desync": SMALL | {"decode": {"replicas": 2, "tp": 2, "gpusPerNode": 2}}}
 CONCURRENCY = 8
 
 
@@ -91,7 +93,8 @@ def loads(cluster: Cluster, namespace: str, names: list[str]) -> Iterator[dict[s
 def test_bad_revisions_are_stopped_at_their_canary_by_the_bake_and_rolled_back_under_load(
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
     for name in BAD:
-        fleet.apply_pool(cluster, namespace, name, baked=True, rollout={"verification": {"bake": "30s"}}, **SMALL)
+        fleet.apply_pool(cluster, namespace, name, baked=True, rollout={"verification": {"bake": "30s"}},
+                         **SHAPE[name])
     good = {name: settled(cluster, namespace, name)["status"]["currentRevision"] for name in BAD}
     blast = Blast(cluster, namespace)
     with loads(cluster, namespace, list(BAD)) as load:
@@ -128,7 +131,8 @@ def test_a_revision_that_goes_bad_in_its_post_rollout_watch_is_rolled_back_and_n
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
     name = "watched"
     fleet.apply_pool(cluster, namespace, name, baked=True,
-                     rollout={"verification": {"bake": "10s"}, "postRolloutWatch": "5m"}, **SMALL)
+                     rollout={"verification": {"bake": "10s"}, "postRolloutWatch": "5m"},
+                     **SHAPE["bake-desync"])
     good = settled(cluster, namespace, name)["status"]["currentRevision"]
     with loads(cluster, namespace, [name]) as load:
         wait_for("the load flowing", lambda: load[name].tally.ok >= 40, timeout=60)

@@ -90,6 +90,14 @@ def test_empty_collections_have_no_default() -> None:
         assert "default" not in engine[name], name
 
 
+def test_a_defaulted_object_can_be_built_from_its_own_defaults() -> None:
+    """`default: {}` on an object with required fields is refused by the apiserver (and would be a lie): an
+    optional sub-object, however deep under other optional ones, gets no default."""
+    for path, node in _nodes(_schema()):
+        if node.get("default") == {}:
+            assert not node.get("required"), f"{path} defaults to {{}} but requires {node['required']}"
+
+
 def test_patch_ids_are_the_runtime_catalogue() -> None:
     engine = _schema()["properties"]["spec"]["properties"]["engine"]["properties"]
     assert engine["patches"]["items"]["enum"] == sorted(catalogue.IDS)
