@@ -31,7 +31,6 @@ from typing import Any
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.api.rollout import RolloutOrder
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
@@ -47,6 +46,7 @@ from pdfleet.operator.planning import (
     verification,
     watch,
 )
+from pdfleet.operator.planning import rollout as rollout_plan
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
@@ -71,8 +71,6 @@ Body = dict[str, Any]
 # (180 s) for requests that a desynced, hung or half-ended engine can never finish; its evidence is already
 # taken and the routers have already dropped it.
 SICK_GRACE_SECONDS = 5
-UNAVAILABLE = {GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,
-               GroupState.FAILED}
 
 
 @dataclasses.dataclass
@@ -157,16 +155,6 @@ def _plan_shared_objects(want: Desired, observed: Observed, expect: Expectations
             out.apply.append(obj)
 
 
-def _role_order(spec: InferencePoolSpec) -> list[Role]:
-    return [Role.DECODE, Role.PREFILL] if spec.rollout.order is RolloutOrder.DECODE_FIRST else \
-        [Role.PREFILL, Role.DECODE]
-
-
-def _max_unavailable(spec: InferencePoolSpec, role: Role) -> int:
-    mu = spec.rollout.max_unavailable
-    return mu.prefill if role is Role.PREFILL else mu.decode
-
-
 def _other_layout(pods: list[Body], layout: str) -> list[Body]:
     """Engine pods whose KV layout differs from `layout` (pods from before layouts were labelled count as
     matching: nothing says otherwise)."""
@@ -221,28 +209,15 @@ def _leader_uid(pods: list[Body]) -> str | None:
 
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
                  outcomes: Mapping[str, Outcome], expect: Expectations, out: _Builder) -> None:
-    """Replaces outdated groups and creates missing ones. A replaced group is out of service until it is Ready
-    *and verified*; a failed gate holds the whole rollout (nothing more is replaced until the spec changes)."""
+    """Replaces the outdated groups the rollout's step picks (`rollout_plan.step`: roles in order, the canary first,
+    at most maxUnavailable out of service, nothing once stopped) and creates missing ones."""
     pods = pods_by_group(observed.of_kind("Pod"))
     if _plan_layout_change(want, observed, out):
         return
-    halted = any(o.stopped for o in outcomes.values())
-
-    def out_of_service(group: DesiredGroup) -> bool:
-        state = states[group.name]
-        return state in UNAVAILABLE or (state is GroupState.READY and not outcomes[group.name].verified)
-
-    earlier_unsettled = False  # a role earlier in `rollout.order` still rolling: later roles keep their groups
-    for role in _role_order(spec):
+    seen = [rollout_plan.Group(g.name, g.id.role, states[g.name], outcomes[g.name].verified) for g in want.groups]
+    picked = rollout_plan.step(spec.rollout, seen, stopped=any(o.stopped for o in outcomes.values())).replace
+    for role in rollout_plan.order(spec.rollout):
         groups = [g for g in want.groups if g.id.role is role]
-        budget = 0 if earlier_unsettled or halted or spec.rollout.paused else \
-            _max_unavailable(spec, role) - sum(out_of_service(g) for g in groups)
-        if any(states[g.name] is GroupState.OUTDATED for g in groups) and \
-                not any(outcomes[g.name].verified for g in groups):
-            # The role's canary: until one group of the new revision is verified (baked), it is the only one.
-            budget = min(budget, 1 - sum(out_of_service(g) for g in groups))
-        earlier_unsettled = earlier_unsettled or \
-            any(out_of_service(g) or states[g.name] is GroupState.OUTDATED for g in groups)
         # One Event per role and step, naming its groups: a new pool of 8 groups says so in 2 Events, not 8.
         replaced: list[tuple[DesiredGroup, list[Body]]] = []
         created: list[tuple[DesiredGroup, list[Body]]] = []
@@ -251,8 +226,7 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
             current = pods.get(group.name, [])
             if state is GroupState.FAILED:
                 continue  # restarted, or left, by `_act_on_health`: every restart has one home
-            if state is GroupState.OUTDATED and budget > 0:
-                budget -= 1
+            if group.name in picked:
                 out.delete_objects(current)
                 replaced.append((group, current))
             elif state in (GroupState.MISSING, GroupState.PARTIAL):
@@ -419,7 +393,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
     update_rev = revision.pool_revision(spec)
     # In rollout order, so that the group a message says it waits for is the one being replaced.
-    order = _role_order(spec)
+    order = rollout_plan.order(spec.rollout)
     rollout = verification.rollout_verified(sorted(want.groups, key=lambda g: order.index(g.id.role)), outcomes,
                                             update_rev)
     settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
@@ -448,7 +422,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     prev_conds = previous.conditions
     progressing_reason = "RollingOut" if any(s is GroupState.OUTDATED for s in states.values()) else \
         "Verifying" if rollout.status is ConditionStatus.UNKNOWN and not any(
-            s in UNAVAILABLE for s in states.values()) else "Reconciling"
+            s in rollout_plan.UNAVAILABLE for s in states.values()) else "Reconciling"
     stopped = rollout.status is ConditionStatus.FALSE
     watching = rollout.reason == watch.WATCHING_REASON
     paused = spec.rollout.paused and not settled and not stopped
