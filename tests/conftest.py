@@ -129,7 +129,8 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     """A fresh namespace for one test, deleted afterwards (without waiting for it to drain). A test on the shared
     operator gets one that operator watches; no other test does (tests/support/scheduling.py)."""
     shared = "operator" in request.fixturenames
-    name = f"{scheduling.SHARED_OPERATOR_PREFIX if shared else 't-'}{uuid.uuid4().hex[:10]}"
+    prefix = scheduling.shared_operator(scheduling.module_path(request.module.__file__)).prefix if shared else "t-"
+    name = f"{prefix}{uuid.uuid4().hex[:10]}"
     cluster.kubectl("create", "namespace", name)
     cluster.kubectl("label", "namespace", name, "pdfleet.dev/test=true")
     yield name

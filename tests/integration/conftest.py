@@ -13,7 +13,7 @@ from tests.support import cluster_share as cluster_share_mod
 from tests.support import scheduling
 from tests.support.cluster import Cluster
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
-from tests.support.release import OPERATOR_USER, RELEASE_NAMESPACE, SERVICE_ACCOUNT
+from tests.support.release import RELEASE_NAMESPACE
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -27,26 +27,31 @@ def cluster_share(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[
 
 
 @pytest.fixture(scope="module")
-def chart(cluster: Cluster) -> Iterator[None]:
-    """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only."""
+def chart(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
+    """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only, as the release
+    of the module's shared operator (tests/support/scheduling.py)."""
+    release = scheduling.shared_operator(scheduling.module_path(request.module.__file__)).release
     # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.helm("upgrade", "--install", "pdfleet", str(ROOT / "charts" / "pdfleet"), "--namespace",
+    cluster.helm("upgrade", "--install", release, str(ROOT / "charts" / "pdfleet"), "--namespace",
                  RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
     cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
     yield
-    cluster.helm("uninstall", "pdfleet", "--namespace", RELEASE_NAMESPACE, check=False)
+    cluster.helm("uninstall", release, "--namespace", RELEASE_NAMESPACE, check=False)
 
 
 @pytest.fixture(scope="module")
-def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[OperatorProcess]:
+def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFactory,
+             request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
+    shared = scheduling.shared_operator(scheduling.module_path(request.module.__file__))
     tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp / "kubeconfig")
+    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, shared.release, tmp / "kubeconfig")
     # Only the namespaces of the tests on it: the other cluster tests run alongside (tests/support/scheduling.py).
     with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1",
-                          "--namespace", scheduling.SHARED_OPERATOR_NAMESPACES) as op:
+                          "--namespace", shared.namespaces) as op:
         yield op
         assert "Traceback" not in op.logs(), op.logs()[-5000:]
         # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...
-        forbidden = [r for r in op.log_records() if f'User "{OPERATOR_USER}" cannot' in json.dumps(r)]
+        user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{shared.release}"
+        forbidden = [r for r in op.log_records() if f'User "{user}" cannot' in json.dumps(r)]
         assert forbidden == [], f"the chart's RBAC is missing a permission: {forbidden[:3]}"

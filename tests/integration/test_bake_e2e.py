@@ -5,16 +5,23 @@ post-rollout watch is rolled back too.
 Each bad revision is a spec change a person could make (`spec.engine.env` with the simulator's faults,
 docs/local-fleet.md): its engines start, pass eventLoop and serverArgs, and then desync, crash, fail a share of
 their requests or run three times slower. Nothing is injected into a running pod for those: the operator has to
-find out from what the engines publish. The pools run side by side (one operator, one namespace), each with
-20+ requests/s of its own load, so the test costs one rollout's time, not four.
+find out from what the engines publish. A fifth pool rolls out a good revision that goes bad in its watch. The
+pools run side by side (one operator, one namespace), each with 20+ requests/s of its own load from a client
+process of its own (`pdfleet-sim load`), so the test costs one rollout's time, not five.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,7 +51,8 @@ SMALL = {"prefill": {"replicas": 1, "tp": 1, "gpusPerNode": 1}, "decode": {"repl
          "router": {"replicas": 1}}
 # A desync is ranks of one engine apart in their collectives: it takes two of them.
 SHAPE = {name: SMALL for name in BAD} | {"bake-desync": SMALL | {"decode": {"replicas": 2, "tp": 2, "gpusPerNode": 2}}}
-CONCURRENCY = 8
+CONCURRENCY = 12
+WATCHED = "watched"  # the pool whose good revision goes bad in its post-rollout watch
 
 
 def settled(cluster: Cluster, namespace: str, name: str, *, timeout: float = 240) -> dict[str, Any]:
@@ -80,40 +88,99 @@ class Blast:
                 self.groups.setdefault(labels["pdfleet.dev/pool"], set()).add(labels["pdfleet.dev/group"])
 
 
+class Load:
+    """`pdfleet-sim load` at one router, a process of its own (client threads of five pools in the test's own
+    process would share one GIL): its progress read as it comes, its final summary when stopped."""
+
+    def __init__(self, url: str) -> None:
+        self.started = time.monotonic()
+        self._proc = subprocess.Popen(
+            [str(Path(sys.executable).parent / "pdfleet-sim"), "load", "--url", url, "--model", MODEL,
+             "--concurrency", str(CONCURRENCY), "--timeout", "10", "--every", "1", "--json"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.ok = 0
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self._proc.stdout is not None
+        for line in self._proc.stdout:
+            self.lines.append(line.rstrip())
+            if (found := re.search(r"\bok (\d+)", line)) is not None:
+                self.ok = int(found.group(1))
+
+    def stop(self) -> dict[str, Any]:
+        """Stops the load (its requests finish) and returns its summary, with the rate it achieved."""
+        self._proc.send_signal(signal.SIGTERM)
+        self._proc.wait(timeout=60)
+        self._reader.join(timeout=10)
+        took = time.monotonic() - self.started
+        summary = json.loads(next(line for line in reversed(self.lines) if line.startswith("{")))
+        return summary | {"rate": summary["sent"] / took}
+
+
 @contextlib.contextmanager
-def loads(cluster: Cluster, namespace: str, names: list[str]) -> Iterator[dict[str, Any]]:
-    with contextlib.ExitStack() as stack:
-        out = {}
-        for name in names:
-            url = fleet.router_url(cluster, namespace, name, workers=3)
-            out[name] = stack.enter_context(fleet.steady_load(url, model=MODEL, concurrency=CONCURRENCY))
-        yield out
+def loads(cluster: Cluster, namespace: str, names: list[str]) -> Iterator[dict[str, Load]]:
+    running = {name: Load(fleet.router_url(cluster, namespace, name, workers=3)) for name in names}
+    try:
+        yield running
+    finally:
+        for load in running.values():
+            with contextlib.suppress(Exception):
+                load._proc.kill()
 
 
-def test_bad_revisions_are_stopped_at_their_canary_by_the_bake_and_rolled_back_under_load(
+def watched_rollout(cluster: Cluster, namespace: str, name: str) -> tuple[str, str]:
+    """A good revision rolled out, watched, then gone bad in its watch (one decode engine's ranks diverge):
+    returns (the revision before, the one that went bad), once the rollback was announced."""
+    good = fleet.pool(cluster, namespace, name)["status"]["currentRevision"]
+    engine_env(cluster, namespace, name, {"PDFLEET_E2E_WATCHED": "1"})
+    watching = wait_for(f"{name}'s new revision watched", lambda: (c := fleet.conditions(
+        cluster, namespace, name).get("RolloutVerified") or {}).get("reason") == "Watching" and c,
+        timeout=240, interval=0.5)
+    assert "postRolloutWatch until" in watching["message"]
+    bad = fleet.pool(cluster, namespace, name)["status"]["currentRevision"]
+    assert bad != good
+    shown = pdfleet(cluster, "rollout", "status", name, "-n", namespace)
+    assert shown.returncode == 3 and "Watching" in shown.stdout, shown
+    assert bad not in pdfleet(cluster, "rollout", "history", name, "-n", namespace).stdout, \
+        "not recorded as verified while watched"
+    victim = fleet.engine_pods(cluster, namespace, name, role="decode")[0]["metadata"]["name"]
+    fleet.inject(cluster, namespace, victim, "desync")
+    [failed] = wait_for("RolloutRevisionFailed", lambda: fleet.events(
+        cluster, namespace, name, "RolloutRevisionFailed"), timeout=60, interval=0.5)
+    assert f"revision {bad} failed during its postRolloutWatch" in failed["message"], failed
+    return good, bad
+
+
+def test_bad_revisions_are_stopped_at_their_canary_and_one_bad_in_its_watch_is_rolled_back_under_load(
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
     for name in BAD:
-        fleet.apply_pool(cluster, namespace, name, baked=True, rollout={"verification": {"bake": "30s"}},
+        fleet.apply_pool(cluster, namespace, name, baked=True, rollout={"verification": {"bake": "20s"}},
                          **SHAPE[name])
-    good = {name: settled(cluster, namespace, name)["status"]["currentRevision"] for name in BAD}
+    fleet.apply_pool(cluster, namespace, WATCHED, baked=True,
+                     rollout={"verification": {"bake": "10s"}, "postRolloutWatch": "5m"}, **SHAPE["bake-desync"])
+    pools = [*BAD, WATCHED]
+    good = {name: settled(cluster, namespace, name)["status"]["currentRevision"] for name in pools}
     blast = Blast(cluster, namespace)
-    with loads(cluster, namespace, list(BAD)) as load:
-        wait_for("the loads flowing", lambda: all(x.tally.ok >= 40 for x in load.values()), timeout=60)
-        started = time.monotonic()
-        sent = {name: x.tally.sent for name, x in load.items()}
+    with loads(cluster, namespace, pools) as load:
+        wait_for("the loads flowing", lambda: all(x.ok >= 40 for x in load.values()), timeout=60)
         for name, env in BAD.items():
             engine_env(cluster, namespace, name, env)
         with fleet.every(1.0, blast.look):
-            watched = {name: pdfleet(cluster, "rollout", "status", name, "-n", namespace, "--watch", "--timeout",
-                                     "5m", timeout=330) for name in BAD}
-            back = {name: settled(cluster, namespace, name) for name in BAD}
-        took = time.monotonic() - started
-        rates = {name: (x.tally.sent - sent[name]) / took for name, x in load.items()}
-    report = [f"{name}: {load[name].tally.summary()}, {rates[name]:.1f} req/s, ran the bad revision: "
-              f"{sorted(blast.groups.get(name, ()))}" for name in BAD]
-    print("\n".join(report))
+            watched = {name: subprocess.Popen(  # all five followed at once, as five people would
+                ["pdfleet", "rollout", "status", name, "-n", namespace, "--watch", "--timeout", "5m"],
+                env=cluster.env | {"PATH": f"{Path(sys.executable).parent}:{cluster.env['PATH']}"},
+                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for name in BAD}
+            before, bad = watched_rollout(cluster, namespace, WATCHED)
+            outputs = {name: proc.communicate(timeout=330)[0] for name, proc in watched.items()}
+            back = {name: settled(cluster, namespace, name) for name in pools}
+        summaries = {name: x.stop() for name, x in load.items()}
+    print("\n".join(f"{name}: {summaries[name]}, ran the bad revision: {sorted(blast.groups.get(name, ()))}"
+                    for name in pools))
     for name in BAD:
-        assert watched[name].returncode == 1, f"{name}: {watched[name].stdout}{watched[name].stderr}"
+        assert watched[name].returncode == 1, f"{name}: {outputs[name]}"
         assert back[name]["status"]["currentRevision"] == good[name], name
         assert "env" not in back[name]["spec"]["engine"], name
         ran = blast.groups.get(name, set())
@@ -123,38 +190,10 @@ def test_bad_revisions_are_stopped_at_their_canary_by_the_bake_and_rolled_back_u
             fleet.events(cluster, namespace, name, "RolloutRevisionFailed")
         assert stopped and WHY[name] in stopped[0]["message"], (name, stopped)
         assert fleet.events(cluster, namespace, name, "RolloutRolledBack"), name
-        assert rates[name] >= 20, f"{name}: the load was {rates[name]:.1f} req/s, not the 20 asked for"
+    for name in pools:
+        assert summaries[name]["rate"] >= 20, f"{name}: the load was {summaries[name]['rate']:.1f} req/s"
     assert operator.metric("pdfleet_rollout_analysis_total", result="failed") >= 3
-
-
-def test_a_revision_that_goes_bad_in_its_post_rollout_watch_is_rolled_back_and_never_recorded(
-        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
-    name = "watched"
-    fleet.apply_pool(cluster, namespace, name, baked=True,
-                     rollout={"verification": {"bake": "10s"}, "postRolloutWatch": "5m"},
-                     **SHAPE["bake-desync"])
-    good = settled(cluster, namespace, name)["status"]["currentRevision"]
-    with loads(cluster, namespace, [name]) as load:
-        wait_for("the load flowing", lambda: load[name].tally.ok >= 40, timeout=60)
-        engine_env(cluster, namespace, name, {"PDFLEET_E2E_WATCHED": "1"})
-        watching = wait_for("the new revision watched", lambda: (c := fleet.conditions(
-            cluster, namespace, name).get("RolloutVerified") or {}).get("reason") == "Watching" and c,
-            timeout=240, interval=0.5)
-        assert "postRolloutWatch until" in watching["message"]
-        bad = fleet.pool(cluster, namespace, name)["status"]["currentRevision"]
-        assert bad != good
-        shown = pdfleet(cluster, "rollout", "status", name, "-n", namespace)
-        assert shown.returncode == 3 and "Watching" in shown.stdout, shown
-        assert pdfleet(cluster, "rollout", "history", name, "-n", namespace).stdout.count(bad) == 0, \
-            "not recorded as verified while watched"
-        # Now it goes bad while it serves: one decode engine's ranks diverge.
-        victim = fleet.engine_pods(cluster, namespace, name, role="decode")[0]["metadata"]["name"]
-        fleet.inject(cluster, namespace, victim, "desync")
-        [failed] = wait_for("RolloutRevisionFailed", lambda: fleet.events(
-            cluster, namespace, name, "RolloutRevisionFailed"), timeout=60, interval=0.5)
-        assert f"revision {bad} failed during its postRolloutWatch" in failed["message"], failed
-        back = settled(cluster, namespace, name)
-    print(f"client requests: {load[name].tally.summary()}")
-    assert back["status"]["currentRevision"] == good
-    history = pdfleet(cluster, "rollout", "history", name, "-n", namespace).stdout
-    assert bad not in history and good in history, history
+    # The revision that went bad in its watch: rolled back, and never recorded, so undo goes to the one before.
+    assert before == good[WATCHED] and back[WATCHED]["status"]["currentRevision"] == before
+    history = pdfleet(cluster, "rollout", "history", WATCHED, "-n", namespace).stdout
+    assert bad not in history and before in history, history

@@ -66,6 +66,13 @@ class Operators:
         return [op.log_path.name for op in self.started if "Traceback" in op.logs()]
 
 
+def baking(cluster: Cluster, namespace: str) -> dict[str, str]:
+    """Group -> when its bake began, for the groups the status says are baking now."""
+    groups = (fleet.pool(cluster, namespace, POOL).get("status") or {}).get("groups") or []
+    return {g["name"]: g["verification"]["bake"]["since"] for g in groups
+            if (g.get("verification") or {}).get("bake") and g.get("verifiedRevision") != g["revision"]}
+
+
 def test_an_operator_killed_five_times_mid_rollout_finishes_it_verified_replacing_each_group_once(
         cluster: Cluster, chart: None, namespace: str, tmp_path: Path) -> None:
     seed = int(os.environ.get("PDFLEET_SIGKILL_SEED") or random.SystemRandom().randrange(1 << 30))
@@ -74,7 +81,8 @@ def test_an_operator_killed_five_times_mid_rollout_finishes_it_verified_replacin
     operators = Operators(cluster, namespace, tmp_path)
     try:
         op = operators.start()
-        fleet.apply_pool(cluster, namespace, POOL)
+        # Each new group bakes, so that kills land in bakes too: a restarted operator must resume the same one.
+        fleet.apply_pool(cluster, namespace, POOL, rollout={"verification": {"bake": "8s"}, "postRolloutWatch": "5s"})
         first = wait_for("the pool Ready and verified", lambda: rolled_out(cluster, namespace, None), timeout=240,
                          interval=0.5)
         before = {g: {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL, group=g)}
@@ -86,14 +94,20 @@ def test_an_operator_killed_five_times_mid_rollout_finishes_it_verified_replacin
         cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
                         json.dumps({"spec": {"engine": {"overlapSchedule": "Disabled"}}}))
         moments = []
+        bakes: dict[str, str] = {}  # group -> when its bake began, as seen between kills
         for _ in range(KILLS):
             # Random moments within the rollout's first steps: a group's replacement takes a few seconds here.
             delay = rng.uniform(0.2, 3.0)
             time.sleep(delay)  # the moment of the kill is the point: any moment must be safe
             moments.append(f"{delay:.2f}s: {(fleet.pool(cluster, namespace, POOL).get('status') or {}).get('phase')}")
             operators.kill(op)
+            bakes |= baking(cluster, namespace)
             op = operators.start()
-        print("killed after (delay: phase seen then):", "; ".join(moments))
+        # And once more while a group is known to be baking, whatever the random moments hit.
+        bakes |= wait_for("a group baking", lambda: baking(cluster, namespace), timeout=120, interval=0.2)
+        operators.kill(op)
+        op = operators.start()
+        print("killed after (delay: phase seen then):", "; ".join(moments), "; bakes seen:", bakes)
         done = wait_for("the rollout verified", lambda: rolled_out(cluster, namespace, first), timeout=300,
                         interval=0.5)
         seen = watch.stop()
@@ -107,6 +121,9 @@ def test_an_operator_killed_five_times_mid_rollout_finishes_it_verified_replacin
         assert group["eventLoop"] == expected_loop[group["role"]], group
         assert group["verifiedRevision"] == group["revision"] != old_revisions[group["name"]], group
         assert group["restarts"] == 0, group
+    for group in status["groups"]:
+        if group["name"] in bakes:  # a bake a kill interrupted went on from where it began
+            assert group["verification"]["bake"]["since"] == bakes[group["name"]], (group, bakes)
     # Each group replaced exactly once: its old pod and one new pod, whatever the kills interrupted.
     after = {g: {p["metadata"]["uid"] for p in fleet.engine_pods(cluster, namespace, POOL, group=g)} for g in GROUPS}
     for group in GROUPS:

@@ -17,7 +17,8 @@ from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 
-CANARY = {"toolCallCanary": "Skipped"}  # switched off by default
+# toolCallCanary: switched off by default; bake: this module rolls out without one (fleet.MECHANICS)
+CANARY = {"toolCallCanary": "Skipped", "bake": "Skipped"}
 
 pytestmark = pytest.mark.cluster
 

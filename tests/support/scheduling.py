@@ -1,9 +1,12 @@
 """How `make test` spreads the suite over pytest-xdist workers (`-n N --dist loadscope`, tests/conftest.py).
 
-A unit of work runs whole, in order, in one worker. The cluster tier (tests/integration/) makes two:
-- the modules on the shared operator (the module-scoped `operator` fixture, with the chart's `pdfleet` release it
-  runs under): one at a time, since each module's operator would otherwise reconcile the next one's pools; that
-  operator watches only the namespaces these tests get (`SHARED_OPERATOR_NAMESPACES`);
+A unit of work runs whole, in order, in one worker. The cluster tier (tests/integration/) makes three:
+- two of modules on a shared operator (the module-scoped `operator` fixture, with the chart release it runs
+  under): within each, one module at a time, since each module's operator would otherwise reconcile the next
+  one's pools; each operator watches only the namespaces its unit's tests get (`SharedOperator.prefix`), and
+  runs as its own release's ServiceAccount, so the two units run side by side. The second takes the long modules
+  that reach the operator only through the fixtures (`SECOND_OPERATOR_MODULES`); modules that name the release's
+  identity themselves (tests/support/release.py) stay on the first;
 - every other cluster module (the demo, the pod runner, the CRD, the cluster itself), each with operators of its
   own scoped to its own namespaces, if any.
 Any other module is a unit of its own, so its module-scoped fixtures are set up once.
@@ -14,6 +17,7 @@ cluster (tests/support/cluster_share.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from pathlib import Path
@@ -21,12 +25,31 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER_TIER = "tests/integration/"
 SHARED_OPERATOR_UNIT = "tests/integration/ (shared operator)"
+SECOND_OPERATOR_UNIT = "tests/integration/ (second shared operator)"
 OWN_CLUSTER_UNIT = "tests/integration/ (own operators)"
 SHARED_OPERATOR_FIXTURES = ("operator", "chart")
-# A test on the shared operator gets a namespace of this prefix; any other test's namespace falls outside it.
-SHARED_OPERATOR_PREFIX = "top-"
-SHARED_OPERATOR_NAMESPACES = f"{SHARED_OPERATOR_PREFIX}*"
+SECOND_OPERATOR_MODULES = frozenset(f"{CLUSTER_TIER}{name}.py" for name in (
+    "test_bake_e2e", "test_rollback_e2e", "test_cli_e2e", "test_playbook_e2e", "test_rollout_under_load_e2e",
+    "test_verified_rollout_e2e"))
 _ASKS_FOR_SHARED = re.compile(r"\b(operator\s*:\s*OperatorProcess|chart\s*:\s*None)\b")
+
+
+@dataclasses.dataclass(frozen=True)
+class SharedOperator:
+    """One shared operator: its unit, the chart release it runs under (and that release's ServiceAccount, named
+    as the release), and the prefix of its tests' namespaces (no other test's namespace has it)."""
+
+    unit: str
+    release: str
+    prefix: str
+
+    @property
+    def namespaces(self) -> str:
+        return f"{self.prefix}*"
+
+
+SHARED_OPERATORS = (SharedOperator(SHARED_OPERATOR_UNIT, "pdfleet", "top-"),
+                    SharedOperator(SECOND_OPERATOR_UNIT, "pdfleet-b", "tob-"))
 
 
 @functools.cache
@@ -41,7 +64,20 @@ def unit_of(nodeid: str) -> str:
     module = nodeid.split("::", 1)[0]
     if not module.startswith(CLUSTER_TIER):
         return module
-    return SHARED_OPERATOR_UNIT if on_shared_operator(module) else OWN_CLUSTER_UNIT
+    if not on_shared_operator(module):
+        return OWN_CLUSTER_UNIT
+    return SECOND_OPERATOR_UNIT if module in SECOND_OPERATOR_MODULES else SHARED_OPERATOR_UNIT
+
+
+def shared_operator(module: str) -> SharedOperator:
+    """The shared operator a cluster module's tests run on (the first for a module not on either)."""
+    unit = unit_of(module)
+    return next((o for o in SHARED_OPERATORS if o.unit == unit), SHARED_OPERATORS[0])
+
+
+def module_path(file: str) -> str:
+    """A test module's path as test ids name it, from its __file__."""
+    return str(Path(file).resolve().relative_to(ROOT))
 
 
 def misplaced(nodeid: str, fixtures: set[str], marked_cluster: bool, unit: str) -> str | None:
@@ -54,7 +90,7 @@ def misplaced(nodeid: str, fixtures: set[str], marked_cluster: bool, unit: str) 
     if not in_tier and ("cluster" in fixtures or marked_cluster):
         return f"{nodeid} uses the shared cluster: move it to {CLUSTER_TIER} (tests/support/scheduling.py)"
     shared = bool(fixtures & set(SHARED_OPERATOR_FIXTURES))
-    if in_tier and shared and unit != SHARED_OPERATOR_UNIT:
+    if in_tier and shared and unit not in (o.unit for o in SHARED_OPERATORS):
         return (f"{nodeid} asks for the shared operator but was put in unit {unit!r}: name the fixture in a "
                 "test's signature (`operator: OperatorProcess`, `chart: None`)")
     return None
