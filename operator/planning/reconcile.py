@@ -31,7 +31,6 @@ from typing import Any
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
@@ -391,30 +390,14 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         )
     router_ok = _router_available(spec, observed)
     all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
-    update_rev = revision.pool_revision(spec)
-    # In rollout order, so that the group a message says it waits for is the one being replaced.
-    order = rollout_plan.order(spec.rollout)
-    rollout = verification.rollout_verified(sorted(want.groups, key=lambda g: order.index(g.id.role)), outcomes,
-                                            update_rev)
-    settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
-        rollout.status is ConditionStatus.TRUE
-    watched = watch.judge(
-        duration=parse_duration(spec.rollout.post_rollout_watch), previous=previous.watch,
-        active=previous.current_revision is not None and
-        update_rev not in {e.revision for e in rollback.history(pool)},
-        completing=settled and previous.current_revision != update_rev, verified=rollout,
-        failure=watch.failing((by_name[g.name], g.revision, states[g.name] is GroupState.FAILED)
-                              for g in want.groups),
-        update=update_rev, now=now, auto_rollback=spec.rollout.auto_rollback)
-    rollout = watched.rollout
+    judged = rollout_plan.judge(pool, spec, want.groups, states, outcomes, previous, by_name, now,
+                                router_ok=router_ok)
+    update_rev, rollout, settled, watched = judged.update, judged.condition, judged.settled, judged.watched
     _say_bakes(want, outcomes, out, now)
-    after = rollback.decide(pool, spec, previous, rollout, now)
-    if after.note:
-        rollout = dataclasses.replace(rollout, message=f"{rollout.message}; {after.note}")
-    if after.change is not None:
-        out.pool_changes.append(after.change)
-    if after.event is not None:
-        out.events.append(after.event)
+    if judged.decision.change is not None:
+        out.pool_changes.append(judged.decision.change)
+    if judged.decision.event is not None:
+        out.events.append(judged.decision.event)
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
     degraded = health_status.degraded(groups, failed)
     summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"

@@ -1,4 +1,8 @@
-"""Which outdated engine groups a rollout replaces now. Pure: (policy, the groups as observed, now judged) -> Step.
+"""A rollout's decisions, pure: which outdated engine groups to replace now (`step`), and where the rollout
+stands and what follows (`judge`: RolloutVerified from the groups' gates and bakes, the post-rollout watch, and
+rollback or hold).
+
+`step`: (policy, the groups as observed, now judged) -> Step.
 
 Roles go one after the other in `rollout.order`: a later role keeps its old groups while any group of an earlier
 role is outdated or out of service. Within a role, a group counts against `maxUnavailable` while it is out of
@@ -6,18 +10,30 @@ service: starting, missing, terminating, failed, or Ready but not yet verified (
 group of a role on the new revision is its canary: until one group of the role is verified, at most one is out of
 service for the rollout. A stopped rollout (a gate, bake or watch failed) or a paused one replaces nothing.
 
-`reconcile` turns the step into deletions (the replacement comes from recreating the missing group) and Events;
-`tests/unit/test_rollout_steps.py` walks whole rollouts through it.
+`reconcile` turns the step into deletions (the replacement comes from recreating the missing group) and Events,
+and the judgement into the status's conditions, a patch of the pool (a rollback, the verified record) and
+Events; `tests/unit/test_rollout_steps.py` walks whole rollouts through the step, `tests/unit/test_bake.py` through
+both, with the real planner.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import datetime
+from collections.abc import Mapping, Sequence
+from typing import Any
 
+from pdfleet.operator.api.conditions import ConditionStatus
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import RolloutOrder, RolloutSpec
+from pdfleet.operator.api.scalars import parse_duration
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus
+from pdfleet.operator.planning import rollback, verification, watch
 from pdfleet.operator.planning.groups import GroupState
+from pdfleet.operator.planning.verification import Outcome, RolloutVerified
+from pdfleet.operator.render import revision
+from pdfleet.operator.render.desired import DesiredGroup
 
 # States in which a group does not serve (and so counts against maxUnavailable).
 UNAVAILABLE = frozenset({GroupState.MISSING, GroupState.PARTIAL, GroupState.STARTING, GroupState.TERMINATING,
@@ -67,3 +83,37 @@ def step(policy: RolloutSpec, groups: Sequence[Group], *, stopped: bool) -> Step
         replace.extend(g.name for g in outdated[:max(0, budget)])
         earlier = earlier or bool(outdated) or busy > 0
     return Step(tuple(replace))
+
+
+@dataclasses.dataclass(frozen=True)
+class Judged:
+    update: str  # the revision the spec asks for
+    condition: RolloutVerified  # RolloutVerified after the watch, with what follows in its message
+    settled: bool  # every group Ready and verified at the update revision (the watch may still run)
+    watched: watch.Watched
+    decision: rollback.Decision  # hold, wait, or roll back (its patch and Event)
+
+
+def judge(pool: Mapping[str, Any], spec: InferencePoolSpec, groups: Sequence[DesiredGroup],
+          states: Mapping[str, GroupState], outcomes: Mapping[str, Outcome], previous: InferencePoolStatus,
+          statuses: Mapping[str, GroupStatus], now: datetime.datetime, *, router_ok: bool) -> Judged:
+    """Where the rollout stands after this reconcile. `groups`: as desired; `statuses`: each group's status after
+    this reconcile's health decisions, by name; `previous`: the pool's last status."""
+    update = revision.pool_revision(spec)
+    ranked = order(spec.rollout)
+    # In rollout order, so that the group a message says it waits for is the one being replaced.
+    verified = verification.rollout_verified(sorted(groups, key=lambda g: ranked.index(g.id.role)), outcomes,
+                                             update)
+    settled = all(s is GroupState.READY for s in states.values()) and router_ok and \
+        verified.status is ConditionStatus.TRUE
+    watched = watch.judge(
+        duration=parse_duration(spec.rollout.post_rollout_watch), previous=previous.watch,
+        active=previous.current_revision is not None and
+        update not in {e.revision for e in rollback.history(pool)},
+        completing=settled and previous.current_revision != update, verified=verified,
+        failure=watch.failing((statuses[g.name], g.revision, states[g.name] is GroupState.FAILED) for g in groups),
+        update=update, now=now, auto_rollback=spec.rollout.auto_rollback)
+    decision = rollback.decide(pool, spec, previous, watched.rollout, now)
+    condition = watched.rollout if not decision.note else \
+        dataclasses.replace(watched.rollout, message=f"{watched.rollout.message}; {decision.note}")
+    return Judged(update, condition, settled, watched, decision)
