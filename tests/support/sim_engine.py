@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,3 +103,19 @@ def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
     process = forkserver.shared().spawn("pdfleet.runtime.launcher", ["--agent-port", str(agent_port), "--", *args],
                                         env=full_env, log=log)
     return SimEngine(role, port, agent_port, bootstrap_port, podinfo, log, process)
+
+
+@contextlib.contextmanager
+def pd_pair(tmp: Path) -> Iterator[tuple[SimEngine, SimEngine]]:
+    """A simulated prefill and decode engine (TP 1 each), healthy, stopped on exit."""
+    engines = (start(tmp, "prefill", tp=1), start(tmp, "decode", tp=1))
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        for engine in engines:
+            engine.wait_healthy(deadline)
+        yield engines
+    finally:
+        for engine in engines:
+            engine.terminate()
+        for engine in engines:
+            engine.stop()

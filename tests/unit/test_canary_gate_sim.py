@@ -20,18 +20,8 @@ from tests.support.sim_engine import SimEngine
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimEngine, SimEngine]]:
-    tmp = tmp_path_factory.mktemp("sim")
-    engines = (sim_engine.start(tmp, "prefill", tp=1), sim_engine.start(tmp, "decode", tp=1))
-    try:
-        deadline = time.monotonic() + sim_engine.STARTUP_S
-        for engine in engines:
-            engine.wait_healthy(deadline)
+    with sim_engine.pd_pair(tmp_path_factory.mktemp("sim")) as engines:
         yield engines
-    finally:
-        for engine in engines:
-            engine.terminate()
-        for engine in engines:
-            engine.stop()
 
 
 def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None = None) -> canary_gate.Target:
