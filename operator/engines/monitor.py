@@ -63,12 +63,12 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 class HealthMonitor:
     def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
                  after_poll: AfterPoll | None = None, server_info: EngineApiClient | None = None,
-                 canary: CanaryRunner | None = None) -> None:
+                 canary: CanaryRunner | None = None, prober: BakeProber | None = None) -> None:
         self._cache = cache
         self._agents = agents
         self._server_info = server_info  # made on first use, inside the event loop
         self._canary = canary  # the same
-        self._prober: BakeProber | None = None  # the same
+        self._prober = prober  # the same
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
         self._poke = poke

@@ -170,14 +170,20 @@ class FakeRouter(_Server):
 
 
 class FakeEngine(_Server):
-    """An SGLang engine's `GET /server_info`: `args` stands for its resolved ServerArgs fields."""
+    """An SGLang engine's `GET /server_info` (`args` stands for its resolved ServerArgs fields) and `GET /metrics`
+    (`metrics`: the Prometheus text it shows; empty, a 404 as without --enable-metrics)."""
 
     def __init__(self, host: str, args: Body | None = None) -> None:
         super().__init__(host)
         self.args: Body = dict(args or {})
+        self.metrics = ""
 
     def routes(self, app: web.Application) -> None:
         app.router.add_get("/server_info", self._server_info)
+        app.router.add_get("/metrics", self._metrics)
+
+    async def _metrics(self, _: web.Request) -> web.Response:
+        return web.Response(text=self.metrics) if self.metrics else web.Response(status=404)
 
     async def _server_info(self, _: web.Request) -> web.Response:
         return web.json_response({**self.args, "version": "0.5.23", "internal_states": [{}]})

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines import agents
+from pdfleet.operator.engines.bake_probes import BakeProber
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.engines.routers import RouterClient
@@ -55,7 +56,7 @@ class Fleet:
 
 
 @contextlib.asynccontextmanager
-async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
+async def fake_fleet(*, prober: BakeProber | None = None, **spec: Any) -> AsyncIterator[Fleet]:
     """One prefill engine (tp 1) and one decode engine (tp 2), both Ready and healthy, a router pod that has
     registered both (as its discovery would), and a settled pool. `spec`: `pool_body`'s spec updates."""
     router = FakeRouter(ROUTER_IP)
@@ -75,7 +76,7 @@ async def fake_fleet(**spec: Any) -> AsyncIterator[Fleet]:
         pokes: list[PoolKey] = []
         clock = [0.0]
         monitor = HealthMonitor(cache=kube.cache(), agents=agents.AgentClient(addressing=address, timeout=1.0),
-                                poke=pokes.append)
+                                poke=pokes.append, prober=prober)
         controller = Controller(client=kube, cache=kube.cache(), health=monitor.health)
         membership = RouterMembership(routers=RouterClient(timeout=1.0), key=controller.router_keys.for_pod,
                                       post_event=controller.post_event,
@@ -139,12 +140,13 @@ async def engine_servers(make: Callable[[str], E]) -> AsyncIterator[dict[str, E]
 
 
 @contextlib.asynccontextmanager
-async def rendered_fleet(engines: dict[str, E], **spec: Any) -> AsyncIterator[Fleet]:
+async def rendered_fleet(engines: dict[str, E], *, prober: BakeProber | None = None,
+                         **spec: Any) -> AsyncIterator[Fleet]:
     """`fake_fleet` with `engines` (from `engine_servers`) as its engines, a 20 s heartbeat, every rank on the loop
     the spec implies and every engine's /server_info showing what its pod was rendered with: the gates pass unless
     a test changes something. `spec`: more of `pool_body`'s spec updates."""
     async with fake_fleet(health={"heartbeatPeriod": "20s"}, prefill__port=engines[PREFILL].port,
-                          decode__port=engines[DECODE].port, **spec) as fleet:
+                          decode__port=engines[DECODE].port, prober=prober, **spec) as fleet:
         for group, agent in fleet.agents.items():
             agent.ranks = [rank(n, loop=LOOPS[group]) for n in range(len(agent.ranks))]
         for group, engine in engines.items():
