@@ -116,8 +116,12 @@ def test_a_failed_gate_rolls_back_verified_and_undo_pause_resume_work(
     normal = settled(cluster, namespace, not_=good)
     loops_are(cluster, namespace, {"event_loop_normal_disagg_prefill", "event_loop_normal_disagg_decode"})
 
-    # Undo a rollout in progress: back to the last verified revision, rolled out verified like any other.
-    patch_engine(cluster, namespace, {"env": [{"name": "PDFLEET_E2E_UNDO", "value": "1"}]})
+    # Undo a rollout in progress: back to the last verified revision, rolled out verified like any other. Its
+    # canary bakes for an hour, so that it is still in progress whenever the undo comes (a return to a verified
+    # revision is not baked).
+    cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {
+        "engine": {"env": [{"name": "PDFLEET_E2E_UNDO", "value": "1"}]},
+        "rollout": {"verification": {"bake": "1h"}}}}))
     undone = pdfleet(cluster, "rollout", "undo", POOL, "-n", namespace)
     assert undone.returncode == 0, undone
     assert f"rolled back to revision {normal['status']['currentRevision']}" in undone.stdout
