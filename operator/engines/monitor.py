@@ -255,7 +255,8 @@ class HealthMonitor:
             if check is None or check.bake is None or check.revision != group.revision or \
                     group.verified_revision == group.revision or any(g.state in STOPPED for g in check.gates):
                 continue
-            needed = bake.shortfall(spec.rollout.verification, check.bake, samples)
+            needed = bake.shortfall(spec.rollout.verification, check.bake, samples,
+                                    datetime.datetime.now(datetime.UTC))
             head = _leader(rank_health.live_pods(judged_pods.get(group.name, [])))
             other = Role.PREFILL if group.role is Role.DECODE else Role.DECODE
             partner = planning_canary.pick_prefill(judged_pods.values(), other)

@@ -210,9 +210,13 @@ def _next(bake: Bake, policy: VerificationSpec, now: datetime.datetime) -> datet
     return bake.until if now < bake.until else bake.until + parse_duration(policy.timeout)
 
 
-def shortfall(policy: VerificationSpec, record: Bake, samples: Mapping[str, ServingSample]) -> int:
-    """How many more requests the baking group must serve before it can be judged (0: enough, or its counters
-    are not known now)."""
+def shortfall(policy: VerificationSpec, record: Bake, samples: Mapping[str, ServingSample],
+              now: datetime.datetime) -> int:
+    """How many more requests the baking group must serve before it can be judged: 0 when enough, when its
+    counters are not known now, or before the bake's midpoint (real traffic gets the first half to show up, so
+    a pool that has it is never sent probes)."""
+    if now < record.since + (record.until - record.since) / 2:
+        return 0
     own = record.start[0] if record.start else None
     current = samples.get(own.pod) if own is not None else None
     grown = window(own, current) if own is not None and current is not None else None

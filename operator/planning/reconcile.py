@@ -70,6 +70,9 @@ Body = dict[str, Any]
 # (180 s) for requests that a desynced, hung or half-ended engine can never finish; its evidence is already
 # taken and the routers have already dropped it.
 SICK_GRACE_SECONDS = 5
+# Seconds a group of a revision that failed its gates or bake gets to stop when it is replaced (rolled back): its
+# in-flight requests may finish, but a broken engine's drain would otherwise wait out the whole grace period.
+FAILED_GRACE_SECONDS = 15
 
 
 @dataclasses.dataclass
@@ -226,7 +229,12 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
             if state is GroupState.FAILED:
                 continue  # restarted, or left, by `_act_on_health`: every restart has one home
             if group.name in picked:
-                out.delete_objects(current)
+                # A group whose revision failed its gates or bake here (the canary of a revision being rolled
+                # back) drains briefly: a broken engine's queue may never empty, and its slot is what the
+                # rollback waits for.
+                failed = (v := outcomes[group.name].verification) is not None and \
+                    any(g.state in verification.STOPPED for g in v.gates)
+                out.delete_objects(current, grace_period_seconds=FAILED_GRACE_SECONDS if failed else None)
                 replaced.append((group, current))
             elif state in (GroupState.MISSING, GroupState.PARTIAL):
                 missing = _create_missing_pods(group, current, expect, out)

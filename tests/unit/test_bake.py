@@ -16,7 +16,7 @@ import pytest
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import Bake, GateState, ServingSample, Verdict
-from pdfleet.operator.planning import bake, rollback
+from pdfleet.operator.planning import bake, reconcile, rollback
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.render import labels
@@ -403,6 +403,25 @@ def test_metrics_text_is_read_as_sglang_writes_it() -> None:
     assert seen == ServingSample(pod="uid-1", requests=7, aborted=1, ttft_sum=1.4, ttft_count=7)
     assert bake.sample("uid-1", "not prometheus {") is None
     assert bake.sample("uid-1", "# TYPE other counter\nother_total 1\n") is None
+
+
+def test_probes_are_asked_for_only_past_the_bakes_midpoint_and_only_what_min_requests_lacks() -> None:
+    record = _bake()
+    quiet = {"new": _served(5), "old": _served(100, pod="old")}
+    assert bake.shortfall(POLICY, record, quiet, NOW + datetime.timedelta(minutes=2)) == 0, "traffic may come"
+    assert bake.shortfall(POLICY, record, quiet, NOW + datetime.timedelta(minutes=3)) == 15
+    busy = {**quiet, "new": _served(50)}
+    assert bake.shortfall(POLICY, record, busy, NOW + datetime.timedelta(minutes=3)) == 0
+
+
+def test_the_canary_of_a_revision_rolled_back_drains_briefly_not_for_the_whole_grace_period() -> None:
+    cluster = cluster_of(prefill=1, decode=2, verification={"bake": "3m"})
+    roll_out(cluster, {"PDFLEET_SIM_FAULT": "failing", "PDFLEET_SIM_FAIL_SHARE": "0.5"})
+    plans = cluster.walk(20)
+    back = [ref for p in plans if any(e.reason == "GroupReplaced" for e in p.events) for ref in p.delete
+            if ref.kind == "Pod"]
+    assert [r.grace_period_seconds for r in back] == [None, reconcile.FAILED_GRACE_SECONDS], \
+        "the canary replaced with a drain, then, having failed, replaced back briefly"
 
 
 def test_the_bake_policy_skips_first_revisions_and_returns_to_verified_ones() -> None:

@@ -47,11 +47,11 @@ def uid(fleet: Fleet, group: str) -> str:
 
 
 def baking(fleet: Fleet, group: str, *, since_requests: int) -> None:
-    """The status as the planner writes it mid-rollout: the pool came from another revision, and `group` bakes
-    since its leader had served `since_requests`."""
+    """The status as the planner writes it mid-rollout: the pool came from another revision, and `group` has
+    baked 4 of its 5 minutes since its leader had served `since_requests`."""
     now = datetime.datetime.now(datetime.UTC)
-    stamp = now.strftime("%Y-%m-%dT%H:%M:%SZ")
-    until = (now + datetime.timedelta(minutes=5)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    stamp = (now - datetime.timedelta(minutes=4)).strftime("%Y-%m-%dT%H:%M:%SZ")  # past the bake's midpoint
+    until = (now + datetime.timedelta(minutes=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
     def write(pool: dict) -> None:
         status = pool["status"]
