@@ -18,6 +18,8 @@ SERVE = ("from pdfleet.podrunner import zygote; zygote._prctl(zygote.PR_SET_CHIL
 
 
 def read_message(proc: subprocess.Popen[bytes], timeout: float = 90) -> dict[str, Any]:
+    """The zygote's next message. Its stdout must be unbuffered (`bufsize=0`): a buffered reader's readline reads
+    ahead, and a second message already in its buffer is invisible to select (it once waited out the 90 s)."""
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout)
     assert ready, f"no message from the zygote within {timeout} s"
@@ -44,7 +46,7 @@ def test_an_exit_is_reported_only_once_the_containers_other_processes_are_gone(t
                 f"open('{tmp_path}/listening', 'w').write(str(__import__('os').getpid())); time.sleep(600)")
     script = (f"{sys.executable} -c \"{listener}\" & "
               f"while [ ! -s {tmp_path}/listening ]; do sleep 0.05; done; exit 3")
-    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         request = {"op": "spawn", "id": 1, "mode": "exec", "argv": ["sh", "-c", script], "env": dict(os.environ),
                    "cwd": str(tmp_path), "log": str(tmp_path / "log")}
@@ -69,7 +71,7 @@ def test_an_exit_is_reported_only_once_the_containers_other_processes_are_gone(t
 
 
 def test_a_container_whose_processes_all_end_is_reported_at_once(tmp_path: Path) -> None:
-    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE)
     try:
         request = {"op": "spawn", "id": 7, "mode": "exec", "argv": ["sh", "-c", "exit 0"], "env": dict(os.environ),
@@ -93,7 +95,7 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
         "    print(json.dumps({'argv': sys.argv[1:], 'helper': probe_helper.VALUE}), flush=True)\n"
         "    print('to stderr', file=sys.stderr, flush=True)\n"
         "    sys.exit(int(sys.argv[1]))\n")
-    zygote = subprocess.Popen([sys.executable, "-c", SERVE], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    zygote = subprocess.Popen([sys.executable, "-c", SERVE], bufsize=0, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     try:
         request = {"op": "spawn", "id": 3, "mode": "module", "argv": ["probe", "5", "x y"], "env": dict(os.environ),
                    "cwd": str(tmp_path), "log": str(tmp_path / "log"), "stderr": str(tmp_path / "err")}
