@@ -80,6 +80,10 @@ class BakeProber:
         except Exception:  # a bug in one run must not end the others, nor the monitor
             log.exception("bake probes for group %s failed", pair.group)
 
+    async def idle(self) -> None:
+        """Returns once every run under way now has ended."""
+        await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
     def forget(self, key: PoolKey) -> None:
         for slot in [s for s in self._tasks if s[0] == key]:
             self._tasks.pop(slot).cancel()

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
 
 import aiohttp
 
@@ -24,6 +24,7 @@ from pdfleet.operator.planning.verification import SERVER_INFO_FIELDS
 log = logging.getLogger(__name__)
 
 Body = dict[str, Any]
+T = TypeVar("T")
 MAX_BODY = 4 * 1024 * 1024  # /server_info is a few tens of KiB, /metrics a few hundred with every histogram
 
 
@@ -40,46 +41,35 @@ class EngineApiClient:
     async def close(self) -> None:
         await self._session.close()
 
-    async def _get(self, pod: Body, port: int, path: str) -> aiohttp.ClientResponse | None:
-        ip = router_membership.pod_ip(pod)
-        return None if ip is None else await self._session.get(
-            f"{router_membership.worker_url(ip, port)}{path}", allow_redirects=False)
-
-    async def metrics(self, pod: Body, port: int) -> ServingSample | None:
-        """The serving counters the engine's /metrics on `port` of the pod's IP shows, or None when it does not
-        answer in time with SGLang's request counters."""
-        uid = str(pod["metadata"].get("uid") or "")
-        try:
-            async with self._limit:
-                r = await self._get(pod, port, "/metrics")
-                if r is None:
-                    return None
-                async with r:
-                    if r.status != 200 or (r.content_length or 0) > MAX_BODY:
-                        log.debug("engine %s answered %s", r.url, r.status)
-                        return None
-                    text = await r.text()
-        except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
-            log.debug("engine %s/metrics did not answer: %r", pod["metadata"].get("name"), e)
-            return None
-        return bake.sample(uid, text) if uid else None
-
-    async def fetch(self, pod: Body, port: int) -> Mapping[str, Any] | None:
-        """The compared fields of the engine's /server_info on `port` of the pod's IP, or None when it does not
-        answer in time with a JSON object."""
+    async def _read(self, pod: Body, port: int, path: str,
+                    read: Callable[[aiohttp.ClientResponse], Awaitable[T]]) -> T | None:
+        """`read` of the engine's answer to GET `path` on `port` of the pod's IP; None when it has no IP, does not
+        answer in time with a 200, answers with more than MAX_BODY, or `read` finds it unreadable."""
         ip = router_membership.pod_ip(pod)
         if ip is None:
             return None
-        url = f"{router_membership.worker_url(ip, port)}/server_info"
+        url = f"{router_membership.worker_url(ip, port)}{path}"
         try:
             async with self._limit, self._session.get(url, allow_redirects=False) as r:
                 if r.status != 200 or (r.content_length or 0) > MAX_BODY:
                     log.debug("engine %s answered %s", url, r.status)
                     return None
-                body = await r.json(content_type=None)
+                return await read(r)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
             log.debug("engine %s did not answer: %r", url, e)
             return None
+
+    async def metrics(self, pod: Body, port: int) -> ServingSample | None:
+        """The serving counters the engine's /metrics shows, or None when it does not answer in time with SGLang's
+        request counters."""
+        uid = str(pod["metadata"].get("uid") or "")
+        text = await self._read(pod, port, "/metrics", lambda r: r.text()) if uid else None
+        return bake.sample(uid, text) if text is not None else None
+
+    async def fetch(self, pod: Body, port: int) -> Mapping[str, Any] | None:
+        """The compared fields of the engine's /server_info, or None when it does not answer in time with a JSON
+        object."""
+        body = await self._read(pod, port, "/server_info", lambda r: r.json(content_type=None))
         if not isinstance(body, dict):
             return None
         return {k: v for k, v in body.items() if k in SERVER_INFO_FIELDS}

@@ -34,7 +34,7 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.api.status import ServingSample, Verdict
+from pdfleet.operator.api.status import InferencePoolStatus, ServingSample, Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
 from pdfleet.operator.engines import canary_gate
 from pdfleet.operator.engines.agents import AgentClient
@@ -43,9 +43,9 @@ from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.engine_api import EngineApiClient
 from pdfleet.operator.planning import bake, rank_health, router_membership, status
 from pdfleet.operator.planning import canary_gate as planning_canary
-from pdfleet.operator.planning.groups import pods_by_group
+from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.verification import STOPPED, EngineFacts
+from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import labels, revision
 
 log = logging.getLogger(__name__)
@@ -162,8 +162,9 @@ class HealthMonitor:
         if spec is None or problems:
             return IDLE_PERIOD
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
-        judged, judged_pods = await self._judge(key, spec, observed, timeout=min(MAX_AGENT_TIMEOUT, period))
-        facts = await self._engine_facts(key, spec, judged_pods, _verified(observed.pool))
+        last = status.parse_status(pool.get("status"))  # what the planner last wrote: read once per poll
+        judged, judged_pods = await self._judge(key, spec, observed, last, timeout=min(MAX_AGENT_TIMEOUT, period))
+        facts = await self._engine_facts(key, spec, judged_pods, last)
         before = self._judged.get(key)
         facts_before = self._facts.get(key)
         self._judged[key] = judged
@@ -190,7 +191,7 @@ class HealthMonitor:
         return period
 
     async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
-                            verified: Mapping[str, str]) -> dict[str, EngineFacts]:
+                            last: InferencePoolStatus) -> dict[str, EngineFacts]:
         """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
         groups whose pods all run their role's update revision and are Ready, unless another pod's agent answered
         at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`). The
@@ -200,13 +201,14 @@ class HealthMonitor:
         foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
         sampled: list[tuple[Body, int]] = []  # leaders whose /metrics a bake compares, old revision or new
-        sampling = _baking(spec, self._cache.snapshot(key).pool)
+        verified = {g.name: g.verified_revision for g in last.groups if g.verified_revision is not None}
+        sampling = _sampling(spec, last)
         for name, pods in judged_pods.items():
             role = _role(pods)
             live = rank_health.live_pods(pods)
             if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
                 continue
-            head = _leader(live)
+            head = leader_pod(live)
             if sampling and head is not None and head["metadata"].get("uid") not in foreign:
                 sampled.append((head, spec.role(role).port))
             if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
@@ -232,7 +234,7 @@ class HealthMonitor:
                     infos[pod["metadata"]["uid"]] = info
             samples = {sample.pod: sample for sample in counted if sample is not None}
         if sampling:
-            self._probe_thin_bakes(key, spec, judged_pods, samples)
+            self._probe_thin_bakes(key, spec, judged_pods, samples, last)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
         found = self._canary.findings(key, {str(u) for u in alive}) if self._canary is not None else {}
         facts = {}
@@ -247,20 +249,18 @@ class HealthMonitor:
         return facts
 
     def _probe_thin_bakes(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
-                          samples: Mapping[str, ServingSample]) -> None:
+                          samples: Mapping[str, ServingSample], last: InferencePoolStatus) -> None:
         """Probe requests for each baking group that has served too few requests to be judged yet."""
-        pool = self._cache.snapshot(key).pool
-        for group in status.parse_status((pool or {}).get("status")).groups:
-            check = group.verification
-            if check is None or check.bake is None or check.revision != group.revision or \
-                    group.verified_revision == group.revision or any(g.state in STOPPED for g in check.gates):
+        now = datetime.datetime.now(datetime.UTC)
+        for group in last.groups:
+            record = bake.baking(group)
+            needed = bake.shortfall(spec.rollout.verification, record, samples, now) if record is not None else 0
+            if needed <= 0:
                 continue
-            needed = bake.shortfall(spec.rollout.verification, check.bake, samples,
-                                    datetime.datetime.now(datetime.UTC))
-            head = _leader(rank_health.live_pods(judged_pods.get(group.name, [])))
+            head = leader_pod(rank_health.live_pods(judged_pods.get(group.name, [])))
             other = Role.PREFILL if group.role is Role.DECODE else Role.DECODE
             partner = planning_canary.pick_prefill(judged_pods.values(), other)
-            if needed <= 0 or head is None or partner is None:
+            if head is None or partner is None:
                 continue
             prefill, decode = (partner, head) if group.role is Role.DECODE else (head, partner)
             prefill_ip, decode_ip = router_membership.pod_ip(prefill), router_membership.pod_ip(decode)
@@ -296,10 +296,9 @@ class HealthMonitor:
                             extra={"namespace": key[0], "pool": key[1]})
         return own
 
-    async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
+    async def _judge(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed, last: InferencePoolStatus,
                      *, timeout: float) -> tuple[dict[str, GroupHealth], dict[str, list[Body]]]:
-        previous = {g.name: g.verdict for g in status.parse_status(observed.pool.get("status")).groups} \
-            if observed.pool else {}
+        previous = {g.name: g.verdict for g in last.groups}
         answered = self._answered.setdefault(key, set())
         groups = sorted(pods_by_group(observed.of_kind("Pod")).items())
 
@@ -347,27 +346,12 @@ def _foreign(pods: list[Body], answers: rank_health.Answers, own: rank_health.An
     return [p for p in pods if answers.get(p["metadata"]["name"]) is not own.get(p["metadata"]["name"])]
 
 
-def _leader(live: list[Body]) -> Body | None:
-    return next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
-
-
-def _baking(spec: InferencePoolSpec, pool: Body | None) -> bool:
+def _sampling(spec: InferencePoolSpec, last: InferencePoolStatus) -> bool:
     """Whether the pool's engines' /metrics are read in this poll: while a revision other than the one the pool
-    last completed rolls out (or is watched) and groups of it may bake."""
-    if parse_duration(spec.rollout.verification.bake).total_seconds() <= 0:
+    last completed rolls out and groups of it may bake, or a group still bakes."""
+    if parse_duration(spec.rollout.verification.bake).total_seconds() <= 0 or last.current_revision is None:
         return False
-    last = status.parse_status((pool or {}).get("status"))
-    if last.current_revision is None:
-        return False
-    return last.current_revision != revision.pool_revision(spec) or any(
-        g.verification is not None and g.verification.bake is not None and g.verified_revision != g.revision
-        for g in last.groups)
-
-
-def _verified(pool: Body | None) -> dict[str, str]:
-    """Group -> the revision the pool's status says it was verified at."""
-    groups = status.parse_status((pool or {}).get("status")).groups
-    return {g.name: g.verified_revision for g in groups if g.verified_revision is not None}
+    return last.current_revision != revision.pool_revision(spec) or any(bake.baking(g) for g in last.groups)
 
 
 def _uids(pods: list[Body]) -> set[str | None]:

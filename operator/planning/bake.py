@@ -31,7 +31,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.scalars import parse_duration
-from pdfleet.operator.api.status import Bake, GateResult, GateState, ServingSample, Verdict
+from pdfleet.operator.api.status import Bake, GateResult, GateState, GroupStatus, ServingSample, Verdict
 
 BAKE = "bake"
 MAX_BASELINE = 8  # baseline engines whose counters a bake keeps (the status holds them)
@@ -112,7 +112,6 @@ def begin(*, now: datetime.datetime, duration: datetime.timedelta, leader: Servi
 class Judged:
     gate: GateResult
     deadline: datetime.datetime | None = None  # when the gate is judged again at the latest (None: settled)
-    numbers: str = ""
 
 
 def _clock(moment: datetime.datetime) -> str:
@@ -168,38 +167,38 @@ def judge(policy: VerificationSpec, role: Role, bake: Bake, *, now: datetime.dat
     base = sum((w for w in windows if w is not None), Window()) if windows else None
     said = numbers(role, policy, mine, base)
     analysis = policy.analysis
-    judged_base = base is not None and base.finished >= analysis.min_requests
-    allowed = (base.error_rate if judged_base and base is not None else 0.0) + analysis.max_error_rate_increase
+    # The baseline compared with: none while the old revision's groups served fewer than minRequests.
+    compared = base if base is not None and base.finished >= analysis.min_requests else None
+    allowed = (compared.error_rate if compared is not None else 0.0) + analysis.max_error_rate_increase
     if mine.finished >= analysis.min_requests and mine.error_rate > allowed:
         return _failed(f"analysis: error rate {mine.error_rate:.1%} is above the {allowed:.1%} allowed "
-                       f"(baseline plus maxErrorRateIncrease {analysis.max_error_rate_increase:g}): {said}", said)
+                       f"(baseline plus maxErrorRateIncrease {analysis.max_error_rate_increase:g}): {said}")
     if now < bake.until:
         left = int((bake.until - now).total_seconds())
         return Judged(GateResult(name=BAKE, state=GateState.WAITING,
                                  message=f"baking until {_clock(bake.until)} ({left}s left): {said}"),
-                      deadline=bake.until, numbers=said)
+                      deadline=bake.until)
     if mine.finished < analysis.min_requests:
         limit = bake.until + parse_duration(policy.timeout)
         if now >= limit:
             return Judged(GateResult(name=BAKE, state=GateState.TIMED_OUT,
                                      message=f"baked {took}, but served only {mine.finished:.0f} of the "
                                              f"analysis.minRequests {analysis.min_requests} request(s) it is judged "
-                                             f"on within verification.timeout {policy.timeout} after: {said}"),
-                          numbers=said)
+                                             f"on within verification.timeout {policy.timeout} after: {said}"))
         return Judged(GateResult(name=BAKE, state=GateState.WAITING,
                                  message=f"baked {took}; waiting for traffic to judge: {mine.finished:.0f} of "
                                          f"analysis.minRequests {analysis.min_requests} request(s) served ({said})"),
-                      deadline=limit, numbers=said)
+                      deadline=limit)
     name, attr, ratio = _latency(role, policy)
-    new, old = getattr(mine, attr), (getattr(base, attr) if judged_base and base is not None else None)
+    new, old = getattr(mine, attr), (getattr(compared, attr) if compared is not None else None)
     if new is not None and old is not None and old > 0 and new > old * ratio:
         return _failed(f"analysis: {name} {_seconds(new)} is {new / old:.1f}x the baseline's {_seconds(old)} "
-                       f"(more than the {ratio:g}x allowed): {said}", said)
-    return Judged(GateResult(name=BAKE, state=GateState.PASSED, message=f"baked {took}: {said}"), numbers=said)
+                       f"(more than the {ratio:g}x allowed): {said}")
+    return Judged(GateResult(name=BAKE, state=GateState.PASSED, message=f"baked {took}: {said}"))
 
 
-def _failed(message: str, said: str = "") -> Judged:
-    return Judged(GateResult(name=BAKE, state=GateState.FAILED, message=message[:2048]), numbers=said)
+def _failed(message: str) -> Judged:
+    return Judged(GateResult(name=BAKE, state=GateState.FAILED, message=message[:2048]))
 
 
 def _since(bake: Bake, now: datetime.datetime) -> str:
@@ -208,6 +207,16 @@ def _since(bake: Bake, now: datetime.datetime) -> str:
 
 def _next(bake: Bake, policy: VerificationSpec, now: datetime.datetime) -> datetime.datetime:
     return bake.until if now < bake.until else bake.until + parse_duration(policy.timeout)
+
+
+def baking(group: GroupStatus) -> Bake | None:
+    """The group's bake while it is under way: begun at the revision its pods run, neither passed nor stopped."""
+    check = group.verification
+    if check is None or check.bake is None or check.revision != group.revision or \
+            group.verified_revision == group.revision or \
+            any(g.state in (GateState.FAILED, GateState.TIMED_OUT) for g in check.gates):
+        return None
+    return check.bake
 
 
 def shortfall(policy: VerificationSpec, record: Bake, samples: Mapping[str, ServingSample],

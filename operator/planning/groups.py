@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
-from collections.abc import Mapping, Set
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from pdfleet.operator.api.status import ContainerExit
@@ -87,6 +87,12 @@ def ended_exit(pods: list[Body]) -> ContainerExit | None:
         return ContainerExit(pod=pod["metadata"]["name"], reason=status.get("reason") or status.get("phase"),
                              message=_tail(status.get("message")))
     return None
+
+
+def leader_pod(pods: Sequence[Body]) -> Body | None:
+    """The group's rank-0 pod among `pods` (the one whose engine serves HTTP), None when there is none. Pods
+    from before ranks were labelled count as rank 0."""
+    return next((p for p in pods if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
 
 
 def pods_by_group(pods: list[Body]) -> dict[str, list[Body]]:

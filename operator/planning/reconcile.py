@@ -52,6 +52,7 @@ from pdfleet.operator.planning.groups import (
     GroupState,
     classify,
     ended_exit,
+    leader_pod,
     pod_ended,
     pod_ready,
     pods_by_group,
@@ -192,21 +193,15 @@ def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     # The baseline of a role: the leaders of its groups still serving the old revision.
     baseline: dict[Role, list[str]] = {}
     for g in want.groups:
-        leader = _leader_uid(pods.get(g.name, []))
-        if states[g.name] is GroupState.OUTDATED and leader is not None:
-            baseline.setdefault(g.id.role, []).append(leader)
+        head = leader_pod(rank_health.live_pods(pods.get(g.name, [])))
+        if states[g.name] is GroupState.OUTDATED and head is not None and head["metadata"].get("uid"):
+            baseline.setdefault(g.id.role, []).append(str(head["metadata"]["uid"]))
     return {g.name: verification.verify(
         spec.rollout.verification, role=g.id.role, expected_loop=verification.expected_event_loop(spec, g.id.role),
         revision=g.revision, ready=states[g.name] is GroupState.READY, want_pods=g.pods,
         pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
         facts=engines.get(g.name), now=now, baking=baking, samples=samples,
         baseline=baseline.get(g.id.role, []), state=states[g.name]) for g in want.groups}
-
-
-def _leader_uid(pods: list[Body]) -> str | None:
-    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
-    leader = next((p for p in live if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
-    return str(leader["metadata"].get("uid")) if leader is not None and leader["metadata"].get("uid") else None
 
 
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
@@ -486,34 +481,29 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
 
 
 def _say_bakes(want: Desired, outcomes: Mapping[str, Outcome], out: _Builder, now: datetime.datetime) -> None:
-    """An Event when a group begins to bake (RolloutCanaryBaking for the first of its role) and when its bake is
-    judged; a failed bake is said by the rollout's stop (RolloutAnalysisFailed)."""
+    """An Event when a group begins to bake (RolloutCanaryBaking for the first of its role) and when its bake
+    passed; a failed bake is said by the rollout's stop (RolloutAnalysisFailed). Every bake judged is counted."""
     for g in want.groups:
         outcome = outcomes[g.name]
-        record = outcome.verification.bake if outcome.verification is not None else None
-        if record is None:
+        check = outcome.verification
+        record = check.bake if check is not None else None
+        if check is None or record is None:
             continue
-        mine = [o for o in want.groups if o.id.role is g.id.role]
         if outcome.baking_started:
-            canary = not any(outcomes[o.name].verified for o in mine)
+            canary = not any(outcomes[o.name].verified for o in want.groups if o.id.role is g.id.role)
             compared = len(record.start) - 1
+            against = f"compared with {compared} group(s) of the old revision" if compared else \
+                "no group of the old revision serves to compare with: judged on its own"
             out.events.append(Event(
                 "Normal", "RolloutCanaryBaking" if canary else "RolloutGroupBaking",
                 f"{'canary ' if canary else ''}{g.id.role} group {g.name} of revision {g.revision} passed its gates "
-                f"and bakes until {record.until:%H:%M:%SZ}: compared with {compared} group(s) of the old revision"
-                if compared else f"{'canary ' if canary else ''}{g.id.role} group {g.name} of revision {g.revision} "
-                                 f"passed its gates and bakes until {record.until:%H:%M:%SZ} (no group of the old "
-                                 f"revision serves to compare with: judged on its own)"))
-            continue
-        gate = next((x for x in outcome.verification.gates if x.name == bake.BAKE), None) \
-            if outcome.verification is not None else None
-        seconds = max(0.0, (now - record.since).total_seconds())
-        if outcome.baked is not None and gate is not None:
-            out.analyses.append(Analysis(g.name, "passed", seconds))
-            out.events.append(Event("Normal", "RolloutBakePassed", f"{g.id.role} group {g.name}: {gate.message}"))
-        elif gate is not None and gate.state in verification.STOPPED and outcome.fresh_failure:
-            out.analyses.append(Analysis(g.name, "failed" if gate.state is GateState.FAILED else "timed_out",
-                                         seconds))
+                f"and bakes until {record.until:%H:%M:%SZ}: {against}"))
+        elif outcome.bake_result is not None:
+            result = {GateState.PASSED: "passed", GateState.FAILED: "failed"}.get(outcome.bake_result, "timed_out")
+            out.analyses.append(Analysis(g.name, result, max(0.0, (now - record.since).total_seconds())))
+            gate = next(x for x in check.gates if x.name == bake.BAKE)
+            if outcome.bake_result is GateState.PASSED:
+                out.events.append(Event("Normal", "RolloutBakePassed", f"{g.id.role} group {g.name}: {gate.message}"))
 
 
 def _paused_message(states: Mapping[str, GroupState], summary: str) -> str:

@@ -30,7 +30,7 @@ from typing import Any
 from pdfleet.operator.api.roles import PrefillSpec, Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Verdict
-from pdfleet.operator.planning.groups import pod_ready, pods_by_group
+from pdfleet.operator.planning.groups import leader_pod, pod_ready, pods_by_group
 from pdfleet.operator.render import labels
 
 Body = dict[str, Any]
@@ -105,8 +105,7 @@ def in_rotation(spec: InferencePoolSpec, pods: Sequence[Body],
         except ValueError:
             continue
         role_spec = spec.role(role)
-        leader = next((p for p in members if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"),
-                      None)
+        leader = leader_pod(members)
         ip = pod_ip(leader) if leader is not None else None
         if ip is None:
             continue

@@ -34,7 +34,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Bake, GateResult, GateState, GroupStatus, GroupVerification, ServingSample
 from pdfleet.operator.planning import bake, canary_gate
 from pdfleet.operator.planning.canary_gate import CanaryFinding
-from pdfleet.operator.planning.groups import parse_time
+from pdfleet.operator.planning.groups import leader_pod, parse_time
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.desired import DesiredGroup
@@ -108,8 +108,7 @@ class Outcome:
     verification: GroupVerification | None
     deadline: datetime.datetime | None = None  # when a waiting gate times out
     baking_started: bool = False  # the group's bake began in this reconcile
-    fresh_failure: bool = False  # a gate failed or timed out in this reconcile (not held from an earlier one)
-    baked: Bake | None = None  # the group's bake passed in this reconcile (or again, in a later one)
+    bake_result: GateState | None = None  # the bake ended in this reconcile: Passed, Failed or TimedOut
 
     @property
     def verified(self) -> bool:
@@ -206,10 +205,6 @@ def _running(pods: Sequence[Body]) -> str | None:
     return revisions.pop() if len(revisions) == 1 else None
 
 
-def _leader(pods: Sequence[Body]) -> Body | None:
-    return next((p for p in pods if (p["metadata"].get("labels") or {}).get(labels.RANK, "0") == "0"), None)
-
-
 def _event_loop_gate(expected: str, health: GroupHealth | None, current: bool) -> GateResult:
     if health is None or not current:
         return GateResult(name=EVENT_LOOP, state=GateState.WAITING,
@@ -266,7 +261,7 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
         return Outcome(revision, running, kept)  # verified, and still the pods it was verified on
     live = _live(pods)
     if last is not None and last.revision == revision and last.bake is not None:
-        return _baking(policy, role, revision, last, last.bake, now=now, leader=_leader(live),
+        return _baking(policy, role, revision, last, last.bake, now=now, leader=leader_pod(live),
                        samples=samples or {}, sick=bake.sick_reason(
                            ready=ready, state=state, verdict=health.verdict if health else None,
                            message=health.message if health else None))
@@ -276,14 +271,14 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
     gates = [
         _event_loop_gate(expected_loop, health, current) if policy.event_loop
         else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
-        _server_args_gate(_leader(want_pods), _leader(live), facts if current else None) if policy.server_args
+        _server_args_gate(leader_pod(want_pods), leader_pod(live), facts if current else None) if policy.server_args
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
-        _canary_gate(policy, role, _leader(live), facts if current else None),
+        _canary_gate(policy, role, leader_pod(live), facts if current else None),
     ]
     started: Bake | None = None
     if baking is not None:
-        leader = _leader(live)
-        own = (samples or {}).get(str(leader["metadata"].get("uid"))) if leader is not None else None
+        head = leader_pod(live)
+        own = (samples or {}).get(str(head["metadata"].get("uid"))) if head is not None else None
         if baking.skipped is not None:
             gates.append(GateResult(name=bake.BAKE, state=GateState.SKIPPED, message=baking.skipped))
         elif not all(g.state in (GateState.PASSED, GateState.SKIPPED) for g in gates):
@@ -323,9 +318,9 @@ def _baking(policy: VerificationSpec, role: Role, revision: str, last: GroupVeri
                         samples=samples, sick=sick)
     gates = (*(g for g in last.gates if g.name != bake.BAKE), judged.gate)
     verification = GroupVerification(revision=revision, gates=gates, bake=record)
-    passed = judged.gate.state is GateState.PASSED
-    return Outcome(revision, revision if passed else None, verification, judged.deadline,
-                   baked=record if passed else None, fresh_failure=judged.gate.state in STOPPED)
+    state = judged.gate.state
+    return Outcome(revision, revision if state is GateState.PASSED else None, verification, judged.deadline,
+                   bake_result=state if state is GateState.PASSED or state in STOPPED else None)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -41,9 +41,6 @@ class Histogram:
         series.total += value
         series.count += 1
 
-    def count(self) -> int:
-        return sum(s.count for s in self._series.values())
-
     def render(self, labels: str) -> list[str]:
         """Its lines of Prometheus text, each series labelled `labels` (the engine's) and its own label."""
         lines = [f"# HELP {self.name} {self.help_text}", f"# TYPE {self.name} histogram"]

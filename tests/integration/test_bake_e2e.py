@@ -26,7 +26,7 @@ import pytest
 
 from tests.integration.test_cli_e2e import pdfleet
 from tests.support import fleet
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, WaitTimeout, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.pools import example
 
@@ -53,7 +53,7 @@ POOL = "baked"
 CONCURRENCY = 12
 
 
-def settled(cluster: Cluster, namespace: str, name: str, *, timeout: float = 240) -> dict[str, Any]:
+def settled(cluster: Cluster, namespace: str, name: str, *, timeout: float = 360) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         body = fleet.pool(cluster, namespace, name)
         status = body.get("status") or {}
@@ -126,10 +126,15 @@ def watched_rollout(cluster: Cluster, namespace: str) -> tuple[str, str]:
     good = fleet.pool(cluster, namespace, POOL)["status"]["currentRevision"]
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {
         "engine": {"env": [{"name": "PDFLEET_E2E_WATCHED", "value": "1"}]},
-        "rollout": {"verification": {"bake": "10s"}, "postRolloutWatch": "5m"}}}))
-    watching = wait_for("the new revision watched", lambda: (c := fleet.conditions(
-        cluster, namespace, POOL).get("RolloutVerified") or {}).get("reason") == "Watching" and c,
-        timeout=240, interval=0.5)
+        "rollout": {"verification": {"bake": "5s"}, "postRolloutWatch": "5m"}}}))
+    try:
+        watching = wait_for("the new revision watched", lambda: (c := fleet.conditions(
+            cluster, namespace, POOL).get("RolloutVerified") or {}).get("reason") == "Watching" and c,
+            timeout=420, interval=0.5)  # four groups in turn, each started and baked: 240 s ran out once under load
+    except WaitTimeout as e:
+        status = fleet.pool(cluster, namespace, POOL).get("status") or {}
+        raise AssertionError(f"{e}\nconditions: {status.get('conditions')}\ngroups: {status.get('groups')}\n" +
+                             "\n".join(fleet.event_lines(cluster, namespace))) from None
     assert "postRolloutWatch until" in watching["message"]
     bad = fleet.pool(cluster, namespace, POOL)["status"]["currentRevision"]
     assert bad != good

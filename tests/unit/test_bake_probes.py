@@ -74,12 +74,10 @@ async def test_one_run_per_group_at_a_time_bounded_in_requests() -> None:
     prober.ensure(("ns", "pool"), a, 100)
     prober.ensure(("ns", "pool"), a, 100)  # under way: not another
     prober.ensure(("ns", "pool"), b, 3)
-    await asyncio.sleep(0)  # let the tasks start
-    assert started == [("a", bake_probes.PROBES_PER_RUN), ("b", 3)]
     release.set()
-    await asyncio.sleep(0)
-    await asyncio.sleep(0)
+    await prober.idle()
+    assert started == [("a", bake_probes.PROBES_PER_RUN), ("b", 3)]
     prober.ensure(("ns", "pool"), a, 1)  # the first run ended: the next may start
-    await asyncio.sleep(0)
+    await prober.idle()
     assert started[-1] == ("a", 1) and prober.sent == bake_probes.PROBES_PER_RUN + 3 + 1
     await prober.close()

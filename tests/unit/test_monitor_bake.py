@@ -27,11 +27,15 @@ def runs() -> list[tuple[Pair, int]]:
 
 
 @pytest.fixture
-async def fleet(engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]]) -> AsyncIterator[Fleet]:
+def prober(runs: list[tuple[Pair, int]]) -> BakeProber:
     async def run(pair: Pair, requests: int) -> None:  # what the prober would send, recorded instead
         runs.append((pair, requests))
+    return BakeProber(run=run)
 
-    async with rendered_fleet(engines, prober=BakeProber(run=run)) as fleet:
+
+@pytest.fixture
+async def fleet(engines: dict[str, FakeEngine], prober: BakeProber) -> AsyncIterator[Fleet]:
+    async with rendered_fleet(engines, prober=prober) as fleet:
         yield fleet
 
 
@@ -67,10 +71,11 @@ def baking(fleet: Fleet, group: str, *, since_requests: int) -> None:
 
 
 async def test_a_quiet_baking_group_is_sampled_and_probed_paired_with_the_other_role(
-        fleet: Fleet, engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]]) -> None:
+        fleet: Fleet, engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]], prober: BakeProber) -> None:
     engines[DECODE].metrics, engines[PREFILL].metrics = served(105), served(300)
     baking(fleet, DECODE, since_requests=100)
     await fleet.monitor.poll(KEY)
+    await prober.idle()
     facts = fleet.monitor.facts(KEY)
     assert facts[DECODE].metrics[uid(fleet, DECODE)].requests == 105
     assert facts[PREFILL].metrics[uid(fleet, PREFILL)].requests == 300, "the baseline's leaders are read too"
@@ -81,13 +86,15 @@ async def test_a_quiet_baking_group_is_sampled_and_probed_paired_with_the_other_
     # Enough served in the window now: no more probes.
     engines[DECODE].metrics = served(125)
     await fleet.monitor.poll(KEY)
+    await prober.idle()
     assert len(runs) == 1
 
 
 async def test_nothing_is_read_or_sent_when_no_rollout_is_under_way(
-        fleet: Fleet, engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]]) -> None:
+        fleet: Fleet, engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]], prober: BakeProber) -> None:
     engines[DECODE].metrics = served(1)
     await fleet.monitor.poll(KEY)
     assert not any(path == "/metrics" for _, path, _ in engines[DECODE].requests)
+    await prober.idle()
     assert fleet.monitor.facts(KEY)[DECODE].metrics == {}
     assert runs == []
