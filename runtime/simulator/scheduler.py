@@ -155,16 +155,16 @@ class Scheduler:
 
     async def _prefill_side(self, req: Request, started: float) -> int:
         key = tokenizer.prompt_key(req.input_ids)
-        await self._admit("prefill_bootstrap")
-        self._move("prefill_bootstrap", "running")
-        try:
-            await self._forward_prefill(len(req.input_ids))
-        finally:
-            self._move("running", "prefill_inflight")
-            self._slots.release()
-        first = tokenizer.output_token(key, 0)
-        ttft = time.monotonic() - started  # observed once the request succeeded
-        try:
+        await self._admit(queue := "prefill_bootstrap")
+        try:  # whatever ends the request (a cancelled client included), it leaves the queue it is in
+            self._move(queue, queue := "running")
+            try:
+                await self._forward_prefill(len(req.input_ids))
+            finally:
+                self._slots.release()
+            self._move(queue, queue := "prefill_inflight")
+            first = tokenizer.output_token(key, 0)
+            ttft = time.monotonic() - started  # observed once the request succeeded
             if req.bootstrap_host != kv.FAKE_BOOTSTRAP_HOST:
                 assert req.bootstrap_room is not None
                 payload = {"input_ids": req.input_ids, "first_token": first, "rid": req.rid}
@@ -175,7 +175,7 @@ class Scheduler:
                                        f"req.bootstrap_room={req.bootstrap_room}: the decode side never took it "
                                        f"within {self.timing.kv_wait_s:.0f} s")
         finally:
-            self._move("prefill_inflight", None)
+            self._move(queue, None)
         self.totals["generation_tokens"] += 1
         self.ttft.observe(ttft, latency.is_streaming(req.stream))
         return first

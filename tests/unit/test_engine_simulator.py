@@ -41,6 +41,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEng
         "decode": sim_engine.start(tmp, "decode"),
         "desync": sim_engine.start(tmp, "decode"),
         "dead": sim_engine.start(tmp, "prefill"),
+        "slow-prefill": sim_engine.start(tmp, "prefill", tp=1, env={"PDFLEET_SIM_PREFILL_BASE_MS": "1500"}),
         "term": sim_engine.start(tmp, "decode", env={"PDFLEET_SIM_DECODE_MS": "20"}),
         "unified": sim_engine.start(tmp, "null", tp=1, env=LATENCY_TIMING),
         "slow": sim_engine.start(tmp, "null", tp=1, env={**LATENCY_TIMING, "PDFLEET_SIM_FAULT": "slow-requests",
@@ -196,6 +197,20 @@ def test_loads_are_what_the_drain_reads_and_metrics_use_sglang_names(fleet: dict
     for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:num_decode_transfer_queue_reqs",
                  "sglang:generation_tokens_total"):
         assert f"\n{name}{{" in text
+
+
+def test_a_client_gone_mid_prefill_or_mid_transfer_leaves_nothing_in_flight(fleet: dict[str, SimEngine]) -> None:
+    """The drain waits for /v1/loads to read zero: a request whose client went away must leave every queue it
+    was in, or the engine's pod waits out its whole grace period when it is replaced."""
+    engine = fleet["slow-prefill"]
+    no_decode = {"bootstrap_host": "127.0.0.1", "bootstrap_port": free_port()}  # nobody takes the KV
+    for gone_after in (0.3, 2.5):  # in the 1.5 s prefill forward; then waiting for the decode side
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(engine.url + "/generate", timeout=gone_after, json={
+                "text": f"gone after {gone_after}", "bootstrap_room": random.getrandbits(63), **no_decode})
+    until(lambda: drain.in_flight(drain.fetch_loads(engine.url)) == 0, time.monotonic() + 10,
+          "the prefill engine's loads back to zero")
+    assert httpx.get(engine.url + "/health").status_code == 200
 
 
 def latencies(engine: SimEngine) -> dict[str, tuple[float, float]]:
