@@ -1,8 +1,10 @@
 """`spec.rollout`: how a new engine revision replaces the old one.
 
 A change to anything that shapes the engine process is a new revision. Groups of the old revision are replaced
-whole, a role at a time in `order`. The first group of each role is its canary: no second group of the role is
-replaced until it counts as replaced; then up to `maxUnavailable` groups of the role are out of service at once.
+whole, a role at a time in `order`. The first group of each role on the new revision is its canary: no second
+group of the role is started or replaced until it counts as replaced. Then, without `maxSurge`, up to
+`maxUnavailable` groups of the role are out of service at once; with it, new groups start above `replicas` and an
+old group goes only while `replicas` groups of the role serve.
 A group counts as replaced once every pod of the new revision is Ready, it passed every enabled `verification`
 gate and, for a revision never verified before, it baked (served for `verification.bake` with its ranks Healthy
 and its requests no worse than the old revision's). After the last group, the revision is watched for
@@ -33,6 +35,16 @@ class MaxUnavailable(ApiModel):
 
     prefill: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="Prefill groups at once.")
     decode: Annotated[int, Field(ge=1, le=1024)] = Field(default=1, description="Decode groups at once.")
+
+
+class MaxSurge(ApiModel):
+    """Engine groups of each role started above `replicas` during a rollout, so that a group of the old
+    revision goes only once a new one serves in its place."""
+
+    prefill: Annotated[int, Field(ge=0, le=1024)] = Field(
+        default=0, description="Extra prefill groups at once (0: replace in place, up to maxUnavailable).")
+    decode: Annotated[int, Field(ge=0, le=1024)] = Field(
+        default=0, description="Extra decode groups at once (0: replace in place, up to maxUnavailable).")
 
 
 class AnalysisSpec(ApiModel):
@@ -131,7 +143,18 @@ class Playbooks(ApiModel):
 class RolloutSpec(ApiModel):
     """Rollout policy."""
 
-    max_unavailable: MaxUnavailable = Field(default_factory=MaxUnavailable, description="Per-role disruption limit.")
+    max_unavailable: MaxUnavailable = Field(
+        default_factory=MaxUnavailable, description="Per-role disruption limit, for roles without maxSurge (or "
+                                                    "whose surge group could not be scheduled).")
+    max_surge: MaxSurge = Field(
+        default_factory=MaxSurge,
+        description="Per role: groups of the new revision started above replicas before any old group goes. The "
+                    "first is the role's canary, baked while every old group still serves; after it, an old group "
+                    "is deleted only while the groups that serve stay at least replicas, so serving capacity never "
+                    "drops. The surge groups go once every group below replicas is verified. A surge group the "
+                    "scheduler cannot place (no free GPUs) is deleted, said in a RolloutSurgeUnschedulable "
+                    "Warning, and the role's rollout falls back to maxUnavailable.",
+    )
     order: RolloutOrder = Field(default=RolloutOrder.DECODE_FIRST, description="Which role is replaced first.")
     verification: VerificationSpec = Field(default_factory=VerificationSpec,
                                            description="What a replaced group must show before it counts.")

@@ -136,14 +136,23 @@ class RoleStatus(ApiModel):
 
     desired: Count = Field(default=0, description="Engine groups the spec asks for.")
     ready: Count = Field(default=0, description="Groups whose every rank is Healthy and that serve.")
-    updated: Count = Field(default=0, description="Groups at the update revision that passed verification.")
+    updated: Count = Field(default=0, description="Groups at the update revision that passed verification "
+                                                  "(surge groups not counted).")
     summary: Annotated[str, Field(max_length=32)] = Field(
         default="0/0", description="ready/desired, for kubectl get."
     )
+    surge: Count | None = Field(default=None, description="Groups above desired now: a rollout's maxSurge "
+                                                          "groups (counted in ready when they serve).")
+    surge_unschedulable: Annotated[str, Field(max_length=64)] | None = Field(
+        default=None, description="The update revision whose surge group the scheduler could not place: its "
+                                  "rollout replaces this role's groups in place, up to maxUnavailable.",
+    )
 
     @classmethod
-    def of(cls, *, desired: int, ready: int, updated: int) -> RoleStatus:
-        return cls(desired=desired, ready=ready, updated=updated, summary=f"{ready}/{desired}")
+    def of(cls, *, desired: int, ready: int, updated: int, surge: int = 0,
+           surge_unschedulable: str | None = None) -> RoleStatus:
+        return cls(desired=desired, ready=ready, updated=updated, summary=f"{ready}/{desired}", surge=surge or None,
+                   surge_unschedulable=surge_unschedulable)
 
 
 class GroupStatus(ApiModel):
@@ -240,3 +249,6 @@ class InferencePoolStatus(ApiModel):
         default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
     )
+
+    def role(self, role: Role) -> RoleStatus:
+        return self.prefill if role is Role.PREFILL else self.decode

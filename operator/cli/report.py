@@ -258,8 +258,9 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
     wanted = role_revisions(pool, status)
     for role in Role:
         counts = status.prefill if role is Role.PREFILL else status.decode
+        extra = f", {counts.surge} surge group(s) above replicas (maxSurge)" if counts.surge else ""
         lines.append(f"{role.capitalize()}: {counts.ready}/{counts.desired} ready, {counts.updated} updated "
-                     f"(verified at the update revision)")
+                     f"(verified at the update revision){extra}")
         groups = [g for g in status.groups if g.role is role]
         if not groups:
             lines.append("  (no groups)")

@@ -4,7 +4,8 @@ Level-based and idempotent: it derives everything from its inputs every time, so
 periodic resync all run the same code, and planning again right after applying a plan yields an empty plan.
 
 Engine groups live and die as units. A group rendered from an older spec is replaced whole, at most
-`rollout.maxUnavailable` groups of a role at a time, one role after the other in `rollout.order`: the second role
+`rollout.maxUnavailable` groups of a role at a time (or, with `rollout.maxSurge`, only once a surge group above
+`replicas` serves in its place: `surge`), one role after the other in `rollout.order`: the second role
 keeps its old groups until every group of the first runs the new revision, is Ready and is verified (so a
 revision that fails to start stops at the first role). A replaced group counts against `maxUnavailable` until it
 passed `rollout.verification`'s gates (`verification`, whose inputs are `health` and `engines`, what the monitor
@@ -25,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
 from pdfleet.operator.api import checks
@@ -47,6 +48,7 @@ from pdfleet.operator.planning import (
 )
 from pdfleet.operator.planning import rollout as rollout_plan
 from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning import surge as surge_plan
 from pdfleet.operator.planning.groups import (
     Expectations,
     GroupState,
@@ -114,16 +116,28 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     if spec.paused:
         return _status_only(pool, previous, _paused_status(previous, generation, now))
 
-    want = desired(ctx, spec)
-    out = _Builder()
-    _plan_shared_objects(want, observed, expect, out)
     pods = pods_by_group(observed.of_kind("Pod"))
-    states = {g.name: classify(g, pods.get(g.name, []), expect) for g in want.groups}
-    outcomes = _verify(pool, spec, want, states, pods, previous, health, engines or {}, now)
-    _plan_groups(spec, want, observed, states, outcomes, expect, out)
-    _plan_removals(want, observed, expect, out)
+    slots = desired(ctx, spec, surge_plan.slots(ctx.pool, spec, pods))
+    out = _Builder()
+    _plan_shared_objects(slots, observed, expect, out)
+    states = {g.name: classify(g, pods.get(g.name, []), expect) for g in slots.groups}
+    outcomes = _verify(pool, spec, slots, states, pods, previous, health, engines or {}, now)
+    unschedulable, said = surge_plan.unschedulable(spec, slots, pods, previous, revision.pool_revision(spec))
+    out.events.extend(said)
+    counts = rollout_plan.surge(
+        spec.rollout, [g for g in _rollout_groups(spec, slots, states, outcomes)
+                       if not g.surge or states[g.name] is not GroupState.MISSING],
+        stopped=any(o.stopped for o in outcomes.values()), unschedulable=unschedulable)
+    want = surge_plan.kept(spec, slots, counts)
+    kept = {g.name for g in want.groups}
+    states = {n: s for n, s in states.items() if n in kept}
+    outcomes = {n: o for n, o in outcomes.items() if n in kept}
+    _plan_groups(spec, want, observed, states, outcomes, expect, out, unschedulable)
+    _plan_removals(want, observed, expect, out, surge_plan.removed(spec, slots, kept, previous),
+                   failed={g.name for g in previous.groups if g.verification is not None and
+                           any(x.state in verification.STOPPED for x in g.verification.gates)})
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
-                         outcomes)
+                         outcomes, unschedulable)
     if (verified := rollback.record(pool, new_status, now)) is not None:
         out.pool_changes.append(verified)
     if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
@@ -204,15 +218,22 @@ def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         baseline=baseline.get(g.id.role, []), state=states[g.name]) for g in want.groups}
 
 
+def _rollout_groups(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState],
+                    outcomes: Mapping[str, Outcome]) -> list[rollout_plan.Group]:
+    return [rollout_plan.Group(g.name, g.id.role, states[g.name], outcomes[g.name].verified,
+                               surge=surge_plan.is_surge(spec, g)) for g in want.groups]
+
+
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
-                 outcomes: Mapping[str, Outcome], expect: Expectations, out: _Builder) -> None:
+                 outcomes: Mapping[str, Outcome], expect: Expectations, out: _Builder,
+                 unschedulable: Set[Role]) -> None:
     """Replaces the outdated groups the rollout's step picks (`rollout_plan.step`: roles in order, the canary first,
-    at most maxUnavailable out of service, nothing once stopped) and creates missing ones."""
+    then as maxSurge or maxUnavailable allow, nothing once stopped) and creates missing ones (surge groups too)."""
     pods = pods_by_group(observed.of_kind("Pod"))
     if _plan_layout_change(want, observed, out):
         return
-    seen = [rollout_plan.Group(g.name, g.id.role, states[g.name], outcomes[g.name].verified) for g in want.groups]
-    picked = rollout_plan.step(spec.rollout, seen, stopped=any(o.stopped for o in outcomes.values())).replace
+    picked = rollout_plan.step(spec.rollout, _rollout_groups(spec, want, states, outcomes),
+                               stopped=any(o.stopped for o in outcomes.values()), unschedulable=unschedulable).replace
     for role in rollout_plan.order(spec.rollout):
         groups = [g for g in want.groups if g.id.role is role]
         # One Event per role and step, naming its groups: a new pool of 8 groups says so in 2 Events, not 8.
@@ -242,9 +263,12 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
         if created:
             pods_ = [p for g, _ in created for p in g.pods]
             gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods_)
+            extra = any(surge_plan.is_surge(spec, g) for g, _ in created)
             out.events.append(Event("Normal", "GroupCreated",
                                     f"created {role} {_names(g for g, _ in created)} at revision "
-                                    f"{created[0][0].revision}: {len(pods_)} pod(s), {gpus} GPU(s)",
+                                    f"{created[0][0].revision}: {len(pods_)} pod(s), {gpus} GPU(s)" +
+                                    (" above replicas (maxSurge): it serves before an old group goes"
+                                     if extra else ""),
                                     about=_keys([p for _, ps in created for p in ps])))
 
 
@@ -263,9 +287,11 @@ def _create_missing_pods(group: DesiredGroup, current: list[Body], expect: Expec
     return missing
 
 
-def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
-                   out: _Builder) -> None:
-    """Objects the pool owns that the spec no longer asks for: groups past `replicas`, a router scaled to 0."""
+def _plan_removals(want: Desired, observed: Observed, expect: Expectations, out: _Builder,
+                   surge_done: Set[str] = frozenset(), failed: Set[str] = frozenset()) -> None:
+    """Objects the pool owns that the spec no longer asks for: groups past `replicas` (`surge_done`: those that
+    were a rollout's surge groups; `failed`: groups whose revision failed its gates or bake, which drain only
+    briefly, as a rolled-back canary does), a router scaled to 0."""
     wanted = {(o["kind"], o["metadata"]["name"]) for o in want.objects()}
     stale_groups: dict[str, list[Body]] = {}
     for key, obj in sorted(observed.owned.items()):
@@ -278,9 +304,9 @@ def _plan_removals(want: Desired, observed: Observed, expect: Expectations,
             out.delete_objects([obj])
     for group, objects in sorted(stale_groups.items()):
         if any(o["kind"] == "Pod" and not o["metadata"].get("deletionTimestamp") for o in objects):
-            out.events.append(Event("Normal", "GroupDeleted", f"deleted group {group}: scaled down",
-                                    about=_keys(objects)))
-        out.delete_objects(objects)
+            why = "a rollout's surge group, no longer needed" if group in surge_done else "scaled down"
+            out.events.append(Event("Normal", "GroupDeleted", f"deleted group {group}: {why}", about=_keys(objects)))
+        out.delete_objects(objects, grace_period_seconds=FAILED_GRACE_SECONDS if group in failed else None)
 
 
 # Group states whose pods all run, so that their ranks can be judged (an outdated group still serves).
@@ -371,7 +397,7 @@ def _serving(state: GroupState, group: GroupStatus) -> bool:
 def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
             out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
-            expect: Expectations, outcomes: Mapping[str, Outcome]) -> InferencePoolStatus:
+            expect: Expectations, outcomes: Mapping[str, Outcome], unschedulable: Set[Role]) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
     groups = tuple(_act_on_health(spec, g, states[g.name], pods.get(g.name, []), observed, expect, now, out, ctx,
                                   _group_status(g, states[g.name], pods.get(g.name, []), previous,
@@ -389,10 +415,12 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         counts[role] = RoleStatus.of(
             desired=spec.role(role).replicas,
             ready=sum(_serving(states[g.name], by_name[g.name]) for g in mine),
-            updated=sum(outcomes[g.name].verified for g in mine),
+            updated=sum(outcomes[g.name].verified for g in mine if not surge_plan.is_surge(spec, g)),
+            surge=sum(surge_plan.is_surge(spec, g) for g in mine),
+            surge_unschedulable=revision.pool_revision(spec) if role in unschedulable else None,
         )
     router_ok = _router_available(spec, observed)
-    all_ready = all(c.ready == c.desired for c in counts.values()) and router_ok
+    all_ready = all(c.ready >= c.desired for c in counts.values()) and router_ok
     judged = rollout_plan.judge(pool, spec, want.groups, states, outcomes, previous, by_name, now,
                                 router_ok=router_ok)
     update_rev, rollout, settled, watched = judged.update, judged.condition, judged.settled, judged.watched

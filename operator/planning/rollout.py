@@ -2,13 +2,20 @@
 stands and what follows (`judge`: RolloutVerified from the groups' gates and bakes, the post-rollout watch, and
 rollback or hold).
 
+`surge`: (policy, the groups as observed) -> how many groups above `replicas` each role should have now.
 `step`: (policy, the groups as observed, now judged) -> Step.
 
-Roles go one after the other in `rollout.order`: a later role keeps its old groups while any group of an earlier
-role is outdated or out of service. Within a role, a group counts against `maxUnavailable` while it is out of
-service: starting, missing, terminating, failed, or Ready but not yet verified (its gates and bake). The first
-group of a role on the new revision is its canary: until one group of the role is verified, at most one is out of
-service for the rollout. A stopped rollout (a gate, bake or watch failed) or a paused one replaces nothing.
+Roles go one after the other in `rollout.order`: a later role keeps its old groups (and gets no surge group)
+while any group of an earlier role is outdated or out of service. The first group of a role on the new revision
+is its canary: until one group of the role is verified, at most one is out of service for the rollout, and at
+most one surge group exists. Within a role:
+- without `maxSurge` (or once its surge group could not be scheduled), a group counts against `maxUnavailable`
+  while it is out of service: starting, missing, terminating, failed, or Ready but not yet verified (its gates
+  and bake); outdated groups are replaced in place;
+- with `maxSurge`, up to that many groups of the new revision are started above `replicas` first (the canary
+  among them), and an old group is deleted only while the groups that serve (verified, or outdated) stay at
+  least `replicas`. The surge groups go once no group below `replicas` waits to be verified.
+A stopped rollout (a gate, bake or watch failed) or a paused one replaces nothing and keeps its surge groups.
 
 `reconcile` turns the step into deletions (the replacement comes from recreating the missing group) and Events,
 and the judgement into the status's conditions, a patch of the pool (a rollback, the verified record) and
@@ -20,7 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from typing import Any
 
 from pdfleet.operator.api.conditions import ConditionStatus
@@ -48,6 +55,7 @@ class Group:
     role: Role
     state: GroupState
     verified: bool  # its pods run the revision they should, verified (gates and bake passed)
+    surge: bool = False  # above `replicas`: started for a rollout's maxSurge
 
     @property
     def out_of_service(self) -> bool:
@@ -67,21 +75,58 @@ def max_unavailable(policy: RolloutSpec, role: Role) -> int:
     return policy.max_unavailable.prefill if role is Role.PREFILL else policy.max_unavailable.decode
 
 
-def step(policy: RolloutSpec, groups: Sequence[Group], *, stopped: bool) -> Step:
-    """The groups to replace now. `stopped`: the rollout failed (a gate, bake or watch) and holds."""
+def max_surge(policy: RolloutSpec, role: Role) -> int:
+    return policy.max_surge.prefill if role is Role.PREFILL else policy.max_surge.decode
+
+
+def _rolling(groups: Sequence[Group]) -> bool:
+    """A role's groups are still rolling out: outdated, or out of service (later roles wait for them)."""
+    return any(g.state is GroupState.OUTDATED or g.out_of_service for g in groups)
+
+
+def surge(policy: RolloutSpec, groups: Sequence[Group], *, stopped: bool,
+          unschedulable: Set[Role] = frozenset()) -> dict[Role, int]:
+    """How many surge groups each role should have now (those above it are deleted, those missing created).
+    `groups`: every group of the pool, its surge groups that exist among them; `unschedulable`: roles whose surge
+    group could not be scheduled in this rollout (they replace in place)."""
+    wanted: dict[Role, int] = {}
+    earlier = False
+    for role in order(policy):
+        mine = [g for g in groups if g.role is role and not g.surge]
+        extra = [g for g in groups if g.role is role and g.surge]
+        limit = 0 if role in unschedulable else max_surge(policy, role)
+        rolling = any(g.state is GroupState.OUTDATED for g in mine) or bool(extra)
+        count = min(limit, sum(not g.verified for g in mine)) if rolling and not earlier else 0
+        if not any(g.verified for g in mine + extra):
+            count = min(count, 1)  # the canary alone
+        if stopped or policy.paused:
+            count = len(extra)  # held as it is: nothing started, nothing taken away
+        wanted[role] = count
+        earlier = earlier or _rolling(mine + extra)
+    return wanted
+
+
+def step(policy: RolloutSpec, groups: Sequence[Group], *, stopped: bool,
+         unschedulable: Set[Role] = frozenset()) -> Step:
+    """The groups to replace now. `stopped`: the rollout failed (a gate, bake or watch) and holds;
+    `unschedulable`: roles whose surge group could not be scheduled (they fall back to maxUnavailable)."""
     replace: list[str] = []
     earlier = False  # an earlier role still rolling out: later roles keep their old groups
     for role in order(policy):
         mine = [g for g in groups if g.role is role]
         outdated = [g for g in mine if g.state is GroupState.OUTDATED]
         busy = sum(g.out_of_service for g in mine)
-        budget = max_unavailable(policy, role) - busy
+        if max_surge(policy, role) and role not in unschedulable:
+            # Capacity never drops: an old group goes only while the others serve at least `replicas`.
+            budget = sum(not g.out_of_service for g in mine) - sum(not g.surge for g in mine)
+        else:
+            budget = max_unavailable(policy, role) - busy
         if outdated and not any(g.verified for g in mine):
             budget = min(budget, 1 - busy)  # the role's canary goes alone
         if stopped or policy.paused or earlier:
             budget = 0
         replace.extend(g.name for g in outdated[:max(0, budget)])
-        earlier = earlier or bool(outdated) or busy > 0
+        earlier = earlier or _rolling(mine)
     return Step(tuple(replace))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 from pdfleet.operator.api.roles import Role
@@ -38,12 +39,13 @@ class Desired:
         return out
 
 
-def desired(ctx: RenderContext, spec: InferencePoolSpec) -> Desired:
-    """Every object of the pool, each stamped with its content hash."""
+def desired(ctx: RenderContext, spec: InferencePoolSpec, surge: Mapping[Role, int] | None = None) -> Desired:
+    """Every object of the pool, each stamped with its content hash. `surge`: groups of a role above its replicas
+    (a rollout's maxSurge), at the indices that follow."""
     groups = []
     revisions = {role: revision.role_revision(spec, role) for role in Role}
     for role in Role:
-        for index in range(spec.role(role).replicas):
+        for index in range(spec.role(role).replicas + (surge or {}).get(role, 0)):
             gid = GroupId(role, index)
             pods = engine_group.group_pods(ctx, spec, gid, revisions[role])
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],

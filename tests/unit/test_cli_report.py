@@ -106,6 +106,26 @@ def test_a_rollout_in_progress_names_the_gate_and_group_it_waits_on_with_exit_3(
     assert not any(line.startswith("  Accepted=") or line.startswith("  Degraded=") for line in lines)
 
 
+def test_a_rollout_with_surge_shows_its_surge_group_and_counts_only_groups_below_replicas() -> None:
+    cluster = FakeCluster(pool_body(**NO_BAKE, prefill=1, decode=2, rollout__maxSurge={"decode": 1}))
+    cluster.converge()
+    cluster.engines = False  # the surge group's agents do not answer: it stays unverified
+    disable_overlap(cluster)
+    for _ in range(3):
+        cluster.step()
+    pool = recorded(cluster)
+    state = report.rollout(pool)
+    assert (state.outcome, state.done, state.total) == (Exit.IN_PROGRESS, 0, 3)
+    assert state.detail.startswith("waiting for gate eventLoop of decode group tiny-decode-2:"), state.detail
+    lines = report.status_lines(pool, pods=pods_of(cluster), now=NOW)
+    assert "Decode: 1/2 ready, 0 updated (verified at the update revision), 1 surge group(s) above replicas " \
+           "(maxSurge)" in lines, lines
+    rows = {line.split()[0]: line.split() for line in lines if line.startswith("  tiny-")}
+    assert set(rows) == {"tiny-decode-0", "tiny-decode-1", "tiny-decode-2", "tiny-prefill-0"}
+    assert rows["tiny-decode-0"][2] == "(outdated)" and rows["tiny-decode-1"][2] == "(outdated)", \
+        "no old group goes while the surge canary is unverified"
+
+
 def test_a_failed_gate_exits_1_with_the_gate_group_and_what_was_seen() -> None:
     cluster = failed_cluster()
     pool = recorded(cluster)

@@ -1,0 +1,84 @@
+"""A rollout's surge groups (`rollout.maxSurge`) between rendering and the rollout's step. Pure.
+
+A surge group is an engine group above its role's `replicas`, at the indices that follow them; it exists only
+while a rollout of its role needs it (`rollout.surge` decides how many). The planner renders every slot such a
+group may take (`slots`: those that exist, or maxSurge), so that each is classified and verified like any group,
+then keeps the slots the decision wants (`kept`); a surge group left out is deleted as past `replicas`.
+
+A surge group the scheduler cannot place (no node with free GPUs) would hold the rollout for good: the role falls
+back to replacing in place, up to `maxUnavailable` (`unschedulable`). That is remembered in the role's status for
+the update revision, so that the next reconcile does not start another one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Set
+from typing import Any
+
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.planning import rollout
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.render.desired import Desired, DesiredGroup
+
+Body = dict[str, Any]
+UNSCHEDULABLE_REASON = "RolloutSurgeUnschedulable"
+
+
+def is_surge(spec: InferencePoolSpec, group: DesiredGroup) -> bool:
+    return group.id.index >= spec.role(group.id.role).replicas
+
+
+def slots(pool: str, spec: InferencePoolSpec, groups: Mapping[str, list[Body]]) -> dict[Role, int]:
+    """Per role, the groups above `replicas` to render: as many as exist (up to the highest index that does: a
+    scale-down's leftovers count too), or maxSurge, whichever is more. `groups`: the pool's pods by group."""
+    out: dict[Role, int] = {}
+    for role in Role:
+        replicas = spec.role(role).replicas
+        prefix = f"{pool}-{role}-"
+        above = [int(tail) for name in groups if name.startswith(prefix) and (tail := name[len(prefix):]).isdigit()
+                 and int(tail) >= replicas]
+        out[role] = max(rollout.max_surge(spec.rollout, role), max(above, default=replicas - 1) - replicas + 1)
+    return out
+
+
+def kept(spec: InferencePoolSpec, want: Desired, counts: Mapping[Role, int]) -> Desired:
+    """`want` with only the surge groups the rollout wants now (`counts` per role)."""
+    return dataclasses.replace(want, groups=tuple(
+        g for g in want.groups if g.id.index < spec.role(g.id.role).replicas + counts.get(g.id.role, 0)))
+
+
+def removed(spec: InferencePoolSpec, slots: Desired, kept: Set[str], previous: InferencePoolStatus) -> set[str]:
+    """The surge groups that go now (not those a scale-down leaves past replicas)."""
+    return {g.name for g in slots.groups if g.name not in kept and
+            spec.role(g.id.role).replicas == previous.role(g.id.role).desired}
+
+
+def unscheduled(pods: list[Body]) -> str | None:
+    """The scheduler's message when a pod of the group could not be placed (PodScheduled False, Unschedulable)."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
+                    cond.get("reason") == "Unschedulable":
+                return str(cond.get("message") or "no node fits it")
+    return None
+
+
+def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, list[Body]],
+                  previous: InferencePoolStatus, update: str) -> tuple[set[Role], list[Event]]:
+    """The roles whose rollout to `update` falls back to maxUnavailable, and a Warning for each that does so now."""
+    held = {role for role in Role if previous.role(role).surge_unschedulable == update}
+    events: list[Event] = []
+    for group in want.groups:
+        role = group.id.role
+        if role in held or not is_surge(spec, group) or (why := unscheduled(pods.get(group.name, []))) is None:
+            continue
+        held.add(role)
+        events.append(Event(
+            "Warning", UNSCHEDULABLE_REASON,
+            f"maxSurge: {role} group {group.name} of revision {group.revision} could not be scheduled ({why}); it "
+            f"is deleted, and this rollout replaces {role} groups in place, up to maxUnavailable "
+            f"{rollout.max_unavailable(spec.rollout, role)} at a time"))
+    return held, events

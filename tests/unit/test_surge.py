@@ -1,0 +1,116 @@
+"""Rollouts with `rollout.maxSurge` through the real planner, step by step, with a clock and serving engines
+(`ServingCluster`): the surge group is the role's canary while every old group serves, an old group goes only
+while the others serve at least replicas, the surge groups go at the end; a bad surge canary is the only group
+that ever ran its revision; a surge group the scheduler cannot place makes the role fall back to maxUnavailable."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from pdfleet.operator.planning import reconcile, surge
+from pdfleet.operator.planning.plan import Plan
+from tests.unit.test_bake import ServingCluster, cluster_of, faulty_groups, messages, reasons, roll_out
+from tests.unit.test_planning import replaced_roles
+
+Body = dict[str, Any]
+NO_GPUS = "0/5 nodes are available: 4 Insufficient nvidia.com/gpu, 1 node(s) had untolerated taint"
+
+
+def walk(cluster: ServingCluster, steps: int) -> tuple[list[Plan], dict[str, int], set[str], set[str]]:
+    """`steps` steps: their plans, the fewest groups per role that served after any of them (their pods there and
+    Ready: this cluster makes pods Ready at once), every group that ran a faulty revision, and every engine group
+    that existed."""
+    plans, least, ran, seen = [], {"prefill": 99, "decode": 99}, set(), set()
+    for _ in range(steps):
+        plans.append(cluster.step())
+        serving = {o["metadata"]["labels"]["pdfleet.dev/group"] for o in cluster.owned.values()
+                   if o["kind"] == "Pod" and any(c["type"] == "Ready" and c["status"] == "True"
+                                                 for c in o["status"]["conditions"])}
+        least = {role: min(least[role], sum(f"-{role}-" in g for g in serving)) for role in least}
+        ran |= faulty_groups(cluster)
+        seen |= {o["metadata"]["labels"]["pdfleet.dev/group"] for o in cluster.owned.values() if o["kind"] == "Pod"}
+    return plans, least, ran, seen
+
+
+@pytest.mark.effect("spec.rollout.maxSurge.decode", "spec.rollout.maxSurge.prefill")
+def test_a_good_rollout_with_surge_never_serves_on_fewer_groups_than_replicas() -> None:
+    cluster = cluster_of(maxSurge={"decode": 1, "prefill": 1}, verification={"bake": "1m"}, postRolloutWatch="0s")
+    first = cluster.pool["status"]["currentRevision"]
+    roll_out(cluster, overlapSchedule="Disabled")
+    plans, least, _, seen = walk(cluster, 3)
+    assert cluster.pool["status"]["decode"]["surge"] == 1, "the decode canary is a surge group"
+    more, least_after, _, seen_after = walk(cluster, 57)
+    plans, seen = plans + more, seen | seen_after
+    least = {role: min(least[role], least_after[role]) for role in least}
+    status = cluster.pool["status"]
+    assert status["currentRevision"] != first and status["phase"] == "Ready"
+    assert least == {"prefill": 2, "decode": 2}, "capacity never dropped below replicas"
+    assert {"tiny-decode-2", "tiny-prefill-2"} <= seen, "one surge group per role"
+    assert not any(o["metadata"]["labels"]["pdfleet.dev/group"].endswith("-2") for o in cluster.owned.values()
+                   if o["kind"] == "Pod"), "the surge groups are gone"
+    assert [m for m in messages(plans, "GroupCreated") if "above replicas (maxSurge)" in m] == [
+        m for m in messages(plans, "GroupCreated") if m.startswith(("created decode group tiny-decode-2",
+                                                                    "created prefill group tiny-prefill-2"))]
+    assert len(messages(plans, "GroupDeleted")) == 2 and all(
+        "a rollout's surge group, no longer needed" in m for m in messages(plans, "GroupDeleted"))
+    assert messages(plans, "RolloutCanaryBaking")[0].startswith("canary decode group tiny-decode-2 ")
+    assert "compared with 2 group(s) of the old revision" in messages(plans, "RolloutCanaryBaking")[0]
+    assert sorted(r for p in plans for r in replaced_roles(p)) == ["decode"] * 2 + ["prefill"] * 2, \
+        "each old group replaced once"
+    assert "surge" not in status["decode"] and "surgeUnschedulable" not in status["decode"]
+
+
+@pytest.mark.parametrize("fault", [{"PDFLEET_SIM_FAULT": "desync"},
+                                   {"PDFLEET_SIM_FAULT": "failing", "PDFLEET_SIM_FAIL_SHARE": "0.25"}],
+                         ids=["desync", "failing"])
+def test_a_bad_surge_canary_is_rolled_back_before_any_old_group_went(fault: dict[str, str]) -> None:
+    cluster = cluster_of(prefill=2, decode=3, maxSurge={"decode": 2}, verification={"bake": "3m"})
+    good = cluster.pool["status"]["currentRevision"]
+    roll_out(cluster, fault)
+    plans, least, ran, _ = walk(cluster, 40)
+    assert ran == {"tiny-decode-3"}, "the surge canary alone ran the bad revision"
+    assert [r for p in plans for r in replaced_roles(p)] == [], "no old group was replaced"
+    assert least == {"prefill": 2, "decode": 3}
+    assert "RolloutRolledBack" in reasons(plans)
+    assert cluster.pool["status"]["currentRevision"] == good and cluster.pool["status"]["phase"] == "Ready"
+    assert not [o for o in cluster.owned.values() if o["kind"] == "Pod" and
+                o["metadata"]["labels"]["pdfleet.dev/group"] == "tiny-decode-3"], "the surge group is gone"
+    [gone] = [ref for p in plans if any(e.reason == "GroupDeleted" for e in p.events) for ref in p.delete
+              if ref.kind == "Pod"]
+    assert gone.name == "tiny-decode-3-0" and gone.grace_period_seconds == reconcile.FAILED_GRACE_SECONDS, \
+        "a failed surge canary drains briefly: nothing waits for its in-flight requests that may never end"
+
+
+class NoSpareGpus(ServingCluster):
+    """The scheduler places no pod of a group above replicas: it stays Pending, Unschedulable."""
+
+    def apply(self, plan: Plan) -> None:
+        super().apply(plan)
+        for (kind, _), obj in self.owned.items():
+            group = obj["metadata"].get("labels", {}).get("pdfleet.dev/group", "")
+            if kind == "Pod" and group.endswith("-2"):
+                obj["status"] = {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": NO_GPUS}]}
+
+
+@pytest.mark.effect("spec.rollout.maxUnavailable.decode")
+def test_a_surge_group_that_cannot_be_scheduled_falls_back_to_max_unavailable_and_says_so_once() -> None:
+    cluster = NoSpareGpus(cluster_of().pool)
+    cluster.pool["spec"]["rollout"] |= {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1},
+                                        "verification": {"bake": "1m"}, "postRolloutWatch": "0s"}
+    cluster.walk(6)
+    roll_out(cluster, overlapSchedule="Disabled")
+    plans, least, _, seen = walk(cluster, 60)
+    [warning] = messages(plans, surge.UNSCHEDULABLE_REASON)
+    assert warning.startswith("maxSurge: decode group tiny-decode-2 of revision ") and NO_GPUS in warning
+    assert "replaces decode groups in place, up to maxUnavailable 1 at a time" in warning
+    update = cluster.pool["status"]["updateRevision"]
+    assert cluster.pool["status"]["decode"]["surgeUnschedulable"] == update
+    assert cluster.pool["status"]["currentRevision"] == update and cluster.pool["status"]["phase"] == "Ready"
+    assert least["decode"] == 1, "in place: one decode group out of service at a time"
+    assert "tiny-decode-2" in seen and not [o for o in cluster.owned.values()
+                                            if o["metadata"].get("labels", {}).get("pdfleet.dev/group") ==
+                                            "tiny-decode-2"], "tried once, then deleted"
+    assert sorted(r for p in plans for r in replaced_roles(p)) == ["decode"] * 2 + ["prefill"] * 2
