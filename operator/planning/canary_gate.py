@@ -6,8 +6,11 @@ any DSML leak does too: the gate judges decode groups and says, for prefill grou
 (Skipped, which does not hold a rollout). The requests go where the router sends them: to a Ready prefill engine
 and to the decode leader together, with the same bootstrap fields.
 
-A run where the engines answered nothing it could judge (only errors, or nothing sent) is no finding about tool
-calls: the gate keeps Waiting (the run is retried) until verification.timeout turns it into TimedOut.
+A run where the engines answered too little to judge (nothing sent, or fewer than half its requests answered, or
+no tool request answered) is no finding about tool calls: the gate keeps Waiting (the run is retried) until
+verification.timeout turns it into TimedOut. A run whose answers are clean passes even if some requests failed:
+how many a new revision fails is the bake's question (its error rate against the old revision's), and a gate
+that waited on it would hold a failing revision out of the bake, serving, until the timeout.
 """
 
 from __future__ import annotations
@@ -51,12 +54,18 @@ def finding(report: Report, *, prefill: str) -> CanaryFinding:
                                                f"tool_calls, no DSML markup in {report.requests} answer(s) "
                                                f"(paired with prefill {prefill})")
     failures = report.tool_call_failures()
-    if not failures:  # only errors, or nothing sent: no word about tool calls
+    if not failures:  # clean answers, some requests failed (or nothing was sent)
         if not report.errors:
             return inconclusive("; ".join(report.failures()))
         [(first, _)] = report.errors.most_common(1)
-        return inconclusive(f"{report.errors.total()} of {report.requests} request(s) failed "
-                            f"(paired with prefill {prefill}), the most frequent error: {first[:SAMPLE_CHARS]}")
+        failed = (f"{report.errors.total()} of {report.requests} request(s) failed (paired with prefill {prefill}), "
+                  f"the most frequent error: {first[:SAMPLE_CHARS]}")
+        answered = report.requests - report.errors.total()
+        if report.answered_with_calls and 2 * answered >= report.requests:
+            return CanaryFinding(GateState.PASSED, _bounded(
+                f"{report.answered_with_calls} tool request(s) answered with structured tool_calls, no DSML markup "
+                f"in {answered} answer(s); {failed} (their rate is the bake's to judge)"))
+        return inconclusive(failed)
     what = f"{'; '.join(failures)} (of {report.requests} answers, paired with prefill {prefill})"
     samples = [f"sample ({kind}): {text[:SAMPLE_CHARS]!r}" for kind, text in sorted(report.samples.items())]
     return CanaryFinding(GateState.FAILED, _bounded("; ".join([what, *samples])))

@@ -85,6 +85,18 @@ def test_malformed_or_missing_calls_fail_too(fields: Body, failure: str) -> None
     assert found.state is GateState.FAILED and found.message.startswith(failure)
 
 
+def test_clean_answers_pass_though_some_requests_failed_which_the_bake_judges() -> None:
+    found = canary_gate.finding(report(structured_calls=3, answered_with_calls=3,
+                                       errors=collections.Counter({"HTTP 500 InternalServerError": 3})), prefill="p")
+    assert found.state is GateState.PASSED
+    assert found.message == ("3 tool request(s) answered with structured tool_calls, no DSML markup in 5 answer(s); "
+                             "3 of 8 request(s) failed (paired with prefill p), the most frequent error: HTTP 500 "
+                             "InternalServerError (their rate is the bake's to judge)")
+    too_few = canary_gate.finding(report(structured_calls=1, answered_with_calls=1,
+                                         errors=collections.Counter({"timed out": 5})), prefill="p")
+    assert too_few.state is GateState.WAITING, "fewer than half the requests answered: too little to judge"
+
+
 @pytest.mark.parametrize(("fields", "says"), [
     ({"errors": collections.Counter({"HTTP 503 InternalServerError": 6, "timed out": 2})},
      "8 of 8 request(s) failed (paired with prefill p), the most frequent error: HTTP 503 InternalServerError"),
