@@ -124,10 +124,8 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     outcomes = _verify(pool, spec, slots, states, pods, previous, health, engines or {}, now)
     unschedulable, said = surge_plan.unschedulable(spec, slots, pods, previous, revision.pool_revision(spec))
     out.events.extend(said)
-    counts = rollout_plan.surge(
-        spec.rollout, [g for g in _rollout_groups(spec, slots, states, outcomes)
-                       if not g.surge or states[g.name] is not GroupState.MISSING],
-        stopped=any(o.stopped for o in outcomes.values()), unschedulable=unschedulable)
+    counts = rollout_plan.surge(spec.rollout, _rollout_groups(spec, slots, states, outcomes),
+                                stopped=any(o.stopped for o in outcomes.values()), unschedulable=unschedulable)
     want = surge_plan.kept(spec, slots, counts)
     kept = {g.name for g in want.groups}
     states = {n: s for n, s in states.items() if n in kept}

@@ -79,6 +79,9 @@ def max_surge(policy: RolloutSpec, role: Role) -> int:
     return policy.max_surge.prefill if role is Role.PREFILL else policy.max_surge.decode
 
 
+_GONE = frozenset({GroupState.MISSING, GroupState.TERMINATING})
+
+
 def _rolling(groups: Sequence[Group]) -> bool:
     """A role's groups are still rolling out: outdated, or out of service (later roles wait for them)."""
     return any(g.state is GroupState.OUTDATED or g.out_of_service for g in groups)
@@ -87,13 +90,16 @@ def _rolling(groups: Sequence[Group]) -> bool:
 def surge(policy: RolloutSpec, groups: Sequence[Group], *, stopped: bool,
           unschedulable: Set[Role] = frozenset()) -> dict[Role, int]:
     """How many surge groups each role should have now (those above it are deleted, those missing created).
-    `groups`: every group of the pool, its surge groups that exist among them; `unschedulable`: roles whose surge
+    `groups`: every group of the pool, every surge slot among them (missing or not); `unschedulable`: roles whose surge
     group could not be scheduled in this rollout (they replace in place)."""
     wanted: dict[Role, int] = {}
     earlier = False
     for role in order(policy):
         mine = [g for g in groups if g.role is role and not g.surge]
-        extra = [g for g in groups if g.role is role and g.surge]
+        # The surge groups there are and stay: one not created yet, or on its way out, neither holds the role
+        # in its rollout nor, once the role is done, the next role from its own (it would be deleted and made
+        # again while the last one terminates).
+        extra = [g for g in groups if g.role is role and g.surge and g.state not in _GONE]
         limit = 0 if role in unschedulable else max_surge(policy, role)
         rolling = any(g.state is GroupState.OUTDATED for g in mine) or bool(extra)
         count = min(limit, sum(not g.verified for g in mine)) if rolling and not earlier else 0

@@ -176,3 +176,16 @@ def test_the_same_observation_gives_the_same_decisions_so_a_restarted_operator_s
     assert first == (rollout.surge(spec, list(reversed(groups)), stopped=False),
                      rollout.step(spec, groups, stopped=False))
     assert first[1].replace == (), "d0 is being replaced: capacity is at replicas, d1 waits"
+
+
+def test_a_surge_group_on_its_way_out_holds_neither_its_role_nor_the_next() -> None:
+    """Once decode is done its surge group terminates; prefill's rollout starts its own surge group meanwhile and
+    keeps it (counting the terminating group as decode still rolling would delete it and make it again)."""
+    spec = RolloutSpec.model_validate({"maxSurge": {"decode": 1, "prefill": 1}})
+    groups = [rollout.Group("d0", D, S.READY, True), rollout.Group("d1", D, S.READY, True),
+              rollout.Group("d2", D, S.TERMINATING, True, surge=True),
+              rollout.Group("p0", P, S.OUTDATED, False), rollout.Group("p1", P, S.OUTDATED, False),
+              rollout.Group("p2", P, S.STARTING, False, surge=True)]
+    assert rollout.surge(spec, groups, stopped=False) == {D: 0, P: 1}
+    missing = [dataclasses.replace(g, state=S.MISSING) if g.name == "d2" else g for g in groups]
+    assert rollout.surge(spec, missing, stopped=False) == {D: 0, P: 1}
