@@ -8,7 +8,8 @@ status says it is verified: `RolloutVerified=True` (bake and watch passed) and `
 `updateRevision`, read every 100 ms. Then each bad revision kind (`--bad`) is rolled out the same way and
 followed until the pool is verified again on the revision before. Reported:
 - each good rollout's duration, from the spec patch to that status, against its floor: the steps it takes
-  (one group at a time, maxUnavailable 1) times the bake, plus the watch;
+  (one group at a time: maxUnavailable 1, or the example's maxSurge of 1, one group more per role) times the
+  bake, plus the watch;
 - client requests sent and failed during the good rollouts (the goal is zero failed), and the rate achieved;
 - the p99 latency of client requests that completed during them, as a ratio of the p99 of those that completed
   in the baseline window before the first one (same process, same load, same pool);
@@ -225,11 +226,16 @@ def main() -> None:
 
     during = Window("all rollouts", sum(w.seconds for w in windows), sum(w.sent for w in windows),
                     sum(w.failed for w in windows), [x for w in windows for x in w.latencies_s])
-    rollout = localfleet.pool_body(namespace, POOL)["spec"]["rollout"]
+    spec = localfleet.pool_body(namespace, POOL)["spec"]
+    rollout = spec["rollout"]
     bake_s = parse_duration(rollout["verification"]["bake"]).total_seconds()
-    floor = 4 * bake_s + parse_duration(rollout["postRolloutWatch"]).total_seconds()
-    print(f"rollout duration (2 prefill + 2 decode groups, maxUnavailable 1): "
-          f"{', '.join(f'{w.seconds:.1f}' for w in windows)} s; the bake floor (4 steps x {bake_s:g} s bake + "
+    surge = rollout.get("maxSurge") or {}
+    # One group at a time (maxUnavailable 1, or a surge of 1): each role's groups in turn, one more with surge.
+    steps = sum(spec[role]["replicas"] + (1 if surge.get(role) else 0) for role in ("prefill", "decode"))
+    floor = steps * bake_s + parse_duration(rollout["postRolloutWatch"]).total_seconds()
+    shape = ", ".join(f"{spec[role]['replicas']} {role}" for role in ("prefill", "decode"))
+    print(f"rollout duration ({shape} groups, maxSurge {surge or 0}): "
+          f"{', '.join(f'{w.seconds:.1f}' for w in windows)} s; the bake floor ({steps} steps x {bake_s:g} s bake + "
           f"the watch) is {floor:g} s: {', '.join(f'{w.seconds / floor:.2f}x' for w in windows)}")
     print(f"client requests during the rollouts: sent {during.sent} ({during.rate:.1f}/s), failed {during.failed}"
           f" (goal 0: {'PASS' if during.failed == 0 else 'FAIL'})")

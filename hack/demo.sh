@@ -148,8 +148,9 @@ tail -n1 "$LOAD_LOG"
 
 step "Act two: a bad revision, caught by its canary's bake and rolled back under load"
 # A spec change whose engines start, pass their gates, then fail 30% of their requests once they serve (the
-# simulator's `failing` fault, in spec.engine.env as any env would be). The first decode group is its canary:
-# it bakes, its /metrics are compared with the old revision's groups, and the rollout stops there.
+# simulator's `failing` fault, in spec.engine.env as any env would be). Its canary is a decode group started
+# above replicas (maxSurge): it bakes while every old group serves, its /metrics are compared with theirs, and
+# the rollout stops there; the rollback deletes it, and no old group was ever touched.
 start_load badrev
 kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p \
   '{"spec":{"engine":{"env":[{"name":"PDFLEET_SIM_FAULT","value":"failing"},{"name":"PDFLEET_SIM_FAIL_SHARE","value":"0.3"}]}}}'
@@ -181,8 +182,9 @@ echo "every group's scheduler loop, as its ranks report it:"
 loops
 start_load rollout
 kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p '{"spec":{"engine":{"overlapSchedule":"Disabled"}}}'
-# Each group in turn: out of the router, drained, replaced, verified (its ranks on the normal loop, its
-# /server_info showing --disable-overlap-schedule), back in. The CLI follows it as `kubectl rollout status` does.
+# A surge group of each role first; then each old group in turn, while replicas groups of its role serve: out
+# of the router, drained, replaced, verified (its ranks on the normal loop, its /server_info showing
+# --disable-overlap-schedule), back in; the surge groups go last. The CLI follows it as `kubectl rollout status`.
 .venv/bin/pdfleet rollout status "$POOL" -n "$NS" --watch --timeout 10m || fail "the rollout did not complete verified"
 kill $LOAD_PID 2>/dev/null || true
 wait $LOAD_PID 2>/dev/null || true
@@ -193,7 +195,7 @@ others=$(kubectl get pdpool "$POOL" -n "$NS" -o jsonpath='{.status.groups[*].eve
   | grep -vc '^event_loop_normal_disagg_' || true)
 [ "$others" = 0 ] || fail "$others group(s) not on the normal loop"
 kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
-  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | grep -E '^TYPE|GroupReplaced|PoolReady' | tail -n 6 || true
+  -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message | grep -E '^TYPE|GroupCreated|GroupReplaced|GroupDeleted|PoolReady' | tail -n 8 || true
 final=$(tail -n1 "$LOAD_LOG")
 echo "the client's view of the rollout: $final"
 failed=$(echo "$final" | sed -n 's/.*  failed \([0-9]*\).*/\1/p')

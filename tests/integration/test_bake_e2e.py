@@ -4,8 +4,9 @@ post-rollout watch is rolled back too.
 
 Each bad revision is a spec change a person could make (`spec.engine.env` with the simulator's faults,
 docs/local-fleet.md): its engines start, pass eventLoop and serverArgs, and then desync, crash, fail a share of
-their requests or run three times slower. Nothing is injected into a running pod for those: the operator has to
-find out from what the engines publish. They are rolled out one after the other on one pool (two prefill groups,
+their requests or run three times slower; or they leak DSML into their answers, which the toolCallCanary gate
+(on here) catches before the bake. Nothing is injected into a running pod for those: the operator has to find
+out from what the engines publish and answer. They are rolled out one after the other on one pool (two prefill groups,
 two decode groups at TP 2: a desync takes two ranks) under 20+ requests/s from a client process of its own
 (`pdfleet-sim load`); then a good revision that goes bad in its watch.
 """
@@ -38,12 +39,14 @@ BAD = {  # bad revision kind -> its env
     "crash after 8 s": {"PDFLEET_SIM_FAULT": "crash", "PDFLEET_SIM_FAULT_AFTER_S": "8"},
     "30% failing": {"PDFLEET_SIM_FAULT": "failing", "PDFLEET_SIM_FAIL_SHARE": "0.3"},
     "3x slower": {"PDFLEET_SIM_FAULT": "slow-requests", "PDFLEET_SIM_LATENCY_FACTOR": "3"},
+    "tool calls leaking": {"PDFLEET_SIM_FAULT": "leak-parser-off"},  # DSML in content: the canary's gate
 }
 WHY = {  # what the Warning that stops each rollout says: its bake failed, or (before the bake began) the revision
     "desync after 8 s": ("its ranks are in Desync", "turned Desync"),
     "crash after 8 s": ("its pods are not all Ready", "ended"),
     "30% failing": ("analysis: error rate",),
     "3x slower": ("analysis: mean inter-token latency",),
+    "tool calls leaking": ("gate toolCallCanary failed",),
 }
 # Two groups of each role: with one, replacing it (the good revision's rollout, the rollback) leaves the router
 # without a worker of that role until the new one is up: an outage that is the shape's, not the revision's.
@@ -71,19 +74,30 @@ def engine_env(cluster: Cluster, namespace: str, name: str, values: dict[str, st
 
 
 class Blast:
-    """Every engine group whose pods ran each faulty revision (by the fault in their env), seen by polling."""
+    """Every engine group whose pods ran each faulty revision (by the fault in their env), and the fewest groups
+    of each role that served at once (every pod Ready, none terminating), seen by polling."""
 
     def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.cluster, self.namespace = cluster, namespace
         self.groups: dict[str, set[str]] = {}
+        self.least: dict[str, int] = {}
 
     def look(self) -> None:
         pods = self.cluster.get("pods", "-n", self.namespace, "-l", "app.kubernetes.io/component!=router")["items"]
+        members: dict[str, list[dict[str, Any]]] = {}
         for pod in pods:
             env = {e["name"]: e.get("value") for c in pod["spec"]["containers"] for e in c.get("env") or []}
             if "PDFLEET_SIM_FAULT" in env:
                 self.groups.setdefault(str(env["PDFLEET_SIM_FAULT"]), set()).add(
                     pod["metadata"]["labels"]["pdfleet.dev/group"])
+            members.setdefault(pod["metadata"]["labels"]["pdfleet.dev/group"], []).append(pod)
+        serving = [group for group, mine in members.items() if all(
+            not p["metadata"].get("deletionTimestamp") and any(
+                c["type"] == "Ready" and c["status"] == "True" for c in (p.get("status") or {}).get("conditions") or [])
+            for p in mine)]
+        for role in ("prefill", "decode"):
+            count = sum(f"-{role}-" in group for group in serving)
+            self.least[role] = min(self.least.get(role, count), count)
 
 
 class Load:
@@ -120,13 +134,16 @@ class Load:
         return summary | {"rate": summary["sent"] / took}
 
 
-def watched_rollout(cluster: Cluster, namespace: str) -> tuple[str, str]:
-    """A good revision rolled out, watched, then gone bad in its watch (one decode engine's ranks diverge):
-    returns (the revision before, the one that went bad), once the failure was announced."""
+def watched_rollout(cluster: Cluster, namespace: str, blast: Blast, load: Load) -> tuple[str, str, int]:
+    """A good revision rolled out with maxSurge (no role ever serves on fewer groups than replicas, no client
+    request fails), watched, then gone bad in its watch (one decode engine's ranks diverge): returns (the revision
+    before, the one that went bad, client requests failed while it rolled out), once the failure was announced."""
     good = fleet.pool(cluster, namespace, POOL)["status"]["currentRevision"]
+    failed_before, blast.least = load.failed, {}
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p", json.dumps({"spec": {
         "engine": {"env": [{"name": "PDFLEET_E2E_WATCHED", "value": "1"}]},
-        "rollout": {"verification": {"bake": "5s"}, "postRolloutWatch": "5m"}}}))
+        "rollout": {"verification": {"bake": "5s"}, "postRolloutWatch": "5m",
+                    "maxSurge": {"prefill": 1, "decode": 1}}}}))
     try:
         watching = wait_for("the new revision watched", lambda: (c := fleet.conditions(
             cluster, namespace, POOL).get("RolloutVerified") or {}).get("reason") == "Watching" and c,
@@ -136,6 +153,13 @@ def watched_rollout(cluster: Cluster, namespace: str) -> tuple[str, str]:
         raise AssertionError(f"{e}\nconditions: {status.get('conditions')}\ngroups: {status.get('groups')}\n" +
                              "\n".join(fleet.event_lines(cluster, namespace))) from None
     assert "postRolloutWatch until" in watching["message"]
+    rollout_failed = load.failed - failed_before
+    assert rollout_failed == 0, f"{rollout_failed} client request(s) failed while a good revision rolled out"
+    assert blast.least == {"prefill": SHAPE["prefill"]["replicas"], "decode": SHAPE["decode"]["replicas"]}, \
+        f"with maxSurge every role kept its replicas serving: {blast.least}"
+    surged = [e["message"] for e in fleet.events(cluster, namespace, POOL, "GroupCreated")
+              if "above replicas (maxSurge)" in e["message"]]
+    assert len(surged) == 2, surged  # one surge group per role
     bad = fleet.pool(cluster, namespace, POOL)["status"]["currentRevision"]
     assert bad != good
     shown = pdfleet(cluster, "rollout", "status", POOL, "-n", namespace)
@@ -147,12 +171,16 @@ def watched_rollout(cluster: Cluster, namespace: str) -> tuple[str, str]:
     [failed] = wait_for("RolloutRevisionFailed", lambda: fleet.events(
         cluster, namespace, POOL, "RolloutRevisionFailed"), timeout=60, interval=0.5)
     assert f"revision {bad} failed during its postRolloutWatch" in failed["message"], failed
-    return good, bad
+    return good, bad, rollout_failed
 
 
 def test_bad_revisions_are_stopped_at_their_canary_and_one_bad_in_its_watch_is_rolled_back_under_load(
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
-    fleet.apply_pool(cluster, namespace, POOL, baked=True, rollout={"verification": {"bake": "20s"}}, **SHAPE)
+    # The bad revisions replace in place (the default): their canary is an old group replaced, rolled back in
+    # place. The good revision of the watch story rolls out with maxSurge.
+    fleet.apply_pool(cluster, namespace, POOL, baked=True, model={"toolCallParser": "deepseekv32"}, rollout={
+        "verification": {"bake": "20s", "toolCallCanary": True}, "maxSurge": {"prefill": 0, "decode": 0}},
+        **SHAPE)
     good = settled(cluster, namespace, POOL)["status"]["currentRevision"]
     blast = Blast(cluster, namespace)
     load = Load(fleet.router_url(cluster, namespace, POOL, workers=4))
@@ -174,14 +202,15 @@ def test_bad_revisions_are_stopped_at_their_canary_and_one_bad_in_its_watch_is_r
                 ran = blast.groups.get(fault, set())
                 assert len(ran) == 1 and next(iter(ran)).startswith(f"{POOL}-decode-"), \
                     f"{kind}: one decode group, the canary, ran the bad revision; seen {ran}"
-                stopped = [e for e in fleet.events(cluster, namespace, POOL, "RolloutAnalysisFailed") +
-                           fleet.events(cluster, namespace, POOL, "RolloutRevisionFailed")
+                stopped = [e for reason in ("RolloutAnalysisFailed", "RolloutRevisionFailed", "RolloutGateFailed")
+                           for e in fleet.events(cluster, namespace, POOL, reason)
                            if any(why in e["message"] for why in WHY[kind])]
                 assert stopped, (kind, fleet.event_lines(cluster, namespace))
+            before, bad, rollout_failed = watched_rollout(cluster, namespace, blast, load)
             failed_before = load.failed
-            before, bad = watched_rollout(cluster, namespace)
             back = settled(cluster, namespace, POOL)
-            report.append(f"gone bad in its watch: rolled back, client requests failed meanwhile: "
+            report.append(f"a good revision with maxSurge: client requests failed while it rolled out: "
+                          f"{rollout_failed}; gone bad in its watch: rolled back, client requests failed meanwhile: "
                           f"{load.failed - failed_before}")
     finally:
         summary = load.stop()

@@ -23,9 +23,10 @@ FAULT_RANK = "sim.pdfleet.dev/fault-rank"
 
 
 # What apply_pool() merges into the example's rollout unless a test says otherwise: the tests of a rollout's
-# mechanics (gates, rollback, pause, replacements under load) run without a bake or a watch, and hold on a failed
-# gate; test_bake_e2e.py rolls out with both, as the example has them.
-MECHANICS = {"autoRollback": False, "verification": {"bake": "0s"}, "postRolloutWatch": "0s"}
+# mechanics (gates, rollback, pause, replacements under load) run without a bake or a watch, replace groups in
+# place (the default) and hold on a failed gate; test_bake_e2e.py rolls out with the example's.
+MECHANICS = {"autoRollback": False, "verification": {"bake": "0s"}, "postRolloutWatch": "0s",
+             "maxSurge": {"prefill": 0, "decode": 0}}
 
 
 def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "local-fleet", baked: bool = False,
