@@ -5,40 +5,77 @@ instead. Aliases are listed too (`--tp` and `--tensor-parallel-size` both set tp
 parser with argparse's default `allow_abbrev=True`, so any unambiguous prefix of a flag also sets it
 (`--disaggregation-mo decode`): an extra arg is refused when its option name is a prefix of a managed flag,
 not only when it equals one. The CEL rule in `engine.py` and `reserved_flag` below implement that one test.
+
+`FLAGS` is the one table of them: who owns each, and how /server_info shows it to the serverArgs gate.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Final
 
-MANAGED_FLAGS: Final[dict[str, str]] = {
-    "--model-path": "spec.model.source",
-    "--model": "spec.model.source",
-    "--served-model-name": "spec.model.servedName",
-    "--tool-call-parser": "spec.model.toolCallParser",
-    "--reasoning-parser": "spec.model.reasoningParser",
-    "--chat-template": "spec.model.chatTemplate",
-    "--trust-remote-code": "spec.model.trustRemoteCode",
-    "--host": "the operator (pods listen on all interfaces)",
-    "--port": "spec.<role>.port",
-    "--tp-size": "spec.<role>.tp",
-    "--tensor-parallel-size": "spec.<role>.tp",
-    "--dp-size": "spec.<role>.dp",
-    "--data-parallel-size": "spec.<role>.dp",
-    "--enable-dp-attention": "spec.<role>.dp",
-    "--pp-size": "the operator (pipeline parallelism is not supported)",
-    "--pipeline-parallel-size": "the operator (pipeline parallelism is not supported)",
-    "--nnodes": "spec.<role>.nodesPerGroup",
-    "--node-rank": "the operator (one per pod of a group)",
-    "--dist-init-addr": "the operator (rank 0's pod of a group)",
-    "--disaggregation-mode": "the role (prefill or decode)",
-    "--disaggregation-bootstrap-port": "spec.prefill.bootstrapPort",
-    "--disaggregation-transfer-backend": "spec.transfer.backend",
-    "--disaggregation-ib-device": "spec.transfer.ibDevice",
-    "--disable-overlap-schedule": "spec.engine.overlapSchedule",
-    "--disable-tokenizer-batch-decode": "spec.engine.tokenizerBatchDecode",
-    "--enable-metrics": "the operator (metrics are always on)",
+
+@dataclasses.dataclass(frozen=True)
+class ManagedFlag:
+    """One flag the operator owns. `field`/`kind`: the ServerArgs field SGLang's /server_info reports it as and
+    its type there (`bool`: a store_true flag), which the serverArgs gate compares; `unchecked`: why the gate
+    does not compare it, for the others. `switch`: owned through a Switch, so its absence is rendered on purpose
+    and the engine must show it off too."""
+
+    owner: str  # the spec field that sets it, or why nobody may
+    field: str | None = None
+    kind: type = str
+    unchecked: str | None = None
+    switch: bool = False
+
+
+ALIAS = "an alias the renderer never writes"
+NO_PP = "refused: pipeline parallelism is not supported"
+
+# The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
+# renderer's test (every flag `render.engine_args` writes is here) all read it.
+FLAGS: Final[dict[str, ManagedFlag]] = {
+    "--model-path": ManagedFlag("spec.model.source", "model_path"),
+    "--model": ManagedFlag("spec.model.source", unchecked=ALIAS),
+    "--served-model-name": ManagedFlag("spec.model.servedName", "served_model_name"),
+    "--tool-call-parser": ManagedFlag("spec.model.toolCallParser", "tool_call_parser"),
+    "--reasoning-parser": ManagedFlag("spec.model.reasoningParser", "reasoning_parser"),
+    "--chat-template": ManagedFlag("spec.model.chatTemplate", "chat_template"),
+    "--trust-remote-code": ManagedFlag("spec.model.trustRemoteCode", "trust_remote_code", bool),
+    "--host": ManagedFlag("the operator (pods listen on all interfaces)",
+                          unchecked="a bind address: the pod's runtime may narrow 0.0.0.0 to the pod's IP"),
+    "--port": ManagedFlag("spec.<role>.port", "port", int),
+    "--tp-size": ManagedFlag("spec.<role>.tp", "tp_size", int),
+    "--tensor-parallel-size": ManagedFlag("spec.<role>.tp", unchecked=ALIAS),
+    # Rendered only with --enable-dp-attention, under which SGLang 0.5.23 resolves the size into attn_dp_size
+    # (and leaves dp_size at 1).
+    "--dp-size": ManagedFlag("spec.<role>.dp", "attn_dp_size", int),
+    "--data-parallel-size": ManagedFlag("spec.<role>.dp", unchecked=ALIAS),
+    "--enable-dp-attention": ManagedFlag("spec.<role>.dp", "enable_dp_attention", bool),
+    "--pp-size": ManagedFlag("the operator (pipeline parallelism is not supported)", unchecked=NO_PP),
+    "--pipeline-parallel-size": ManagedFlag("the operator (pipeline parallelism is not supported)",
+                                            unchecked=NO_PP),
+    "--nnodes": ManagedFlag("spec.<role>.nodesPerGroup", "nnodes", int),
+    "--node-rank": ManagedFlag("the operator (one per pod of a group)", "node_rank", int),
+    "--dist-init-addr": ManagedFlag("the operator (rank 0's pod of a group)", "dist_init_addr"),
+    "--disaggregation-mode": ManagedFlag("the role (prefill or decode)", "disaggregation_mode"),
+    "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
+                                                   int),
+    "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),
+    "--disaggregation-ib-device": ManagedFlag("spec.transfer.ibDevice", "disaggregation_ib_device"),
+    "--disable-overlap-schedule": ManagedFlag("spec.engine.overlapSchedule", "disable_overlap_schedule", bool,
+                                              switch=True),
+    "--disable-tokenizer-batch-decode": ManagedFlag("spec.engine.tokenizerBatchDecode",
+                                                    "disable_tokenizer_batch_decode", bool, switch=True),
+    "--enable-metrics": ManagedFlag("the operator (metrics are always on)", "enable_metrics", bool),
 }
+MANAGED_FLAGS: Final[dict[str, str]] = {name: flag.owner for name, flag in FLAGS.items()}
+
+
+def server_args_fields() -> dict[str, tuple[str, type]]:
+    """Flag -> (ServerArgs field, type) of every flag the serverArgs gate compares."""
+    return {name: (flag.field, flag.kind) for name, flag in FLAGS.items() if flag.field is not None}
+
 
 
 def option_name(arg: str) -> str:

@@ -25,6 +25,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pdfleet.operator.api import flags
 from pdfleet.operator.api.conditions import ConditionStatus
 from pdfleet.operator.api.engine import Switch
 from pdfleet.operator.api.roles import Role
@@ -47,44 +48,14 @@ SERVER_ARGS = "serverArgs"
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
 ANALYSIS_FAILED = "AnalysisFailed"  # RolloutVerified's reason when a group failed its bake
 
-# Each operator-owned flag the renderer writes, as SGLang's ServerArgs field /server_info reports and its type
-# there (`bool`: a store_true flag). Checked against the installed SGLang in tests/unit/test_verification.py.
-SERVER_ARG_FIELDS: dict[str, tuple[str, type]] = {
-    "--model-path": ("model_path", str),
-    "--served-model-name": ("served_model_name", str),
-    "--tool-call-parser": ("tool_call_parser", str),
-    "--reasoning-parser": ("reasoning_parser", str),
-    "--chat-template": ("chat_template", str),
-    "--trust-remote-code": ("trust_remote_code", bool),
-    "--port": ("port", int),
-    "--tp-size": ("tp_size", int),
-    # Rendered only with --enable-dp-attention, under which SGLang 0.5.23 resolves the size into attn_dp_size
-    # (and leaves dp_size at 1).
-    "--dp-size": ("attn_dp_size", int),
-    "--enable-dp-attention": ("enable_dp_attention", bool),
-    "--nnodes": ("nnodes", int),
-    "--node-rank": ("node_rank", int),
-    "--dist-init-addr": ("dist_init_addr", str),
-    "--disaggregation-mode": ("disaggregation_mode", str),
-    "--disaggregation-bootstrap-port": ("disaggregation_bootstrap_port", int),
-    "--disaggregation-transfer-backend": ("disaggregation_transfer_backend", str),
-    "--disaggregation-ib-device": ("disaggregation_ib_device", str),
-    "--disable-overlap-schedule": ("disable_overlap_schedule", bool),
-    "--disable-tokenizer-batch-decode": ("disable_tokenizer_batch_decode", bool),
-    "--enable-metrics": ("enable_metrics", bool),
-}
-# Managed flags not compared, and why (every other managed flag is in SERVER_ARG_FIELDS).
-NOT_COMPARED: dict[str, str] = {
-    "--host": "a bind address: the pod's runtime may narrow 0.0.0.0 to the pod's IP",
-    "--model": "an alias the renderer never writes",
-    "--tensor-parallel-size": "an alias the renderer never writes",
-    "--data-parallel-size": "an alias the renderer never writes",
-    "--pp-size": "refused: pipeline parallelism is not supported",
-    "--pipeline-parallel-size": "refused: pipeline parallelism is not supported",
-}
+# Each operator-owned flag the gate compares, as SGLang's ServerArgs field /server_info reports and its type there
+# (from the one table, `api.flags.FLAGS`; checked against the installed SGLang in tests/unit/test_verification.py).
+SERVER_ARG_FIELDS: dict[str, tuple[str, type]] = flags.server_args_fields()
+# Managed flags not compared, and why.
+NOT_COMPARED: dict[str, str] = {name: f.unchecked for name, f in flags.FLAGS.items() if f.unchecked is not None}
 # Flags the operator owns through a Switch: their absence is rendered on purpose (the switch is Enabled), so
 # the engine must show them off, too.
-SWITCHED = ("--disable-overlap-schedule", "--disable-tokenizer-batch-decode")
+SWITCHED = tuple(name for name, f in flags.FLAGS.items() if f.switch)
 SERVER_INFO_FIELDS = frozenset(field for field, _ in SERVER_ARG_FIELDS.values())
 
 
