@@ -132,8 +132,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     outcomes = {n: o for n, o in outcomes.items() if n in kept}
     _plan_groups(spec, want, observed, states, outcomes, expect, out, unschedulable)
     _plan_removals(want, observed, expect, out, surge_plan.removed(spec, slots, kept, previous),
-                   failed={g.name for g in previous.groups if g.verification is not None and
-                           any(x.state in verification.STOPPED for x in g.verification.gates)})
+                   failed={g.name for g in previous.groups if verification.failed(g.verification)})
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
                          outcomes, unschedulable)
     if (verified := rollback.record(pool, new_status, now)) is not None:
@@ -246,8 +245,7 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
                 # A group whose revision failed its gates or bake here (the canary of a revision being rolled
                 # back) drains briefly: a broken engine's queue may never empty, and its slot is what the
                 # rollback waits for.
-                failed = (v := outcomes[group.name].verification) is not None and \
-                    any(g.state in verification.STOPPED for g in v.gates)
+                failed = verification.failed(outcomes[group.name].verification)
                 out.delete_objects(current, grace_period_seconds=FAILED_GRACE_SECONDS if failed else None)
                 replaced.append((group, current))
             elif state in (GroupState.MISSING, GroupState.PARTIAL):

@@ -94,6 +94,11 @@ class Outcome:
         return next((g for g in self.verification.gates if g.state in STOPPED), None)
 
 
+def failed(check: GroupVerification | None) -> bool:
+    """A gate of this verification (its bake included) failed or timed out."""
+    return check is not None and any(g.state in STOPPED for g in check.gates)
+
+
 def expected_event_loop(spec: InferencePoolSpec, role: Role) -> str:
     """The loop SGLang's `_dispatch_event_loop_once` picks for a PD engine of `role` rendered from `spec`:
     `event_loop_overlap_disagg_<role>` unless --disable-overlap-schedule (overlapSchedule: Disabled), then

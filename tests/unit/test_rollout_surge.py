@@ -74,10 +74,8 @@ def walk(policy: dict, replicas: dict[Role, int], *, verifies: Callable[[str], b
         for name, g in groups.items():
             if g.state is S.MISSING:
                 ran.add(name)
-            if g.state in NEXT and name not in picked and (name in before or g.state is not S.MISSING):
+            if g.state in NEXT and name not in picked and name in before:  # one created now starts next tick
                 g.state = NEXT[g.state]
-            elif g.state is S.MISSING and name not in picked:
-                pass  # created this tick: it starts at the next
             elif g.state is S.READY and not g.verified and not stopped:
                 if verifies(name):
                     g.verified = True
