@@ -19,6 +19,8 @@ WEATHER_TOOL = {"type": "function", "function": {
     "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
 PING_TOOL = {"type": "function", "function": {"name": "ping", "parameters": {"type": "object", "properties": {}}}}
 
+STOP: dict[str, Any] = {"type": "stop"}  # the engine's finish reason when nothing else is said
+
 _SERVING = dict(allow_auto_truncate=False, default_chat_template_kwargs=None, enable_cache_report=False,
                 incremental_streaming_output=False, return_input_ids=False, return_output_ids=False,
                 stream_response_default_include_usage=False, trust_request_chat_template=False)
@@ -54,6 +56,7 @@ class FakeTokenizerManager:
         self.model_config = SimpleNamespace(get_default_sampling_params=lambda: {},
                                             hf_config=SimpleNamespace(model_type="deepseek_v32"))
         self.outputs: dict[str, list[str]] = {}
+        self.finishes: dict[str, dict[str, Any]] = {}  # a request's finish reason, if not a plain stop
 
     def config_value(self, name: str) -> Any:
         return self._config.get(name)
@@ -61,45 +64,56 @@ class FakeTokenizerManager:
     async def generate_request(self, adapted: Any, raw_request: Any = None) -> AsyncIterator[dict[str, Any]]:
         """One request's engine chunks: cumulative text, as SGLang streams it by default."""
         chunks = self.outputs[adapted.rid]
+        finish = self.finishes.get(adapted.rid, STOP)
         text = ""
         for n, piece in enumerate(chunks):
             text += piece
             last = n == len(chunks) - 1
-            yield {"text": text, "index": 0, "meta_info": _meta(adapted.rid, n + 1, "stop" if last else None)}
+            yield {"text": text, "index": 0, "meta_info": _meta(adapted.rid, n + 1, finish if last else None)}
 
 
-def _meta(rid: str, tokens: int, finish: str | None) -> dict[str, Any]:
-    return {"id": rid, "finish_reason": {"type": finish} if finish else None, "prompt_tokens": 3,
+def _meta(rid: str, tokens: int, finish: dict[str, Any] | None) -> dict[str, Any]:
+    return {"id": rid, "finish_reason": dict(finish) if finish else None, "prompt_tokens": 3,
             "completion_tokens": tokens, "cached_tokens": 0, "weight_version": "default"}
 
 
-def handler(cls: type, tool_call_parser: str | None = "deepseekv32") -> Any:
-    template_manager = SimpleNamespace(force_reasoning=False, chat_template_name=None,
-                                       jinja_template_content_format=None)
-    return cls(FakeTokenizerManager(tool_call_parser), template_manager)
+def template_manager() -> Any:
+    """What the handler reads of a TemplateManager: no chat template of its own."""
+    return SimpleNamespace(force_reasoning=False, chat_template_name=None, jinja_template_content_format=None)
+
+
+def handler(cls: type, tool_call_parser: str | None = "deepseekv32", *, tokenizer: bool = True) -> Any:
+    """`cls` over a FakeTokenizerManager; without `tokenizer`, as a server started with --skip-tokenizer-init."""
+    manager = FakeTokenizerManager(tool_call_parser)
+    if not tokenizer:
+        manager.tokenizer = None
+    return cls(manager, template_manager())
 
 
 def chat_request(*, tools: Sequence[dict[str, Any]] = (), tool_choice: str | None = None,
-                 stream: bool = False) -> Any:
+                 stream: bool = False, **fields: Any) -> Any:
+    """A chat request; `fields`: any other of its fields (`stop`, `max_tokens`)."""
     from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 
-    extra: dict[str, Any] = {"tools": list(tools)} if tools else {}
+    extra: dict[str, Any] = {"tools": list(tools), **fields} if tools else dict(fields)
     if tool_choice is not None:
         extra["tool_choice"] = tool_choice
     return ChatCompletionRequest(model="m", messages=[{"role": "user", "content": "hi"}], stream=stream, **extra)
 
 
-def respond(serving: Any, request: Any, text: str, rid: str = "req-1") -> Any:
-    """The non-streaming response to `request` whose engine output was `text`."""
-    ret = [{"text": text, "meta_info": _meta(rid, 1, "stop"), "output_ids": [1]}]
+def respond(serving: Any, request: Any, text: str, rid: str = "req-1", finish: dict[str, Any] = STOP) -> Any:
+    """The non-streaming response to `request` whose engine output was `text`, ended by `finish`."""
+    ret = [{"text": text, "meta_info": _meta(rid, 1, finish), "output_ids": [1]}]
     return serving._build_chat_response(request, ret, int(time.time()))
 
 
-async def stream(serving: Any, request: Any, chunks: Sequence[str], rid: str) -> dict[str, Any]:
-    """Streams `chunks` through the handler's real `_generate_chat_stream`; returns what a client assembles:
-    content, tool calls (name, arguments) and the finish reason."""
+async def stream(serving: Any, request: Any, chunks: Sequence[str], rid: str,
+                 finish: dict[str, Any] = STOP) -> dict[str, Any]:
+    """Streams `chunks` (ended by `finish`) through the handler's real `_generate_chat_stream`; returns what a
+    client assembles: content, tool calls (name, arguments) and the finish reason."""
     serving.tokenizer_manager.outputs[rid] = list(chunks)
-    content, calls, indices, finish = "", [], [], None
+    serving.tokenizer_manager.finishes[rid] = finish
+    content, calls, indices, reason = "", [], [], None
     async for event in serving._generate_chat_stream(SimpleNamespace(rid=rid), request, None):
         if not event.startswith("data: {"):
             continue
@@ -113,9 +127,9 @@ async def stream(serving: Any, request: Any, chunks: Sequence[str], rid: str) ->
                     indices.append(call.get("index"))
                 elif calls:
                     calls[-1][1] += fn.get("arguments") or ""
-            finish = choice.get("finish_reason") or finish
+            reason = choice.get("finish_reason") or reason
     return {"content": content, "calls": [tuple(c) for c in calls], "tool_indices": indices,
-            "finish_reason": finish}
+            "finish_reason": reason}
 
 
 def v32_markup(calls: Sequence[tuple[str, dict[str, Any]]]) -> str:

@@ -97,7 +97,7 @@ class V4TokenizerManager(chat_serving.FakeTokenizerManager):
         ids: list[int] = []
         for n, piece in enumerate(chunks):
             ids = ids + list(piece)
-            finish = {"type": "stop"} if n == len(chunks) - 1 else None
+            finish = dict(self.finishes.get(adapted.rid, chat_serving.STOP)) if n == len(chunks) - 1 else None
             yield {"text": self.tokenizer.decode(ids), "output_ids": ids, "index": 0, "meta_info": {
                 "id": adapted.rid, "finish_reason": finish, "prompt_tokens": 3, "completion_tokens": len(ids),
                 "cached_tokens": 0, "weight_version": "default"}}
@@ -106,24 +106,24 @@ class V4TokenizerManager(chat_serving.FakeTokenizerManager):
 
 def v4_handler(cls: type, tool_call_parser: str | None = V4_PARSER) -> Any:
     """`cls` (OpenAIServingChat or the guarded subclass) over a V4TokenizerManager; `serving_settings` first."""
-    template_manager = SimpleNamespace(force_reasoning=False, chat_template_name=None,
-                                       jinja_template_content_format=None)
-    return cls(V4TokenizerManager(tool_call_parser), template_manager)
+    return cls(V4TokenizerManager(tool_call_parser), chat_serving.template_manager())
 
 
-async def v4_stream(serving: Any, request: Any, id_chunks: Sequence[Sequence[int]], rid: str) -> dict[str, Any]:
+async def v4_stream(serving: Any, request: Any, id_chunks: Sequence[Sequence[int]], rid: str,
+                    finish: dict[str, Any] = chat_serving.STOP) -> dict[str, Any]:
     """`chat_serving.stream` with the engine's output given as chunks of token ids."""
     serving.tokenizer_manager.id_chunks[rid] = [list(c) for c in id_chunks]
     serving.tokenizer_manager.outputs[rid] = []
-    return await chat_serving.stream(serving, request, [], rid)
+    return await chat_serving.stream(serving, request, [], rid, finish)
 
 
-def v4_respond(serving: Any, request: Any, ids: Sequence[int], rid: str = "req-1") -> Any:
-    """The non-streaming response to `request` whose engine output was `ids`."""
+def v4_respond(serving: Any, request: Any, ids: Sequence[int], rid: str = "req-1",
+               finish: dict[str, Any] = chat_serving.STOP) -> Any:
+    """The non-streaming response to `request` whose engine output was `ids`, ended by `finish`."""
     import time
 
     text = serving.tokenizer_manager.tokenizer.decode(list(ids))
     ret = [{"text": text, "output_ids": list(ids), "meta_info": {
-        "id": rid, "finish_reason": {"type": "stop"}, "prompt_tokens": 3, "completion_tokens": len(ids),
+        "id": rid, "finish_reason": dict(finish), "prompt_tokens": 3, "completion_tokens": len(ids),
         "cached_tokens": 0, "weight_version": "default"}}]
     return serving._build_chat_response(request, ret, int(time.time()))
