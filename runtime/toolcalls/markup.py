@@ -37,6 +37,7 @@ class Cause(enum.Enum):
     STRIPPED_MARKERS = "stripped-markers"  # `｜DSML｜` was decoded away (skip_special_tokens in a mixed batch)
     WRONG_VERSION = "wrong-version-markers"  # the other DeepSeek version's block (a mismatched chat template)
     MALFORMED_CALL = "malformed-call"  # the expected markup, which the parser refused (unclosed, bad arguments)
+    TRUNCATED_CALL = "truncated-call"  # the output ended inside a call block (max tokens, a stop string, an abort)
 
 
 @dataclasses.dataclass(frozen=True)

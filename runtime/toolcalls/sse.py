@@ -1,8 +1,9 @@
 """The guard applied to the OpenAI chat stream's SSE chunks (`data: {json}\n\n`), one choice at a time.
 
 Content deltas go through the choice's `StreamGuard`; salvaged calls ride the same chunk as `tool_calls`
-deltas, numbered after the calls SGLang's own parser already streamed. A chunk left with nothing to say is
-dropped. The common case, a chunk without `<` while nothing is held, passes through unparsed.
+deltas, numbered after the calls SGLang's own parser already streamed. SGLang's own call deltas go through the
+choice's `CallHold` (whole calls only). A chunk left with nothing to say is dropped. The common case, a chunk
+without `<` or a call while nothing is held, passes through unparsed.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import uuid
 from typing import Any
 
+from pdfleet.runtime.toolcalls.cut import cut_region, leaks
+from pdfleet.runtime.toolcalls.hold import CallHold
 from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.stream import Leak, Step, StreamGuard
 
@@ -23,16 +26,22 @@ class ChoiceStream:
 
     def __init__(self, guard: StreamGuard) -> None:
         self.guard = guard
-        self.next_tool_index = 0
+        self.calls = CallHold(hold=guard.context.salvage)
         self.salvaged = 0
         self.leaks: list[Leak] = []
+        self.output = ""  # the choice's raw output so far, markup and all: where a cut is seen
+        self.incremental = False  # whether engine chunks carry only their new text
+
+    def see(self, text: str, *, incremental: bool) -> None:
+        """An engine chunk's text: the output so far, or with incremental streaming only what it added."""
+        self.output = self.output + text if incremental else text
 
     def tool_call_deltas(self, calls: list[Call]) -> list[dict[str, Any]]:
         deltas = []
         for call in calls:
-            deltas.append({"id": f"call_{uuid.uuid4().hex[:24]}", "index": self.next_tool_index, "type": "function",
+            deltas.append({"id": f"call_{uuid.uuid4().hex[:24]}", "index": self.calls.next_index, "type": "function",
                            "function": {"name": call.name, "arguments": call.arguments}})
-            self.next_tool_index += 1
+            self.calls.next_index += 1
         self.salvaged += len(calls)
         return deltas
 
@@ -43,26 +52,44 @@ class ChoiceStream:
             delta["tool_calls"] = [*(delta.get("tool_calls") or []), *self.tool_call_deltas(step.calls)]
 
     def rewrite(self, chunk: str) -> str | None:
-        """The chunk with its content guarded; None to drop it."""
-        if '"tool_calls"' in chunk:
-            self.note_tool_calls(chunk)
-        if ("<" not in chunk and "\\u003c" not in chunk and self.guard.idle) or not chunk.startswith(_DATA_OBJECT):
+        """The chunk with its content guarded and its calls held; None to drop it."""
+        if not chunk.startswith(_DATA_OBJECT):
+            return chunk
+        calls = '"tool_calls"' in chunk
+        if "<" not in chunk and "\\u003c" not in chunk and self.guard.idle and not calls:
             return chunk
         payload = json.loads(chunk[len(_DATA):])
         choices = payload.get("choices") or []
         if len(choices) != 1:
             return chunk
         delta = choices[0].get("delta") or {}
+        held = calls and self._hold_calls(delta)
         content = delta.get("content")
         if not content:
-            return chunk
+            if not held:
+                return chunk
+            return None if not _says_more(payload, choices[0], delta) else _serialised(payload)
         step = self.guard.feed(content)
-        if step.text == content and not step.calls and not step.leaks:
+        if step.text == content and not step.calls and not step.leaks and not held:
             return chunk  # released as it came: no need to serialise it again
         self._apply(delta, step)
         if not delta["content"] and not _says_more(payload, choices[0], delta):
             return None
-        return f"{_DATA}{json.dumps(payload, ensure_ascii=False)}\n\n"
+        return _serialised(payload)
+
+    def _hold_calls(self, delta: dict[str, Any]) -> bool:
+        """Passes SGLang's call deltas through the hold; whether the delta changed."""
+        deltas = delta.get("tool_calls")
+        if not deltas:
+            return False
+        released = self.calls.take(deltas)
+        if released is deltas:
+            return False
+        if released:
+            delta["tool_calls"] = released
+        else:
+            del delta["tool_calls"]
+        return True
 
     def flush(self, *, chunk_id: str, created: int, model: str, index: int) -> str | None:
         """What the guard still holds at the end of the choice, as one chunk (None: nothing)."""
@@ -73,21 +100,25 @@ class ChoiceStream:
             return None
         payload = {"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
                    "choices": [{"index": index, "delta": delta, "finish_reason": None}]}
-        return f"{_DATA}{json.dumps(payload, ensure_ascii=False)}\n\n"
+        return _serialised(payload)
+
+    def settle(self) -> bool:
+        """At the end of the choice: counts a cut block or calls with broken arguments (withheld by the hold);
+        whether the finish reason may say `tool_calls`."""
+        found = cut_region(self.output) if self.guard.context.parsing_active else None
+        broken = self.calls.finish()
+        self.leaks.extend(leaks(found, broken, salvage=self.guard.context.salvage))
+        return found is None and self.calls.sent + self.salvaged > 0
 
     def take_leaks(self) -> list[Leak]:
         leaks, self.leaks = self.leaks, []
         return leaks
 
-    def note_tool_calls(self, chunk: str) -> None:
-        """Keeps salvaged indices after the calls SGLang's parser streamed (chunks the fast path skipped)."""
-        if '"tool_calls"' not in chunk or not chunk.startswith(_DATA_OBJECT):
-            return
-        for choice in json.loads(chunk[len(_DATA):]).get("choices") or []:
-            for call in (choice.get("delta") or {}).get("tool_calls") or []:
-                self.next_tool_index = max(self.next_tool_index, int(call.get("index") or 0) + 1)
-
 
 def _says_more(payload: dict[str, Any], choice: dict[str, Any], delta: dict[str, Any]) -> bool:
     return bool(delta.get("tool_calls") or delta.get("role") or delta.get("reasoning_content")
                 or choice.get("logprobs") or choice.get("finish_reason") or payload.get("usage"))
+
+
+def _serialised(payload: dict[str, Any]) -> str:
+    return f"{_DATA}{json.dumps(payload, ensure_ascii=False)}\n\n"

@@ -25,8 +25,10 @@ import os
 from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
+from pdfleet.runtime.toolcalls.cut import complete_calls, cut_region, finish_reason, json_object, leaks
 from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK
 from pdfleet.runtime.toolcalls.report import Reporter
+from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.sse import ChoiceStream
 from pdfleet.runtime.toolcalls.stream import Context, StreamGuard, scan
 
@@ -67,15 +69,16 @@ def context_for(serving: Any, request: Any, *, salvage: bool) -> Context:
     )
 
 
-def guard_non_streaming(serving: Any, request: Any, response: Any, request_id: str) -> Any:
-    """Guards each choice of a ChatCompletionResponse in place; anything else (an error) passes."""
+def guard_non_streaming(serving: Any, request: Any, response: Any, request_id: str,
+                        outputs: list[tuple[str, str | None]]) -> Any:
+    """Guards each choice of a ChatCompletionResponse in place; anything else (an error) passes. `outputs`:
+    each choice's raw output text and the engine's finish reason, as they were before SGLang's parsers."""
     choices = getattr(response, "choices", None)
     if not choices:
         return response
-    from sglang.srt.entrypoints.openai.protocol import FunctionResponse, ToolCall
-
     context = context_for(serving, request, salvage=serving.pdfleet_salvage)
-    for choice in choices:
+    for choice, (output, engine_finish) in zip(choices, outputs, strict=False):
+        cut_short = settle_cut(serving, choice, output, engine_finish, context, request_id)
         message = choice.message
         if not message.content:
             continue
@@ -85,14 +88,55 @@ def guard_non_streaming(serving: Any, request: Any, response: Any, request_id: s
             continue
         message.content = step.text
         if step.calls:
-            existing = list(message.tool_calls or [])
-            for n, call in enumerate(step.calls, start=len(existing)):
-                existing.append(ToolCall(id=f"call_{request_id}_{n}", index=n,
-                                         function=FunctionResponse(name=call.name, arguments=call.arguments)))
-            message.tool_calls = existing
-            if choice.finish_reason == "stop":
+            append_calls(message, step.calls, request_id)
+            if choice.finish_reason == "stop" and not cut_short:
                 choice.finish_reason = "tool_calls"
     return response
+
+
+def settle_cut(serving: Any, choice: Any, output: str, engine_finish: str | None, context: Context,
+               request_id: str) -> bool:
+    """The contract for an output cut inside a call block (`toolcalls.cut`) on one choice: SGLang's calls whose
+    arguments are not a JSON object withheld, the calls complete before the cut returned (SGLang's text
+    detectors drop the whole block), the engine's finish reason kept. Whether the output was cut."""
+    if not context.parsing_active:
+        return False
+    found = cut_region(output)
+    message = choice.message
+    calls = list(message.tool_calls or [])
+    broken = [c.function.arguments or "" for c in calls if not json_object(c.function.arguments or "")]
+    serving.pdfleet_reporter.record(leaks(found, broken, salvage=context.salvage), request_id)
+    if not context.salvage:
+        return found is not None
+    kept = [c for c in calls if json_object(c.function.arguments or "")]
+    for n, call in enumerate(kept):
+        call.index = n
+    message.tool_calls = kept or None
+    if found is not None and not calls:
+        append_calls(message, complete_calls(found, context.tools), request_id)
+    choice.finish_reason = finish_reason(choice.finish_reason, engine_finish, cut=found is not None,
+                                         calls=len(message.tool_calls or []))
+    return found is not None
+
+
+def append_calls(message: Any, calls: list[Call], request_id: str) -> None:
+    """`calls` as `tool_calls` after the message's own, numbered on from them."""
+    if not calls:
+        return
+    from sglang.srt.entrypoints.openai.protocol import FunctionResponse, ToolCall
+
+    existing = list(message.tool_calls or [])
+    for n, call in enumerate(calls, start=len(existing)):
+        existing.append(ToolCall(id=f"call_{request_id}_{n}", index=n,
+                                 function=FunctionResponse(name=call.name, arguments=call.arguments)))
+    message.tool_calls = existing
+
+
+def incremental_streaming() -> bool:
+    """Whether SGLang's engine chunks carry only their new text (`--incremental-streaming-output`)."""
+    from sglang.srt.entrypoints.openai import serving_chat
+
+    return bool(serving_chat.get_serving().incremental_streaming_output)
 
 
 @functools.cache
@@ -109,9 +153,12 @@ def guarded_class(base: type) -> type:
             self.pdfleet_reporter = Reporter()
 
         def _build_chat_response(self, request: Any, ret: list[dict[str, Any]], created: int) -> Any:
+            # Read before SGLang's parsers: its text path rewrites the finish reason dict in place.
+            outputs = [(str(item.get("text") or ""), (item["meta_info"].get("finish_reason") or {}).get("type"))
+                       for item in ret]
             response = super()._build_chat_response(request, ret, created)
             request_id = str(ret[0]["meta_info"].get("id", "")) if ret else ""
-            return guard_non_streaming(self, request, response, request_id)
+            return guard_non_streaming(self, request, response, request_id, outputs)
 
         async def _generate_stream_content(self, **kwargs: Any) -> AsyncGenerator[str, None]:
             index, state_holder = kwargs["index"], kwargs["stream_offsets"]
@@ -120,19 +167,26 @@ def guarded_class(base: type) -> type:
             if stream is None:
                 context = context_for(self, kwargs["request"], salvage=self.pdfleet_salvage)
                 stream = state_holder[key] = ChoiceStream(StreamGuard(context))
+                stream.incremental = incremental_streaming()
+            stream.see(str(kwargs["content"].get("text") or ""), incremental=stream.incremental)
             async for chunk in super()._generate_stream_content(**kwargs):
                 rewritten = stream.rewrite(chunk)
                 if rewritten is not None:
                     yield rewritten
             request_id = str(kwargs["content"]["meta_info"].get("id", ""))
+            if stream.salvaged:
+                kwargs["has_tool_calls"][index] = True
             if kwargs["finish_reason_type"] is not None:
                 request = kwargs["request"]
                 tail = stream.flush(chunk_id=request_id, created=kwargs["created"], model=request.model,
                                     index=index)
                 if tail is not None:
                     yield tail
-            if stream.salvaged:
-                kwargs["has_tool_calls"][index] = True
+                # SGLang's closing chunk says `tool_calls` for a stop when this is set: not for a cut block
+                # nor when every call it streamed was withheld.
+                says_calls = stream.settle()
+                if self.pdfleet_salvage:
+                    kwargs["has_tool_calls"][index] = says_calls
             self.pdfleet_reporter.record(stream.take_leaks(), request_id)
 
     GuardedServingChat.__qualname__ = GuardedServingChat.__name__ = f"Guarded{base.__name__}"
