@@ -80,6 +80,7 @@ test-unit: test-fast ## the same as test-fast (every test that needs no cluster 
 bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in the same process
 	@echo "== rank-health ledger: cost per scheduler loop step"; $(PY) benchmarks/bench_ledger.py
 	@echo "== tool-call leak guard: cost on streamed text vs SGLang's V3.2 detector alone"; $(PY) benchmarks/bench_toolcall_guard.py
+	@echo "== tool-call hold: a streamed call's delay and the handler's cpu, V4's recipe route, guarded vs bare"; $(PY) benchmarks/bench_toolcall_hold.py
 	@echo "== tool-call canary: run time for 256 concurrent requests vs the same requests bare"; $(PY) benchmarks/bench_toolcall_canary.py
 	@echo "== indexer kernels (Triton's interpreter) and the FP8 emulation vs the fp32 reference, small shapes on CPU"; $(PY) benchmarks/bench_indexer.py
 	@echo "== bf16-index-keys: KV capacity a user gives up, DeepSeek V3.2 on SGLang's own DSATokenToKVPool, FP8 vs bf16 index keys"; $(PY) benchmarks/bench_indexer_memory.py
