@@ -2,7 +2,7 @@
 
 What is measured is the operator's own polling path, unmodified: `HealthMonitor.poll` over a real `Cache`
 (built from plain mappings, as kopf's indices are) holding a pool rendered by the operator's renderer, asking
-every group's agent through the real `AgentClient` at the pods' IPs and judging each group with
+every group's agent through the operator's real `EngineClient` at the pods' IPs and judging each group with
 `planning.rank_health`. Every group (TP 2, one pod) is a real runtime `Agent` on its own loopback address
 (127.2.x.y, port `AGENT_PORT`, as a pod IP would be) serving a real ledger that two ranks write through
 `attach_rank`. The agents and their ranks live in child processes, so this process's CPU time is the
@@ -34,7 +34,7 @@ import yaml
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.cache import Cache, PoolKey
-from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import desired
@@ -126,7 +126,8 @@ async def measure(groups: int, rounds: int, polls: int) -> None:
     one_pool, one_pods = pool_objects("single", groups, "uid-single")
     one_pods = one_pods[:1]  # its IP is group 0's agent
     cache = Cache({big_key: [big_pool], one_key: [one_pool]}, [{big_key: big_pods, one_key: one_pods}])
-    monitor = HealthMonitor(cache=cache, agents=AgentClient(), poke=lambda _key: None)
+    engines = EngineClient()
+    monitor = HealthMonitor(cache=cache, engines=engines, poke=lambda _key: None)
     try:
         # Warm up until every group is judged Healthy, so what follows is the steady state being measured.
         deadline = time.monotonic() + 30
@@ -150,6 +151,7 @@ async def measure(groups: int, rounds: int, polls: int) -> None:
         print(f"verdicts after measuring: {dict(verdicts)}")
     finally:
         await monitor.close()
+        await engines.close()
 
     one_ms = statistics.median(cpu[one_key]) * 1e3
     big_ms = statistics.median(cpu[big_key]) * 1e3

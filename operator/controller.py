@@ -17,7 +17,7 @@ from typing import Any
 from pdfleet.operator import metrics
 from pdfleet.operator.cache import Cache, ObjectKey, Observed, PoolKey
 from pdfleet.operator.engines import evidence
-from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
@@ -62,7 +62,7 @@ def _no_engines(_: PoolKey) -> Mapping[str, EngineFacts]:
 
 class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, settings: Settings | None = None,
-                 health: HealthView = _no_health, agents: AgentClient | None = None,
+                 health: HealthView = _no_health, agents: EngineClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
                  engines: EnginesView = _no_engines, background_events: bool = False,
                  router_keys: RouterKeys | None = None) -> None:

@@ -20,7 +20,8 @@ from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.cache import PoolKey
-from pdfleet.operator.engines import agents, membership, monitor, routers
+from pdfleet.operator.engines import client as engine_client
+from pdfleet.operator.engines import membership, monitor
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
@@ -94,16 +95,17 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     settings.networking.request_timeout = 60
     cfg = await kube_client.load_configuration(state.options.kubeconfig)
     state.client = kube_client.KubeClient(cfg)
-    agent_client = agents.AgentClient()  # one door to the engines: health polls and evidence alike
-    state.health = monitor.HealthMonitor(cache=state.cache, agents=agent_client,
+    # One door to engines and routers: health polls, evidence, verification, canaries, probes and router writes.
+    state.engines = engine_client.EngineClient()
+    state.health = monitor.HealthMonitor(cache=state.cache, engines=state.engines,
                                          poke=lambda key: _poke_known(state, key))
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
                                                  settings=state.options.render,
-                                                 health=state.health.health, agents=agent_client,
+                                                 health=state.health.health, agents=state.engines,
                                                  requeue=state.queue.add_after, engines=state.health.facts,
                                                  background_events=True)
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
-    state.membership = membership.RouterMembership(routers=routers.RouterClient(),
+    state.membership = membership.RouterMembership(routers=state.engines,
                                                    key=state.controller.router_keys.for_pod,
                                                    post_event=state.controller.post_event)
     state.health.after_poll = state.membership.sync
@@ -140,10 +142,10 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     state.queue.close()
     if state.health:
         await state.health.close()
-    if state.membership:
-        await state.membership.close()
     if state.controller:
         await state.controller.drain(timeout=5)  # the last reconciles' Events, before the client closes
+    if state.engines:
+        await state.engines.close()
     if state.client:
         await state.client.close()
 

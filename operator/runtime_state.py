@@ -7,6 +7,7 @@ import dataclasses
 
 from pdfleet.operator.cache import Cache, PoolKey
 from pdfleet.operator.controller import Controller
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
@@ -48,6 +49,7 @@ class OperatorState:
     controller: Controller | None = None
     health: HealthMonitor | None = None  # polls the engines' rank agents; set at startup
     membership: RouterMembership | None = None  # keeps the routers' workers to what the operator judged
+    engines: EngineClient | None = None  # the one client to engines and routers, shared by all of the above
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 

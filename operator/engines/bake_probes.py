@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import toolcall_canary
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import router_membership
 
 log = logging.getLogger(__name__)
@@ -41,11 +42,11 @@ class Pair:
     model: str
 
 
-async def probe(pair: Pair, requests: int) -> None:
+async def probe(engines: EngineClient, pair: Pair, requests: int) -> None:
     """Sends `requests` plain probes through `pair`; failures are the engines' to count, not ours to judge."""
     try:
         await asyncio.wait_for(toolcall_canary.run_pd(
-            router_membership.worker_url(pair.prefill_ip, pair.prefill_port),
+            engines, router_membership.worker_url(pair.prefill_ip, pair.prefill_port),
             router_membership.worker_url(pair.decode_ip, pair.decode_port),
             bootstrap_host=pair.prefill_ip, bootstrap_port=pair.bootstrap_port, model=pair.model,
             requests=requests, concurrency=min(CONCURRENCY, requests), timeout_s=REQUEST_TIMEOUT_S, parser=None,
@@ -55,9 +56,10 @@ async def probe(pair: Pair, requests: int) -> None:
 
 
 class BakeProber:
-    """The probe runs of every pool, one per baking group at a time. Create it inside the operator's event loop."""
+    """The probe runs of every pool, one per baking group at a time. Create it inside the operator's event loop;
+    `run` sends one (`probe` with the operator's client, or a test's own)."""
 
-    def __init__(self, *, run: Callable[[Pair, int], Awaitable[None]] = probe) -> None:
+    def __init__(self, *, run: Callable[[Pair, int], Awaitable[None]]) -> None:
         self._run = run
         self._tasks: dict[tuple[PoolKey, str], asyncio.Task[None]] = {}
         self.sent = 0  # probes asked for, all told

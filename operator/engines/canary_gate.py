@@ -21,6 +21,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import toolcall_canary
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import canary_gate, router_membership
 from pdfleet.operator.planning.canary_gate import CanaryFinding
 
@@ -59,12 +60,12 @@ def target(spec: InferencePoolSpec, decode_leader: dict[str, Any], prefill_leade
                   model=spec.model.served_name, parser=spec.model.tool_call_parser)
 
 
-async def run_once(target: Target, *, requests: int = REQUESTS, timeout_s: float = REQUEST_TIMEOUT_S,
-                   run_timeout_s: float = RUN_TIMEOUT_S) -> CanaryFinding:
+async def run_once(engines: EngineClient, target: Target, *, requests: int = REQUESTS,
+                   timeout_s: float = REQUEST_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S) -> CanaryFinding:
     """One bounded canary run at `target`, as the gate reads it."""
     try:
         report = await asyncio.wait_for(toolcall_canary.run_pd(
-            router_membership.worker_url(target.prefill_ip, target.prefill_port),
+            engines, router_membership.worker_url(target.prefill_ip, target.prefill_port),
             router_membership.worker_url(target.decode_ip, target.decode_port),
             bootstrap_host=target.prefill_ip, bootstrap_port=target.bootstrap_port, model=target.model,
             requests=requests, concurrency=requests, timeout_s=timeout_s, parser=target.parser,
@@ -78,14 +79,15 @@ async def run_once(target: Target, *, requests: int = REQUESTS, timeout_s: float
 
 class CanaryRunner:
     """The canary runs of every pool, and what they found, by decode leader pod uid. Create it inside the
-    operator's event loop; `done` is called with the pool's key when a run finishes (to poll it again)."""
+    operator's event loop; `done` is called with the pool's key when a run finishes (to poll it again), `run` starts
+    one (`run_once` with the operator's client, or a test's own)."""
 
-    def __init__(self, *, done: Callable[[PoolKey], None], retry_s: float = RETRY_S,
-                 run: Callable[[Target], asyncio.Future[CanaryFinding]] | None = None,
+    def __init__(self, *, done: Callable[[PoolKey], None], run: Callable[[Target], asyncio.Future[CanaryFinding]],
+                 retry_s: float = RETRY_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._done = done
         self._retry_s = retry_s
-        self._run = run or (lambda target: asyncio.ensure_future(run_once(target)))
+        self._run = run
         self._clock = clock
         self._tasks: dict[PoolKey, dict[str, asyncio.Future[CanaryFinding]]] = {}
         self._found: dict[PoolKey, dict[str, tuple[CanaryFinding, float]]] = {}  # with when it was found

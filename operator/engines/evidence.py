@@ -1,6 +1,6 @@
 """Evidence of a sick group, captured from its agents before the operator restarts it (docs/architecture.md).
 
-`capture` asks every pod's agent, through the one agent client (`agents.AgentClient`), for its ranks' records
+`capture` asks every pod's agent, through the operator's one client (`client.EngineClient`), for its ranks' records
 (`/ranks`) and, when asked, their Python stacks (`/ranks/stacks`), all at once and each bounded by a short
 timeout; a pod that does not answer is noted, never waited for. `configmap` turns what came back into the
 ConfigMap the planner named (`planning.restarts.EvidenceRequest`), small enough for the apiserver: stacks are
@@ -14,7 +14,7 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pdfleet.operator.engines.agents import AgentClient
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning.restarts import EvidenceRequest
 
 Body = dict[str, Any]
@@ -25,13 +25,13 @@ UNREACHABLE = '{"unreachable": true}'
 TRUNCATED = "\n... truncated by the pdfleet operator: the evidence must fit in one ConfigMap\n"
 
 
-async def capture(agents: AgentClient, request: EvidenceRequest, pods: Sequence[Body], *,
+async def capture(agents: EngineClient, request: EvidenceRequest, pods: Sequence[Body], *,
                   timeout: float = 2.0) -> dict[str, str]:
     """ConfigMap data: `summary.txt`, then `<pod>.ranks.json` and `<pod>.stacks.json` for every pod asked."""
 
     async def one(pod: Body) -> tuple[str, Any, Any]:
-        records = agents.fetch_json(pod, timeout=timeout) if request.records else _none()
-        stacks = agents.fetch_json(pod, path=f"/stacks?timeout={STACK_TIMEOUT_S:g}",
+        records = agents.agent_json(pod, timeout=timeout) if request.records else _none()
+        stacks = agents.agent_json(pod, path=f"/stacks?timeout={STACK_TIMEOUT_S:g}",
                                    timeout=timeout + STACK_TIMEOUT_S) if request.stacks else _none()
         got = await asyncio.gather(records, stacks)
         return pod["metadata"]["name"], got[0], got[1]

@@ -15,7 +15,7 @@ from typing import Any
 from pdfleet.operator import metrics
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed, PoolKey
-from pdfleet.operator.engines.routers import RouterClient, router_base
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import router_membership
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -35,9 +35,9 @@ def _serving(pod: Body) -> bool:
 
 
 class RouterMembership:
-    def __init__(self, *, routers: RouterClient, key: RouterKey, post_event: PostEvent | None = None,
+    def __init__(self, *, routers: EngineClient, key: RouterKey, post_event: PostEvent | None = None,
                  grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
-        self._routers = routers
+        self._routers = routers  # not ours to close: the operator's one client, shared
         self._key = key
         self._post_event = post_event
         self._grace = grace_s
@@ -46,9 +46,6 @@ class RouterMembership:
         # each pool's poll sees only its own routers and must never forget another pool's.
         self._missing: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
         self._unwanted: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
-
-    async def close(self) -> None:
-        await self._routers.close()
 
     async def sync(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
                    health: Mapping[str, GroupHealth]) -> None:
@@ -64,11 +61,9 @@ class RouterMembership:
                                                          {n: h.verdict for n, h in health.items()})
         for router in routers:
             uid = router["metadata"].get("uid", "")
-            base = router_base(router, spec.router.port)
-            if base is None:
-                continue
+            port = spec.router.port
             key_ = self._key(router)
-            registered = await self._routers.workers(base, key_)
+            registered = await self._routers.workers(router, port, key_)
             if registered is None:
                 continue
             changes = router_membership.plan(wanted, registered, left_out, missing_since=missing.get(uid, {}),
@@ -79,18 +74,19 @@ class RouterMembership:
             if changes.missing_since or changes.unwanted_since:
                 log.debug("router %s: waiting out the grace for %s", router["metadata"]["name"],
                           sorted({*changes.missing_since, *changes.unwanted_since}))
-            await self._apply(observed.pool, router["metadata"]["name"], base, key_, changes)
+            await self._apply(observed.pool, router, port, key_, changes)
         alive = {r["metadata"].get("uid", "") for r in routers}
         for uid in [u for u in missing if u not in alive]:
             del missing[uid]
             unwanted.pop(uid, None)
 
-    async def _apply(self, pool: Body, router: str, base: str, key: str | None,
+    async def _apply(self, pool: Body, router_pod: Body, port: int, key: str | None,
                      changes: router_membership.Changes) -> None:
+        router = router_pod["metadata"]["name"]
         meta = pool["metadata"]
         where = {"namespace": meta["namespace"], "pool": meta["name"], "router": router}
         for removal in changes.remove:
-            if not await self._routers.remove(base, key, removal.worker):
+            if not await self._routers.remove_worker(router_pod, port, key, removal.worker):
                 continue
             metrics.ROUTER_WORKER_CHANGES.labels(action="remove", reason=_reason_label(removal.reason)).inc()
             log.info("router %s: removed worker %s (%s)", router, removal.worker.url, removal.reason, extra=where)
@@ -100,7 +96,7 @@ class RouterMembership:
                 f"router {router} no longer sends requests to {removal.worker.worker_type} worker "
                 f"{removal.worker.url}: {removal.reason}"))
         for worker in changes.add:
-            if not await self._routers.add(base, key, worker):
+            if not await self._routers.add_worker(router_pod, port, key, worker):
                 continue
             metrics.ROUTER_WORKER_CHANGES.labels(action="add", reason="in rotation").inc()
             log.info("router %s: added worker %s of group %s", router, worker.url, worker.group, extra=where)

@@ -3,13 +3,13 @@
 One task per pool, started when the pool is seen (`watch`) and ended when it is gone (`forget`, or the pool
 vanishing from the cache: the task checks every period, so it is level-based and cannot outlive its pool).
 Each period it reads the pool and its pods from the cache (no API reads), asks the agents of every group
-whose pods are all Ready (`agents.AgentClient`, bounded and with short timeouts), judges each group
+whose pods are all Ready (`client.EngineClient`, bounded and with short timeouts), judges each group
 (`planning.rank_health`, pure) and stores the result. Only when a verdict changes does it poke the pool's
 reconcile; the reconcile turns the stored verdicts into status, conditions and events like any other input.
 So an unchanged verdict costs one HTTP round trip per pod per period and no API call at all.
 
 For the verification gates it also fetches, once per pod (by uid), `/server_info` of the leader engine of every
-group that runs its role's update revision with all pods Ready (`engine_api.EngineApiClient`), and hands the
+group that runs its role's update revision with all pods Ready (through the same client), and hands the
 planner `EngineFacts` per group: which pods the poll judged, and what their /server_info showed. With the
 toolCallCanary gate on, it starts the tool-call canary at each such decode group's leader, paired with a Ready
 prefill leader (`canary_gate.CanaryRunner`: once per pod, as a task; the finding comes with a later poll, which
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -37,10 +38,9 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus, ServingSample, Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
 from pdfleet.operator.engines import canary_gate
-from pdfleet.operator.engines.agents import AgentClient
-from pdfleet.operator.engines.bake_probes import BakeProber, Pair
+from pdfleet.operator.engines.bake_probes import BakeProber, Pair, probe
 from pdfleet.operator.engines.canary_gate import CanaryRunner
-from pdfleet.operator.engines.engine_api import EngineApiClient
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import bake, rank_health, router_membership, status
 from pdfleet.operator.planning import canary_gate as planning_canary
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
@@ -61,13 +61,12 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 
 
 class HealthMonitor:
-    def __init__(self, *, cache: Cache, agents: AgentClient, poke: Callable[[PoolKey], None],
-                 after_poll: AfterPoll | None = None, server_info: EngineApiClient | None = None,
-                 canary: CanaryRunner | None = None, prober: BakeProber | None = None) -> None:
+    def __init__(self, *, cache: Cache, engines: EngineClient, poke: Callable[[PoolKey], None],
+                 after_poll: AfterPoll | None = None, canary: CanaryRunner | None = None,
+                 prober: BakeProber | None = None) -> None:
         self._cache = cache
-        self._agents = agents
-        self._server_info = server_info  # made on first use, inside the event loop
-        self._canary = canary  # the same
+        self._engines = engines  # not ours to close: the operator's one client, shared
+        self._canary = canary  # made on first use, inside the event loop
         self._prober = prober  # the same
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
@@ -124,9 +123,6 @@ class HealthMonitor:
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-        await self._agents.close()
-        if self._server_info is not None:
-            await self._server_info.close()
         if self._canary is not None:
             await self._canary.close()
         if self._prober is not None:
@@ -224,11 +220,10 @@ class HealthMonitor:
                 self._start_canary(key, spec, leader, judged_pods)
         samples: dict[str, ServingSample] = {}
         if wanted or sampled:
-            if self._server_info is None:
-                self._server_info = EngineApiClient(timeout=MAX_AGENT_TIMEOUT)
-            client = self._server_info
-            got, counted = await asyncio.gather(asyncio.gather(*(client.fetch(pod, port) for pod, port in wanted)),
-                                                asyncio.gather(*(client.metrics(pod, port) for pod, port in sampled)))
+            engines = self._engines
+            got, counted = await asyncio.gather(
+                asyncio.gather(*(engines.server_info(pod, port) for pod, port in wanted)),
+                asyncio.gather(*(engines.metrics(pod, port) for pod, port in sampled)))
             for (pod, _), info in zip(wanted, got, strict=True):
                 if info is not None:
                     infos[pod["metadata"]["uid"]] = info
@@ -267,7 +262,7 @@ class HealthMonitor:
             if prefill_ip is None or decode_ip is None:
                 continue
             if self._prober is None:
-                self._prober = BakeProber()
+                self._prober = BakeProber(run=functools.partial(probe, self._engines))
             self._prober.ensure(key, Pair(group=group.name, prefill_ip=prefill_ip, prefill_port=spec.prefill.port,
                                           bootstrap_port=spec.prefill.bootstrap_port, decode_ip=decode_ip,
                                           decode_port=spec.decode.port, model=spec.model.served_name), needed)
@@ -279,7 +274,9 @@ class HealthMonitor:
         if target is None:
             return  # no Ready prefill engine to pair with yet: the gate waits
         if self._canary is None:
-            self._canary = CanaryRunner(done=self.nudge)
+            engines = self._engines
+            self._canary = CanaryRunner(done=self.nudge,
+                                        run=lambda target: asyncio.ensure_future(canary_gate.run_once(engines, target)))
         self._canary.ensure(key, target)
 
     def _own(self, key: PoolKey, pods: list[Body], answers: rank_health.Answers,
@@ -306,7 +303,7 @@ class HealthMonitor:
             role = _role(pods)
             if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
                 return {}
-            return await self._agents.fetch_all(rank_health.live_pods(pods), timeout=timeout)
+            return await self._engines.ranks_all(rank_health.live_pods(pods), timeout=timeout)
 
         asked = await asyncio.gather(*(ask(pods) for _, pods in groups))
         # The pods again, as they are now that the agents answered: a pod deleted meanwhile (drained, replaced,

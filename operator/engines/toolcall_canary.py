@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import openai
 
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import toolcall_canary as plan
 from pdfleet.operator.planning.toolcall_canary import (
     DEFAULT_CONCURRENCY,
@@ -30,21 +31,6 @@ DEFAULT_MAX_TOKENS = 32
 
 class Unreachable(Exception):
     """The URL answers no OpenAI-compatible API: nothing to judge."""
-
-
-def api_base(url: str) -> str:
-    """The `openai` client's base URL for a server's URL (`…/v1` added unless given)."""
-    url = url.rstrip("/")
-    return url if url.endswith("/v1") else url + "/v1"
-
-
-def _client(url: str, timeout_s: float, concurrency: int, *, trust_env: bool = True) -> openai.AsyncOpenAI:
-    # The openai client's own transport; its pool must hold every concurrent request. `trust_env` False: no proxy
-    # from the environment (the operator reaches engines directly, or not at all).
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    return openai.AsyncOpenAI(base_url=api_base(url), api_key="pdfleet-canary", max_retries=0, timeout=timeout_s,
-                              http_client=openai.DefaultAsyncHttpxClient(limits=limits, timeout=timeout_s,
-                                                                         trust_env=trust_env))
 
 
 async def served_model(client: openai.AsyncOpenAI) -> str:
@@ -134,37 +120,41 @@ async def run(url: str, *, requests: int = DEFAULT_REQUESTS, concurrency: int = 
               max_tokens: int = DEFAULT_MAX_TOKENS) -> Report:
     """Sends the canary's `requests` to `url`, at most `concurrency` at a time, and judges the answers.
 
-    Raises Unreachable when the server cannot be asked at all (its model list fails)."""
-    async with _client(url, timeout_s, concurrency) as client:
+    Raises Unreachable when the server cannot be asked at all (its model list fails). A person runs this against a
+    URL they gave, so proxies from the environment apply (`trust_env`), unlike the operator's own requests."""
+    engines = EngineClient(trust_env=True)
+    try:
+        client = engines.openai(url, timeout=timeout_s)
         listed = await served_model(client)  # also proves the URL answers before any verdict is given
         chosen = model or listed
         return await _judged(plan.plan(requests), lambda p: ask(client, p, model=chosen, max_tokens=max_tokens),
                              concurrency=concurrency, parser=parser, model=chosen)
+    finally:
+        await engines.close()
 
 
-async def run_pd(prefill_url: str, decode_url: str, *, bootstrap_host: str, bootstrap_port: int, model: str,
-                 requests: int, concurrency: int, timeout_s: float, parser: str | None,
+async def run_pd(engines: EngineClient, prefill_url: str, decode_url: str, *, bootstrap_host: str,
+                 bootstrap_port: int, model: str, requests: int, concurrency: int, timeout_s: float, parser: str | None,
                  max_tokens: int = DEFAULT_MAX_TOKENS, plain: bool = False) -> Report:
     """The canary as sglang-router sends requests in PD mode: each probe to the prefill engine and to the decode
     engine at once, the same body with the same bootstrap fields (the prefill engine's host and bootstrap port, a
     fresh random room), and the decode engine's answer judged (the prefill engine's is drained: the router
-    discards it too). No proxy from the environment is used. `plain`: plain chat requests only (a bake's probes:
+    discards it too), through the operator's client `engines`. `plain`: plain chat requests only (a bake's probes:
     traffic to judge the pair on, not tool calls).
 
     Raises Unreachable when the decode engine's model list fails."""
-    async with _client(prefill_url, timeout_s, concurrency, trust_env=False) as prefill, \
-            _client(decode_url, timeout_s, concurrency, trust_env=False) as decode:
-        await served_model(decode)
+    prefill, decode = engines.openai(prefill_url, timeout=timeout_s), engines.openai(decode_url, timeout=timeout_s)
+    await served_model(decode)
 
-        async def paired(probe: Probe) -> Answer:
-            boot = {"bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port,
-                    "bootstrap_room": random.getrandbits(63)}
-            first, answer = await asyncio.gather(
-                ask(prefill, probe, model=model, max_tokens=max_tokens, extra_body=boot),
-                ask(decode, probe, model=model, max_tokens=max_tokens, extra_body=boot))
-            if first.error is not None and answer.error is None:
-                return Answer(error=f"prefill: {first.error}")
-            return answer
+    async def paired(probe: Probe) -> Answer:
+        boot = {"bootstrap_host": bootstrap_host, "bootstrap_port": bootstrap_port,
+                "bootstrap_room": random.getrandbits(63)}
+        first, answer = await asyncio.gather(
+            ask(prefill, probe, model=model, max_tokens=max_tokens, extra_body=boot),
+            ask(decode, probe, model=model, max_tokens=max_tokens, extra_body=boot))
+        if first.error is not None and answer.error is None:
+            return Answer(error=f"prefill: {first.error}")
+        return answer
 
-        probes = plan.plain(requests) if plain else plan.plan(requests)
-        return await _judged(probes, paired, concurrency=concurrency, parser=parser, model=model)
+    probes = plan.plain(requests) if plain else plan.plan(requests)
+    return await _judged(probes, paired, concurrency=concurrency, parser=parser, model=model)

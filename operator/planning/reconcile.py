@@ -209,7 +209,7 @@ def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
             baseline.setdefault(g.id.role, []).append(str(head["metadata"]["uid"]))
     return {g.name: verification.verify(
         spec.rollout.verification, role=g.id.role, expected_loop=verification.expected_event_loop(spec, g.id.role),
-        revision=g.revision, ready=states[g.name] is GroupState.READY, want_pods=g.pods,
+        revision=g.revision, ready=states[g.name] is GroupState.READY, want_flags=g.flags,
         pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
         facts=engines.get(g.name), now=now, baking=baking, samples=samples,
         baseline=baseline.get(g.id.role, []), state=states[g.name]) for g in want.groups}

@@ -5,8 +5,8 @@ enabled gate (`spec.rollout.verification`) then reads what the engines say of th
 
 - eventLoop: every rank reports the scheduler loop the spec implies (`expected_event_loop`), from the rank
   agents (`rank_health.GroupHealth.event_loop`);
-- serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the operator rendered for
-  that pod (`expected_server_args`), not every default;
+- serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the renderer decided for
+  that pod (`DesiredGroup.flags`, typed by `expected_server_args`), not every default;
 - toolCallCanary (off unless switched on): the canary's tool-calling requests, sent to the decode group's leader
   paired with a Ready prefill engine, came back as structured tool calls with no DSML markup in content
   (`canary_gate`); prefill groups list it as Skipped (it does not apply to them).
@@ -39,6 +39,7 @@ from pdfleet.operator.planning.groups import leader_pod, parse_time
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.desired import DesiredGroup
+from pdfleet.operator.render.engine_args import Flag
 from pdfleet.runtime.health import phases
 
 Body = dict[str, Any]
@@ -109,30 +110,15 @@ def expected_event_loop(spec: InferencePoolSpec, role: Role) -> str:
     return loop.method
 
 
-def engine_command(pod: Body) -> list[str]:
-    """The SGLang arguments rendered into an engine pod (after the launcher's `--`)."""
-    for container in pod["spec"]["containers"]:
-        args = list(container.get("args") or [])
-        if "--" in args:
-            return args[args.index("--") + 1:]
-    return []
-
-
-def expected_server_args(command: Sequence[str]) -> dict[str, Any]:
-    """ServerArgs field -> value for every operator-owned flag in an engine's command line, typed as
+def expected_server_args(flags: Sequence[Flag]) -> dict[str, Any]:
+    """ServerArgs field -> value for every compared flag of those the renderer decided for a pod, typed as
     /server_info reports it. Switch flags the operator left out are expected off."""
     out: dict[str, Any] = {}
-    args = list(command)
-    for i, arg in enumerate(args):
-        name, eq, inline = arg.partition("=")
+    for name, value in flags:
         if name not in SERVER_ARG_FIELDS:
             continue
         field, kind = SERVER_ARG_FIELDS[name]
-        if kind is bool:
-            out[field] = True
-        else:
-            raw = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
-            out[field] = kind(raw)
+        out[field] = True if value is None else kind(value)
     for flag in SWITCHED:
         out.setdefault(SERVER_ARG_FIELDS[flag][0], False)
     return out
@@ -199,13 +185,13 @@ def _event_loop_gate(expected: str, health: GroupHealth | None, current: bool) -
                       message=f"expected {expected}, seen {health.event_loop}")
 
 
-def _server_args_gate(want_leader: Body | None, leader: Body | None, facts: EngineFacts | None) -> GateResult:
+def _server_args_gate(want_flags: Sequence[Flag], leader: Body | None, facts: EngineFacts | None) -> GateResult:
     name = leader["metadata"]["name"] if leader is not None else "the leader pod"
     seen = facts.server_info.get(leader["metadata"].get("uid", "")) if facts and leader is not None else None
-    if seen is None or want_leader is None:
+    if seen is None:
         return GateResult(name=SERVER_ARGS, state=GateState.WAITING,
                           message=f"waiting for /server_info of {name}")
-    expected = expected_server_args(engine_command(want_leader))
+    expected = expected_server_args(want_flags)
     wrong = server_args_mismatches(expected, seen)
     if wrong:
         return GateResult(name=SERVER_ARGS, state=GateState.FAILED, message=f"{name}: {'; '.join(wrong)}")
@@ -219,15 +205,15 @@ def _canary_gate(policy: VerificationSpec, role: Role, leader: Body | None, fact
 
 
 def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision: str, ready: bool,
-           want_pods: Sequence[Body], pods: Sequence[Body], before: GroupStatus | None,
+           want_flags: Sequence[Flag], pods: Sequence[Body], before: GroupStatus | None,
            health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime,
            baking: bake.Policy | None = None, samples: Mapping[str, ServingSample] | None = None,
            baseline: Sequence[str] = (), state: object = None) -> Outcome:
     """One group's verification. `revision`: the one it should run; `ready`: every pod of it runs that
-    revision and is Ready; `want_pods`: its pods as rendered; `before`: its last status; `role`: the group's.
-    `baking`: whether groups of this revision bake (None: no bake gate at all); `samples`: the latest /metrics
-    counters of the pool's engines by pod uid; `baseline`: the leader pod uids of its role's groups at the old
-    revision; `state`: the group's state, for messages."""
+    revision and is Ready; `want_flags`: its leader's operator-owned flags as rendered; `before`: its last
+    status; `role`: the group's. `baking`: whether groups of this revision bake (None: no bake gate at all);
+    `samples`: the latest /metrics counters of the pool's engines by pod uid; `baseline`: the leader pod uids of
+    its role's groups at the old revision; `state`: the group's state, for messages."""
     last = before.verification if before else None
     running = _running(pods)
     if last is not None and last.revision == revision and any(g.state in STOPPED for g in last.gates):
@@ -247,7 +233,7 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
     gates = [
         _event_loop_gate(expected_loop, health, current) if policy.event_loop
         else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
-        _server_args_gate(leader_pod(want_pods), leader_pod(live), facts if current else None) if policy.server_args
+        _server_args_gate(want_flags, leader_pod(live), facts if current else None) if policy.server_args
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
         _canary_gate(policy, role, leader_pod(live), facts if current else None),
     ]

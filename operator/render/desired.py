@@ -10,6 +10,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import engine_group, layout, network_policy, revision, router
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.engine_args import Flag
 from pdfleet.operator.render.engine_group import GroupId
 from pdfleet.operator.render.stamp import stamped
 
@@ -22,6 +23,7 @@ class DesiredGroup:
     name: str
     revision: str
     pods: tuple[Body, ...]
+    flags: tuple[Flag, ...] = ()  # the leader pod's operator-owned SGLang flags, as decided (the serverArgs gate's)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,7 +51,8 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec, surge: Mapping[Role, in
             gid = GroupId(role, index)
             pods = engine_group.group_pods(ctx, spec, gid, revisions[role])
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
-                                       pods=tuple(stamped(p) for p in pods)))
+                                       pods=tuple(stamped(p) for p in pods),
+                                       flags=engine_group.pod_flags(ctx, spec, gid, 0)))
     services = tuple(stamped(engine_group.headless_service(ctx, role)) for role in Role if spec.role(role).replicas)
     return Desired(groups=tuple(groups), services=services,
                    router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec),

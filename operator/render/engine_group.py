@@ -17,6 +17,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
 from pdfleet.operator.render import engine_args, labels, layout
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.engine_args import Flag
 from pdfleet.runtime.health import agent
 
 Body = dict[str, Any]
@@ -103,18 +104,24 @@ def _resources(role_spec: RoleSpec) -> Body:
     return {"requests": requests, "limits": limits}
 
 
+def pod_flags(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_rank: int) -> tuple[Flag, ...]:
+    """The operator-owned SGLang flags of one pod of `group`: what its command line carries, and what the
+    serverArgs gate expects its engine to show."""
+    _, _, model_path = _model_volume(spec.model.source)
+    dist_init_addr = None
+    if spec.role(group.role).nodes_per_group > 1:
+        leader = group.pod_name(ctx.pool, 0)
+        dist_init_addr = f"{leader}.{service_name(ctx.pool, group.role)}.{ctx.namespace}.svc:{DIST_PORT}"
+    return engine_args.managed_flags(spec, group.role, node_rank=node_rank, dist_init_addr=dist_init_addr,
+                                     model_path=model_path)
+
+
 def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_rank: int, revision: str) -> Body:
     role_spec = spec.role(group.role)
     group_name = group.name(ctx.pool)
     pod_name = group.pod_name(ctx.pool, node_rank)
-    volumes, mounts, model_path = _model_volume(spec.model.source)
-    dist_init_addr = None
-    if role_spec.nodes_per_group > 1:
-        leader = group.pod_name(ctx.pool, 0)
-        dist_init_addr = f"{leader}.{service_name(ctx.pool, group.role)}.{ctx.namespace}.svc:{DIST_PORT}"
-    args = engine_args.engine_args(
-        spec, group.role, node_rank=node_rank, dist_init_addr=dist_init_addr, model_path=model_path,
-    )
+    volumes, mounts, _ = _model_volume(spec.model.source)
+    args = engine_args.command_line(spec, pod_flags(ctx, spec, group, node_rank))
     ports = [{"name": "http", "containerPort": role_spec.port},
              {"name": "agent", "containerPort": AGENT_PORT}]
     if isinstance(role_spec, PrefillSpec):

@@ -12,13 +12,13 @@ from typing import Any, TypeVar
 
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.engines import agents
 from pdfleet.operator.engines.bake_probes import BakeProber
+from pdfleet.operator.engines.client import EngineClient, pod_address
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
-from pdfleet.operator.engines.routers import RouterClient
-from pdfleet.operator.planning import verification
+from pdfleet.operator.render.engine_group import AGENT_PORT
 from pdfleet.runtime.health import phases
+from tests.support import server_args
 from tests.support.fake_engines import FakeAgent, FakeEngine, FakeRouter, healthy, rank
 from tests.support.fake_kube import FakeKube
 from tests.support.pools import pool_body
@@ -62,23 +62,26 @@ async def fake_fleet(*, prober: BakeProber | None = None, **spec: Any) -> AsyncI
     router = FakeRouter(ROUTER_IP)
     fakes = {PREFILL: FakeAgent(IPS[PREFILL], healthy(1)), DECODE: FakeAgent(IPS[DECODE], healthy(2))}
     monitor: HealthMonitor | None = None
-    membership: RouterMembership | None = None
+    engines: EngineClient | None = None
     try:
         router_port = await router.start()
         ports = {agent.host: await agent.start() for agent in fakes.values()}
 
-        def address(pod: dict[str, Any]) -> tuple[str, int] | None:
-            found = agents.pod_ip(pod)  # the pod's own IP, as the operator's default addressing; a free port
-            return (found[0], ports[found[0]]) if found else None
+        def address(pod: dict[str, Any], port: int) -> tuple[str, int] | None:
+            found = pod_address(pod, port)  # the pod's own IP, as the operator's default addressing
+            if found is None or port != AGENT_PORT:
+                return found
+            return found[0], ports[found[0]]  # its fake agent's free port
 
+        engines = EngineClient(addressing=address, timeout=1.0)
         kube = FakeKube()
         kube.seed(pool_body(decode__tp=2, decode__gpusPerNode=2, router__port=router_port, **spec))
         pokes: list[PoolKey] = []
         clock = [0.0]
-        monitor = HealthMonitor(cache=kube.cache(), agents=agents.AgentClient(addressing=address, timeout=1.0),
+        monitor = HealthMonitor(cache=kube.cache(), engines=engines,
                                 poke=pokes.append, prober=prober)
         controller = Controller(client=kube, cache=kube.cache(), health=monitor.health)
-        membership = RouterMembership(routers=RouterClient(timeout=1.0), key=controller.router_keys.for_pod,
+        membership = RouterMembership(routers=engines, key=controller.router_keys.for_pod,
                                       post_event=controller.post_event,
                                       clock=lambda: clock[0])
         monitor.after_poll = membership.sync
@@ -94,10 +97,10 @@ async def fake_fleet(*, prober: BakeProber | None = None, **spec: Any) -> AsyncI
         router.register(URLS[DECODE], "decode")
         yield fleet
     finally:
-        if membership is not None:
-            await membership.close()
         if monitor is not None:
-            await monitor.close()  # its polling tasks, and the agents' client
+            await monitor.close()  # its polling tasks
+        if engines is not None:
+            await engines.close()
         for server in (router, *fakes.values()):
             await server.close()
 
@@ -152,5 +155,5 @@ async def rendered_fleet(engines: dict[str, E], *, prober: BakeProber | None = N
         for group, engine in engines.items():
             pod = fleet.kube.get("Pod", KEY[0], PODS[group])
             assert pod is not None
-            engine.args = verification.expected_server_args(verification.engine_command(pod))
+            engine.args = server_args.shown_by(pod)
         yield fleet

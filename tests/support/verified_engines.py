@@ -19,6 +19,7 @@ from pdfleet.operator.planning.groups import pod_ready, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import labels
+from tests.support.server_args import shown_by
 
 Body = dict[str, Any]
 
@@ -40,7 +41,7 @@ def answers(pool: Body, pods: Sequence[Body], *, loops: Mapping[str, str] | None
         loop = (loops or {}).get(group, verification.expected_event_loop(spec, role))
         health[group] = GroupHealth(Verdict.HEALTHY, loop, f"all {tp} rank(s) make progress", tp, answered=True)
         leader = next(p for p in live if p["metadata"]["labels"].get(labels.RANK, "0") == "0")
-        info = {**verification.expected_server_args(verification.engine_command(leader)),
+        info = {**shown_by(leader),
                 "host": "127.1.0.5", "dp_size": 1, **(server_args or {}).get(group, {})}
         facts[group] = EngineFacts(pods=frozenset(p["metadata"]["uid"] for p in live),
                                    server_info={leader["metadata"]["uid"]: info})

@@ -1,6 +1,6 @@
 """A quiet baking group gets the operator's own probe requests (`engines.bake_probes`), paired as sglang-router
 pairs them in PD, and they land in the engines' own /metrics counters, which the bake reads through the same
-client as /server_info (`engines.engine_api`). Against a real simulated prefill and decode engine on 127.0.0.1."""
+client as /server_info (`engines.client`). Against a real simulated prefill and decode engine on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pdfleet.operator.api.status import ServingSample
 from pdfleet.operator.engines import bake_probes
 from pdfleet.operator.engines.bake_probes import BakeProber, Pair
-from pdfleet.operator.engines.engine_api import EngineApiClient
+from pdfleet.operator.engines.client import EngineClient
 from tests.support import sim_engine
 from tests.support.sim_engine import SimEngine
 
@@ -28,7 +28,7 @@ def pod(uid: str) -> dict:
 
 
 async def counters(engine: SimEngine, uid: str) -> ServingSample:
-    client = EngineApiClient(timeout=5)
+    client = EngineClient(timeout=5)
     try:
         found = await client.metrics(pod(uid), engine.port)
     finally:
@@ -40,9 +40,13 @@ async def counters(engine: SimEngine, uid: str) -> ServingSample:
 async def test_probes_through_the_pair_land_in_both_engines_counters(pair: tuple[SimEngine, SimEngine]) -> None:
     prefill, decode = pair
     before = {"p": await counters(prefill, "p"), "d": await counters(decode, "d")}
-    await bake_probes.probe(Pair(group="g-decode-0", prefill_ip="127.0.0.1", prefill_port=prefill.port,
-                                 bootstrap_port=prefill.bootstrap_port, decode_ip="127.0.0.1",
-                                 decode_port=decode.port, model="sim-model"), 6)
+    engines = EngineClient()
+    try:
+        await bake_probes.probe(engines, Pair(group="g-decode-0", prefill_ip="127.0.0.1", prefill_port=prefill.port,
+                                              bootstrap_port=prefill.bootstrap_port, decode_ip="127.0.0.1",
+                                              decode_port=decode.port, model="sim-model"), 6)
+    finally:
+        await engines.close()
     after = {"p": await counters(prefill, "p"), "d": await counters(decode, "d")}
     assert after["d"].requests - before["d"].requests == 6, "every probe was served by the decode engine"
     assert after["p"].requests - before["p"].requests == 6, "and its prefill half by the prefill engine"
@@ -54,8 +58,12 @@ async def test_probes_through_the_pair_land_in_both_engines_counters(pair: tuple
 
 async def test_an_unreachable_pair_is_said_not_raised() -> None:
     # Nothing listens on these ports: the run ends, the monitor goes on (and the bake keeps waiting for traffic).
-    await bake_probes.probe(Pair(group="g", prefill_ip="127.0.0.1", prefill_port=1, bootstrap_port=1,
-                                 decode_ip="127.0.0.1", decode_port=1, model="m"), 2)
+    engines = EngineClient()
+    try:
+        await bake_probes.probe(engines, Pair(group="g", prefill_ip="127.0.0.1", prefill_port=1, bootstrap_port=1,
+                                              decode_ip="127.0.0.1", decode_port=1, model="m"), 2)
+    finally:
+        await engines.close()
 
 
 async def test_one_run_per_group_at_a_time_bounded_in_requests() -> None:

@@ -22,6 +22,7 @@ from pdfleet.operator.api.status import GateState, Verdict
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines import canary_gate as engines_canary
 from pdfleet.operator.engines.canary_gate import CanaryRunner, Target
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import canary_gate, verification
 from pdfleet.operator.planning.canary_gate import CanaryFinding
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -131,7 +132,8 @@ def verify(role: Role, canary: dict[str, CanaryFinding], *, pods: frozenset[str]
     pod = _ready_pod("u1")
     facts = EngineFacts(pods=pods, server_info={"u1": INFO}, canary=canary)
     return verification.verify(ON, role=role, expected_loop=NORMAL_DECODE, revision="r2", ready=True,
-                               want_pods=[pod], pods=[pod], before=None, health=HEALTHY, facts=facts, now=now)
+                               want_flags=[("--tp-size", "1")], pods=[pod], before=None, health=HEALTHY, facts=facts,
+                               now=now)
 
 
 def canary_state(outcome: verification.Outcome) -> str:
@@ -384,9 +386,9 @@ async def test_no_canary_runs_without_the_gate_or_in_a_group_verified_at_its_rev
     runs: list[Target] = []
     real = engines_canary.run_once
 
-    def counted(t: Target) -> Any:
+    def counted(client: EngineClient, t: Target) -> Any:
         runs.append(t)  # a run starts synchronously, within the poll
-        return real(t)
+        return real(client, t)
 
     monkeypatch.setattr(engines_canary, "run_once", counted)
     fleet.monitor.forget(KEY)  # as after an operator restart: nothing kept in memory

@@ -5,12 +5,13 @@ passes on healthy engines and fails, naming the cause, when the decode engine le
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 
 from pdfleet.operator.api.status import GateState
 from pdfleet.operator.engines import canary_gate
+from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning.canary_gate import CanaryFinding
 from tests.support import sim_engine
 from tests.support.canary import LEAKS
@@ -24,6 +25,15 @@ def pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimEngine, 
         yield engines
 
 
+@pytest.fixture
+async def engines() -> AsyncIterator[EngineClient]:
+    client = EngineClient()
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
 def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None = None) -> canary_gate.Target:
     return canary_gate.Target(decode_uid="u1", decode_ip="127.0.0.1", decode_port=decode.port,
                               prefill_name="sim-prefill", prefill_ip="127.0.0.1", prefill_port=prefill.port,
@@ -31,42 +41,44 @@ def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None 
                               parser="deepseekv32")
 
 
-async def test_a_healthy_pair_passes(pair: tuple[SimEngine, SimEngine]) -> None:
-    found = await canary_gate.run_once(target(*pair))
+async def test_a_healthy_pair_passes(pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
+    found = await canary_gate.run_once(engines, target(*pair))
     assert found.state is GateState.PASSED, found.message
     assert found.message == ("4 tool request(s) answered with structured tool_calls, no DSML markup in 8 answer(s) "
                              "(paired with prefill sim-prefill)")
 
 
-async def found_once(run: canary_gate.Target, holds: Callable[[CanaryFinding], bool], what: str,
+async def found_once(engines: EngineClient, run: canary_gate.Target, holds: Callable[[CanaryFinding], bool], what: str,
                      timeout: float = 15.0) -> CanaryFinding:
     """Runs the canary until its finding `holds` (an annotated fault applies within the engine's 200 ms poll)."""
     deadline = time.monotonic() + timeout
-    found = await canary_gate.run_once(run)
+    found = await canary_gate.run_once(engines, run)
     while not holds(found) and time.monotonic() < deadline:
-        found = await canary_gate.run_once(run)
+        found = await canary_gate.run_once(engines, run)
     assert holds(found), f"{what}: {found.message}"
     return found
 
 
 @pytest.mark.parametrize("fault", sorted(LEAKS))
-async def test_a_leaking_decode_engine_fails_naming_the_cause(pair: tuple[SimEngine, SimEngine], fault: str) -> None:
+async def test_a_leaking_decode_engine_fails_naming_the_cause(pair: tuple[SimEngine, SimEngine], fault: str,
+                                                              engines: EngineClient) -> None:
     prefill, decode = pair
     decode.annotate(fault=fault)
     try:
-        found = await found_once(target(prefill, decode), lambda f: f.state is GateState.FAILED and
+        found = await found_once(engines, target(prefill, decode), lambda f: f.state is GateState.FAILED and
                                  f.message.startswith(f"DSML markup in content ({LEAKS[fault]})"), fault)
     finally:
         decode.annotate(fault="none")
     others = set(LEAKS.values()) - {LEAKS[fault]}
     assert not any(f"({other})" in found.message for other in others), found.message
     assert "paired with prefill sim-prefill" in found.message and "; sample (" in found.message
-    await found_once(target(prefill, decode), lambda f: f.state is GateState.PASSED, "healthy again")
+    await found_once(engines, target(prefill, decode), lambda f: f.state is GateState.PASSED, "healthy again")
 
 
 async def test_a_decode_engine_that_cannot_reach_its_prefill_is_inconclusive(
-        pair: tuple[SimEngine, SimEngine]) -> None:
-    found = await canary_gate.run_once(target(*pair, bootstrap_port=free_port()), timeout_s=3, run_timeout_s=10)
+        pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
+    found = await canary_gate.run_once(engines, target(*pair, bootstrap_port=free_port()), timeout_s=3,
+                                       run_timeout_s=10)
     assert found.state is GateState.WAITING
     assert found.message.startswith("the last canary run was inconclusive, retrying: 8 of 8 request(s) failed "
                                     "(paired with prefill sim-prefill), the most frequent error: "), found.message

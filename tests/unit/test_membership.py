@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed
@@ -10,31 +11,34 @@ from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.planning.router_membership import Registered, Worker
 from tests.support.pools import example
 
+Body = dict[str, Any]
 SPEC = InferencePoolSpec.model_validate(example("local-fleet")["spec"])
 
 
+def base(router: Body, port: int) -> str:
+    return f"http://{router['status']['podIP']}:{port}"
+
+
 class FakeRouters:
-    """Routers' worker lists by base URL, as their `GET /workers` would answer."""
+    """Routers' worker lists by base URL, as their `GET /workers` would answer (the worker API of
+    `engines.client.EngineClient`)."""
 
     def __init__(self, lists: dict[str, list[Registered]]) -> None:
         self.lists = lists
         self.removed: list[str] = []
 
-    async def workers(self, base: str, key: str | None) -> list[Registered] | None:
-        assert key == f"key-of-{base}", "each router is called with the key of that router pod"
-        return list(self.lists[base])
+    async def workers(self, router: Body, port: int, key: str | None) -> list[Registered] | None:
+        assert key == f"key-of-{base(router, port)}", "each router is called with the key of that router pod"
+        return list(self.lists[base(router, port)])
 
-    async def remove(self, base: str, key: str | None, worker: Registered) -> bool:
-        assert key == f"key-of-{base}"
-        self.lists[base] = [w for w in self.lists[base] if w.id != worker.id]
+    async def remove_worker(self, router: Body, port: int, key: str | None, worker: Registered) -> bool:
+        assert key == f"key-of-{base(router, port)}"
+        self.lists[base(router, port)] = [w for w in self.lists[base(router, port)] if w.id != worker.id]
         self.removed.append(worker.url)
         return True
 
-    async def add(self, base: str, key: str | None, worker: Worker) -> bool:
+    async def add_worker(self, router: Body, port: int, key: str | None, worker: Worker) -> bool:
         return True
-
-    async def close(self) -> None:
-        pass
 
 
 def observed(pool: str, router_ip: str) -> Observed:

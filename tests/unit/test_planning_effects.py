@@ -69,7 +69,7 @@ def test_ranks_blocked_together_for_5s_are_a_hang_only_past_hang_after() -> None
 class NoAgents:
     """A pool without pods has no agent to ask; asking one would be a bug."""
 
-    async def fetch_all(self, *args: Any, **kwargs: Any) -> Any:
+    async def ranks_all(self, *args: Any, **kwargs: Any) -> Any:
         raise AssertionError("no agent should be asked")
 
 
@@ -78,7 +78,7 @@ class NoAgents:
 async def test_the_monitor_polls_a_pool_every_heartbeat_period(health: dict[str, Any], period: float) -> None:
     body = pool_body(health=health)
     key = (body["metadata"]["namespace"], body["metadata"]["name"])
-    monitor = HealthMonitor(cache=Cache(pools={key: [body]}, owned=[]), agents=NoAgents(),  # type: ignore[arg-type]
+    monitor = HealthMonitor(cache=Cache(pools={key: [body]}, owned=[]), engines=NoAgents(),  # type: ignore[arg-type]
                             poke=lambda _: None)
     assert await monitor.poll(key) == period
 

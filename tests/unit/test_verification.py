@@ -19,6 +19,7 @@ from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import engine_args, labels
+from tests.support import server_args
 from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
 
@@ -89,18 +90,22 @@ def test_the_compared_fields_are_sglang_server_args_fields() -> None:
     {"decode__dp": 2, "decode__tp": 2, "decode__gpusPerNode": 2, "model__trustRemoteCode": True},
 ])
 def test_sglangs_own_resolved_server_args_pass_the_gate_for_what_the_operator_renders(updates: Body) -> None:
-    # The simulator's /server_info is SGLang's prepare_server_args + resolve_once on the command line.
+    # The simulator's /server_info is SGLang's prepare_server_args + resolve_once on the command line; the fakes
+    # of planner tests (tests.support.server_args) must read that command line as SGLang does.
     from pdfleet.runtime.simulator.info import resolve_server_args
 
     spec = spec_of(pool_body(**updates))
     for role in Role:
-        args = engine_args.engine_args(spec, role)
-        expected = verification.expected_server_args(args)
-        assert verification.server_args_mismatches(expected, resolve_server_args(args)) == []
+        flags = engine_args.managed_flags(spec, role)
+        expected = verification.expected_server_args(flags)
+        resolved = resolve_server_args(engine_args.command_line(spec, flags))
+        assert verification.server_args_mismatches(expected, resolved) == []
+        assert server_args.shown(engine_args.command_line(spec, flags)) == expected
 
 
 def test_server_args_that_differ_are_named_with_expected_and_seen() -> None:
-    expected = verification.expected_server_args(["--tp-size", "2", "--disable-overlap-schedule", "--port=30000"])
+    expected = verification.expected_server_args([("--tp-size", "2"), ("--disable-overlap-schedule", None),
+                                                  ("--port", "30000")])
     assert expected == {"tp_size": 2, "disable_overlap_schedule": True, "port": 30000,
                         "disable_tokenizer_batch_decode": False}
     seen = {"tp_size": "2", "disable_overlap_schedule": False, "port": 30000}
@@ -120,8 +125,8 @@ def _ready_pod(uid: str, *, revision: str = "r2", since: str = "2026-11-30T12:00
 def _verify(pod: Body, *, health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime = NOW,
             policy: VerificationSpec | None = None) -> verification.Outcome:
     return verification.verify(policy or VerificationSpec(), role=Role.DECODE, expected_loop=NORMAL_DECODE,
-                               revision="r2", ready=True, want_pods=[pod], pods=[pod], before=None, health=health,
-                               facts=facts, now=now)
+                               revision="r2", ready=True, want_flags=[("--tp-size", "1")], pods=[pod], before=None,
+                               health=health, facts=facts, now=now)
 
 
 HEALTHY_NORMAL = GroupHealth(Verdict.HEALTHY, NORMAL_DECODE, "", 1, answered=True)
