@@ -103,6 +103,11 @@ class ServingSample(ApiModel):
     ttft_count: Amount = Field(default=0, description="sglang:time_to_first_token_seconds_count.")
     itl_sum: Amount = Field(default=0, description="sglang:inter_token_latency_seconds_sum.")
     itl_count: Amount = Field(default=0, description="sglang:inter_token_latency_seconds_count.")
+    routed: Amount = Field(default=0, description="Requests the pool's routers sent the engine and saw end "
+                                                  "(smg_worker_cb_outcomes_total for its URL, summed over router "
+                                                  "pods and outcomes).")
+    routed_failed: Amount = Field(default=0, description="Of those, the ones the routers saw fail "
+                                                         "(outcome=\"failure\").")
 
 
 class Bake(ApiModel):

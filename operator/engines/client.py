@@ -3,6 +3,7 @@
     the rank-health agent      GET /ranks, /ranks/stacks        `ranks`, `agent_json`
     SGLang's HTTP API          GET /server_info, /metrics       `server_info`, `metrics`
     sglang-router's worker API GET, POST /workers; DELETE /workers/{id}   `workers`, `add_worker`, `remove_worker`
+    sglang-router's metrics    GET /metrics (its metrics port)  `routed`
     OpenAI-compatible API      the tool-call canary and bake probes      `openai`
 
 One place therefore decides, for all of them: which address is contacted (only the pod's own `status.podIP`,
@@ -33,6 +34,7 @@ from pdfleet.operator.planning import bake
 from pdfleet.operator.planning.router_membership import Registered, Worker, pod_ip, worker_url
 from pdfleet.operator.planning.verification import SERVER_INFO_FIELDS
 from pdfleet.operator.render.engine_group import AGENT_PORT
+from pdfleet.operator.render.router import METRICS_PORT
 from pdfleet.runtime.health import report
 
 log = logging.getLogger(__name__)
@@ -144,6 +146,12 @@ class EngineClient:
         if worker.bootstrap_port is not None:
             body["bootstrap_port"] = worker.bootstrap_port
         return await self._send("POST", self.url(router, port, "/workers"), key, body)
+
+    async def routed(self, router: Body) -> Mapping[str, tuple[float, float]] | None:
+        """What the router saw of each worker it sends requests to (URL -> requests ended, of them failed), from
+        its Prometheus port; None when it does not answer with metrics."""
+        raw = await self._get(self.url(router, METRICS_PORT, "/metrics"))
+        return bake.routed(raw.decode("utf-8", "replace")) if raw is not None else None
 
     # --- the OpenAI-compatible API
 

@@ -27,7 +27,7 @@ import datetime
 import functools
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pdfleet.operator import metrics
@@ -160,7 +160,7 @@ class HealthMonitor:
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
         last = status.parse_status(pool.get("status"))  # what the planner last wrote: read once per poll
         judged, judged_pods = await self._judge(key, spec, observed, last, timeout=min(MAX_AGENT_TIMEOUT, period))
-        facts = await self._engine_facts(key, spec, judged_pods, last)
+        facts = await self._engine_facts(key, spec, judged_pods, last, routers=observed.routers)
         before = self._judged.get(key)
         facts_before = self._facts.get(key)
         self._judged[key] = judged
@@ -187,12 +187,13 @@ class HealthMonitor:
         return period
 
     async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
-                            last: InferencePoolStatus) -> dict[str, EngineFacts]:
+                            last: InferencePoolStatus, *, routers: Sequence[Body] = ()) -> dict[str, EngineFacts]:
         """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
         groups whose pods all run their role's update revision and are Ready, unless another pod's agent answered
         at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`). The
         canary goes to the same decode leaders, except in groups the status says are verified at the revision
-        they run (`verified`: group -> revision), so that a restarted operator sends none into verified engines."""
+        they run (`verified`: group -> revision), so that a restarted operator sends none into verified engines.
+        While sampling, what the pool's `routers` saw of each sampled engine is added to its counters."""
         infos = self._infos.setdefault(key, {})
         foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
@@ -221,13 +222,20 @@ class HealthMonitor:
         samples: dict[str, ServingSample] = {}
         if wanted or sampled:
             engines = self._engines
-            got, counted = await asyncio.gather(
+            serving = [r for r in routers if sampled and router_membership.pod_ip(r) is not None and
+                       not r["metadata"].get("deletionTimestamp")]
+            got, counted, seen = await asyncio.gather(
                 asyncio.gather(*(engines.server_info(pod, port) for pod, port in wanted)),
-                asyncio.gather(*(engines.metrics(pod, port) for pod, port in sampled)))
+                asyncio.gather(*(engines.metrics(pod, port) for pod, port in sampled)),
+                asyncio.gather(*(engines.routed(router) for router in serving)))
             for (pod, _), info in zip(wanted, got, strict=True):
                 if info is not None:
                     infos[pod["metadata"]["uid"]] = info
-            samples = {sample.pod: sample for sample in counted if sample is not None}
+            outcomes = [s for s in seen if s is not None]
+            for (pod, port), sample in zip(sampled, counted, strict=True):
+                ip = router_membership.pod_ip(pod)
+                if sample is not None and ip is not None:
+                    samples[sample.pod] = bake.with_routed(sample, outcomes, router_membership.worker_url(ip, port))
         if sampling:
             self._probe_thin_bakes(key, spec, judged_pods, samples, last)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}

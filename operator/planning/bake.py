@@ -9,12 +9,16 @@ Flagger or Kayenta do it: new against baseline on the same traffic, not against 
 
 - the share of aborted requests, at every poll once `analysis.minRequests` are in, against the baseline's plus
   `maxErrorRateIncrease`;
+- the same for the share of requests the pool's routers saw fail at the engine (sglang-router's per-worker
+  `smg_worker_cb_outcomes_total`): failures the engine cannot count itself (refused connections, resets, 5xx
+  from a crashing server), and that the router's retries may have hidden from clients;
 - at the bake's end, mean time to first token (prefill) or mean inter-token latency (decode), against the
   baseline's times `ttftRatio` / `itlRatio`.
 
 The window's start (when the bake began, and every engine's counters then) is kept in the group's status
-(`status.groups[].verification.bake`), so an operator restarted mid-bake resumes the same analysis. Counters that
-went down mean the engine restarted inside its pod: that is a failure of the bake too.
+(`status.groups[].verification.bake`), so an operator restarted mid-bake resumes the same analysis. Engine counters
+that went down mean the engine restarted inside its pod: that is a failure of the bake too. Router counters that
+went down mean a router pod was replaced: its window is lost, nothing more.
 
 Not baked: a pool's first revision (nobody is served yet, nothing to compare with or return to) and a return to
 a revision verified before (rolling back must not wait; Argo Rollouts skips its steps the same way).
@@ -47,6 +51,35 @@ _FIELDS = {
 }
 
 
+# sglang-router's per-worker outcomes; `worker` is the URL it sends the engine requests at.
+_ROUTED = "smg_worker_cb_outcomes_total"
+
+
+def routed(text: str) -> dict[str, tuple[float, float]] | None:
+    """Worker URL -> (requests that ended, of them failed) from a router's /metrics text; None when it does
+    not parse."""
+    out: dict[str, tuple[float, float]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                url = s.labels.get("worker")
+                if s.name != _ROUTED or not url:
+                    continue
+                ended, failed = out.get(url, (0.0, 0.0))
+                value = max(0.0, float(s.value))
+                out[url] = (ended + value, failed + (value if s.labels.get("outcome") == "failure" else 0.0))
+    except (ValueError, TypeError):
+        return None
+    return out
+
+
+def with_routed(engine: ServingSample, routers: Iterable[Mapping[str, tuple[float, float]]],
+                url: str) -> ServingSample:
+    """The engine's sample with what every router saw of `url`, its worker URL, summed."""
+    seen = [r[url] for r in routers if url in r]
+    return engine.model_copy(update={"routed": sum(e for e, _ in seen), "routed_failed": sum(f for _, f in seen)})
+
+
 def sample(pod: str, text: str) -> ServingSample | None:
     """An engine's counters from its /metrics text, summed over label sets (SGLang labels num_requests_total by
     is_streaming, say); None when the text does not parse or shows no sglang:num_requests_total."""
@@ -74,6 +107,8 @@ class Window:
     ttft_count: float = 0.0
     itl_sum: float = 0.0
     itl_count: float = 0.0
+    routed: float = 0.0
+    routed_failed: float = 0.0
 
     @property
     def finished(self) -> float:
@@ -82,6 +117,10 @@ class Window:
     @property
     def error_rate(self) -> float:
         return self.aborted / self.finished if self.finished else 0.0
+
+    @property
+    def routed_error_rate(self) -> float:
+        return self.routed_failed / self.routed if self.routed else 0.0
 
     @property
     def ttft(self) -> float | None:
@@ -95,11 +134,17 @@ class Window:
         return Window(*(getattr(self, f.name) + getattr(other, f.name) for f in dataclasses.fields(self)))
 
 
+_ROUTER_FIELDS = ("routed", "routed_failed")
+
+
 def window(start: ServingSample, now: ServingSample) -> Window | None:
-    """The growth from `start` to `now`; None when a counter went down (the engine restarted in between)."""
+    """The growth from `start` to `now`; None when an engine counter went down (the engine restarted in
+    between). Router counters that went down (a router pod replaced) count as no growth."""
     grown = {f.name: getattr(now, f.name) - getattr(start, f.name) for f in dataclasses.fields(Window)}
-    if any(v < 0 for v in grown.values()):
+    if any(v < 0 for k, v in grown.items() if k not in _ROUTER_FIELDS):
         return None
+    if any(grown[k] < 0 for k in _ROUTER_FIELDS):
+        grown.update(routed=0.0, routed_failed=0.0)
     return Window(**grown)
 
 
@@ -119,7 +164,10 @@ def _clock(moment: datetime.datetime) -> str:
 
 
 def _rate(w: Window) -> str:
-    return f"{w.error_rate:.1%} ({w.aborted:.0f} of {w.finished:.0f} aborted)"
+    said = f"{w.error_rate:.1%} ({w.aborted:.0f} of {w.finished:.0f} aborted)"
+    if w.routed:
+        said += f", routers saw {w.routed_error_rate:.1%} fail ({w.routed_failed:.0f} of {w.routed:.0f})"
+    return said
 
 
 def _seconds(value: float | None) -> str:
@@ -173,6 +221,12 @@ def judge(policy: VerificationSpec, role: Role, bake: Bake, *, now: datetime.dat
     if mine.finished >= analysis.min_requests and mine.error_rate > allowed:
         return _failed(f"analysis: error rate {mine.error_rate:.1%} is above the {allowed:.1%} allowed "
                        f"(baseline plus maxErrorRateIncrease {analysis.max_error_rate_increase:g}): {said}")
+    routed_base = base if base is not None and base.routed >= analysis.min_requests else None
+    allowed = (routed_base.routed_error_rate if routed_base is not None else 0.0) + analysis.max_error_rate_increase
+    if mine.routed >= analysis.min_requests and mine.routed_error_rate > allowed:
+        return _failed(f"analysis: the routers saw {mine.routed_error_rate:.1%} of the requests they sent it fail, "
+                       f"above the {allowed:.1%} allowed (baseline plus maxErrorRateIncrease "
+                       f"{analysis.max_error_rate_increase:g}): {said}")
     if now < bake.until:
         left = int((bake.until - now).total_seconds())
         return Judged(GateResult(name=BAKE, state=GateState.WAITING,

@@ -5,7 +5,8 @@
   agent port from the operator only; the HTTP port also from `engineFrom`, and, in a pool without a router,
   from `routerFrom` (clients then talk to the engines).
 - Router: its client and metrics ports from `routerFrom` (default: the pool's namespace); its client port,
-  which also serves the worker API, from the operator.
+  which also serves the worker API, and its metrics port (what it saw of each engine, which a bake reads) from
+  the operator.
 
 The operator is named by its namespace and pod labels (the chart passes both). Egress is not restricted:
 engines reach the model store, the apiserver is reached by the router, and DNS by all.
@@ -88,7 +89,7 @@ def network_policies(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
         "spec": {"podSelector": _engines(ctx.pool), "policyTypes": ["Ingress"], "ingress": engine_rules},
     }]
     if spec.router.replicas:
-        router_rules: list[Body] = [{"from": [_operator(ctx)], "ports": _tcp(spec.router.port)}]
+        router_rules: list[Body] = [{"from": [_operator(ctx)], "ports": _tcp(spec.router.port, METRICS_PORT)}]
         if users := _router_from(spec):
             router_rules.insert(0, {"from": users, "ports": _tcp(spec.router.port, METRICS_PORT)})
         policies.append({

@@ -113,6 +113,7 @@ class FakeRouter(_Server):
         self.workers: list[Body] = []  # as GET /workers lists them
         self.failing: set[str] = set()  # the methods it answers with 500
         self.key: str | None = None  # when set, the worker API wants it as a bearer token (401 otherwise)
+        self.outcomes: dict[str, tuple[int, int]] = {}  # worker URL -> (succeeded, failed), as its metrics show
         self._ids = itertools.count(1)
 
     def register(self, url: str, worker_type: str, **extra: Any) -> str:
@@ -132,6 +133,14 @@ class FakeRouter(_Server):
         app.router.add_get("/workers", self._list)
         app.router.add_delete("/workers/{id}", self._remove)
         app.router.add_post("/workers", self._add)
+        app.router.add_get("/metrics", self._metrics)  # sglang-router serves it on a port of its own; see fake_fleet
+
+    async def _metrics(self, _request: web.Request) -> web.Response:
+        lines = ["# TYPE smg_worker_cb_outcomes_total counter"]
+        for url, (ok, failed) in self.outcomes.items():
+            lines += [f'smg_worker_cb_outcomes_total{{worker="{url}",outcome="success"}} {ok}',
+                      f'smg_worker_cb_outcomes_total{{worker="{url}",outcome="failure"}} {failed}']
+        return web.Response(text="\n".join(lines) + "\n")
 
     def _refused(self, request: web.Request) -> web.Response | None:
         if self.key is not None and request.headers.get("Authorization") != f"Bearer {self.key}":

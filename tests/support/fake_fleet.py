@@ -17,6 +17,7 @@ from pdfleet.operator.engines.client import EngineClient, pod_address
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.render.engine_group import AGENT_PORT
+from pdfleet.operator.render.router import METRICS_PORT
 from pdfleet.runtime.health import phases
 from tests.support import server_args
 from tests.support.fake_engines import FakeAgent, FakeEngine, FakeRouter, healthy, rank
@@ -69,6 +70,8 @@ async def fake_fleet(*, prober: BakeProber | None = None, **spec: Any) -> AsyncI
 
         def address(pod: dict[str, Any], port: int) -> tuple[str, int] | None:
             found = pod_address(pod, port)  # the pod's own IP, as the operator's default addressing
+            if found is not None and port == METRICS_PORT and found[0] == ROUTER_IP:
+                return ROUTER_IP, router_port  # the fake router serves its metrics on its one port
             if found is None or port != AGENT_PORT:
                 return found
             return found[0], ports[found[0]]  # its fake agent's free port

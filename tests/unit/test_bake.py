@@ -338,9 +338,11 @@ def _bake(**baseline: float) -> Bake:
                 start=(ServingSample(pod="new"), ServingSample(pod="old", **baseline)))
 
 
-def _served(n: float, *, aborted: float = 0, ttft: float = 0.2, itl: float = 0.02, pod: str = "new") -> ServingSample:
+def _served(n: float, *, aborted: float = 0, ttft: float = 0.2, itl: float = 0.02, pod: str = "new",
+            routed_failed: float = 0) -> ServingSample:
     return ServingSample(pod=pod, requests=n, aborted=aborted, ttft_sum=n * ttft, ttft_count=n,
-                         itl_sum=n * 9 * itl, itl_count=n * 9)
+                         itl_sum=n * 9 * itl, itl_count=n * 9, routed=n + aborted + routed_failed,
+                         routed_failed=routed_failed)
 
 
 POLICY = VerificationSpec.model_validate({"bake": "5m"})
@@ -367,8 +369,14 @@ END = NOW + datetime.timedelta(minutes=5)
     (Role.DECODE, END, ServingSample.model_construct(pod="new", requests=-1.0), _served(100, pod="old"), None,
      GateState.FAILED,
      "counters went back"),
+    # Failures only the routers saw (refused connections, resets): the engine's own counters look clean.
+    (Role.DECODE, NOW + STEP, _served(100, routed_failed=12), _served(100, pod="old"), None, GateState.FAILED,
+     "the routers saw 10.7% of the requests they sent it fail, above the 2.0% allowed"),
+    (Role.DECODE, NOW + STEP, _served(100, routed_failed=3), _served(100, pod="old", routed_failed=3), None,
+     GateState.WAITING, "baseline 0.0% (0 of 100 aborted), routers saw 2.9% fail (3 of 103)"),
 ], ids=["baking", "passed", "sick", "errors-above-baseline", "errors-as-baseline", "itl-2.5x", "itl-1.5x",
-        "ttft-2.5x", "prefill-judged-on-ttft", "no-baseline", "engine-restarted"])
+        "ttft-2.5x", "prefill-judged-on-ttft", "no-baseline", "engine-restarted", "routers-saw-failures",
+        "routers-saw-as-baseline"])
 def test_the_bake_gate(role: Role, now: datetime.datetime, mine: ServingSample, base: ServingSample | None,
                        sick: str | None, state: GateState, said: str) -> None:
     record = _bake() if base is not None else Bake(since=NOW, until=END, start=(ServingSample(pod="new"),))
@@ -403,6 +411,39 @@ def test_metrics_text_is_read_as_sglang_writes_it() -> None:
     assert seen == ServingSample(pod="uid-1", requests=7, aborted=1, ttft_sum=1.4, ttft_count=7)
     assert bake.sample("uid-1", "not prometheus {") is None
     assert bake.sample("uid-1", "# TYPE other counter\nother_total 1\n") is None
+
+
+# What sglang-router 0.3.2's Prometheus port printed for a PD pair after 10 requests, one of each retried.
+ROUTER_METRICS = "\n".join([
+    "# TYPE smg_worker_cb_outcomes_total counter",
+    'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:43787",outcome="success"} 7',
+    'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:50535",outcome="success"} 7',
+    'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:43787",outcome="failure"} 1',
+    'smg_worker_cb_outcomes_total{worker="http://127.0.0.1:50535",outcome="failure"} 1',
+    "# TYPE smg_worker_requests_active gauge",
+    'smg_worker_requests_active{worker="http://127.0.0.1:43787"} 0',
+    "# TYPE smg_worker_errors_total counter",
+    'smg_worker_errors_total{worker_type="decode",connection_mode="http",error_type="backend_error"} 1',
+]) + "\n"
+
+
+def test_router_metrics_are_read_per_worker_and_added_to_the_engines_counters() -> None:
+    seen = bake.routed(ROUTER_METRICS)
+    assert seen == {"http://127.0.0.1:43787": (8.0, 1.0), "http://127.0.0.1:50535": (8.0, 1.0)}
+    assert bake.routed("not prometheus {") is None
+    other = {"http://127.0.0.1:43787": (2.0, 2.0)}  # a second router of the pool
+    engine = bake.with_routed(_served(5), [seen, other], "http://127.0.0.1:43787")
+    assert (engine.routed, engine.routed_failed, engine.requests) == (10.0, 3.0, 5)
+    assert bake.with_routed(_served(5), [seen], "http://127.0.0.1:1").routed == 0
+
+
+def test_a_router_replaced_mid_bake_loses_its_window_and_fails_nothing() -> None:
+    start = _served(100, routed_failed=50)  # the routers' counters at the start, one router since replaced
+    later = _served(200, routed_failed=1)
+    grown = bake.window(start, later)
+    assert grown is not None and (grown.routed, grown.routed_failed, grown.requests) == (0.0, 0.0, 100)
+    restarted = bake.window(start, _served(50, routed_failed=60))
+    assert restarted is None, "an engine counter that went back is still the engine restarting"
 
 
 def test_probes_are_asked_for_only_past_the_bakes_midpoint_and_only_what_min_requests_lacks() -> None:

@@ -90,6 +90,25 @@ async def test_a_quiet_baking_group_is_sampled_and_probed_paired_with_the_other_
     assert len(runs) == 1
 
 
+async def test_what_the_routers_saw_of_each_sampled_engine_is_added_to_its_counters(
+        fleet: Fleet, engines: dict[str, FakeEngine]) -> None:
+    engines[DECODE].metrics, engines[PREFILL].metrics = served(105), served(300)
+    url = {group: f"http://{IPS[group]}:{engines[group].port}" for group in (DECODE, PREFILL)}  # as the pool has them
+    fleet.router.outcomes = {url[DECODE]: (90, 15), url[PREFILL]: (300, 0), "http://127.9.9.9:1": (5, 5)}
+    baking(fleet, DECODE, since_requests=100)
+    await fleet.monitor.poll(KEY)
+    facts = fleet.monitor.facts(KEY)
+    decode = facts[DECODE].metrics[uid(fleet, DECODE)]
+    assert (decode.requests, decode.routed, decode.routed_failed) == (105, 105, 15)
+    prefill = facts[PREFILL].metrics[uid(fleet, PREFILL)]
+    assert (prefill.routed, prefill.routed_failed) == (300, 0)
+
+    fleet.router.outcomes = {}
+    await fleet.router.close()  # a router that does not answer: the engines' own counters still count
+    await fleet.monitor.poll(KEY)
+    assert fleet.monitor.facts(KEY)[DECODE].metrics[uid(fleet, DECODE)].routed == 0
+
+
 async def test_nothing_is_read_or_sent_when_no_rollout_is_under_way(
         fleet: Fleet, engines: dict[str, FakeEngine], runs: list[tuple[Pair, int]], prober: BakeProber) -> None:
     engines[DECODE].metrics = served(1)

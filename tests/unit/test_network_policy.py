@@ -103,10 +103,11 @@ def test_engines_admit_their_pool_and_the_operator_and_the_agent_only_the_operat
     for peer in (NEIGHBOUR, STRANGER, OTHER_POOL_ENGINE):
         assert not admits(rendered, ENGINE, peer, http), peer
         assert not admits(rendered, ENGINE, peer, NCCL), peer
-    # The router: its namespace by default, the operator for its worker API; nobody else.
+    # The router: its namespace by default, the operator for its worker API and metrics; nobody else.
     assert admits(rendered, ROUTER, NEIGHBOUR, ROUTER_PORT) and admits(rendered, ROUTER, NEIGHBOUR, METRICS_PORT)
-    assert admits(rendered, ROUTER, OPERATOR, ROUTER_PORT)
+    assert admits(rendered, ROUTER, OPERATOR, ROUTER_PORT) and admits(rendered, ROUTER, OPERATOR, METRICS_PORT)
     assert not admits(rendered, ROUTER, STRANGER, ROUTER_PORT)
+    assert not admits(rendered, ROUTER, STRANGER, METRICS_PORT)
 
     assert policies(networkPolicy={"enabled": False}) == []
     assert policies(dataclasses.replace(CTX, network_policies=False)) == []
