@@ -225,7 +225,8 @@ CATALOGUE: tuple[Patch, ...] = (
             "Guards OpenAI chat responses against DeepSeek DSML tool-call markup in content (whole or with its "
             "special tokens stripped), streaming and not: counts each leak by cause in "
             "pdfleet_toolcall_leaks_total, logs a sample a minute, and with PDFLEET_TOOLCALL_SALVAGE=1 turns "
-            "well-formed calls into tool_calls."
+            "well-formed calls into tool_calls and gives an output cut inside its calls one answer streamed or "
+            "not: the calls complete before the cut, never one whose arguments are not JSON (docs/toolcalls.md)."
         ),
         applies_to=VersionRange(min="0.5.23", below="0.6.0"),
         # Checked against 0.5.23: the property the HTTP server asks for its chat class (replaced by one that

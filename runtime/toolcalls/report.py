@@ -18,7 +18,8 @@ from pdfleet.runtime.toolcalls.stream import Leak
 logger = logging.getLogger("pdfleet.toolcalls")
 
 METRIC = "pdfleet_toolcall_leaks"  # exposed as pdfleet_toolcall_leaks_total
-HELP = "DeepSeek DSML tool-call markup found in assistant content, by cause and by what the guard did with it."
+HELP = ("DeepSeek DSML tool-call markup found in assistant content, and tool calls cut short or with arguments that "
+        "are not JSON, by cause and by what the guard did with them.")
 SAMPLE_INTERVAL_S = 60.0
 
 _counter: Any = None

@@ -5,7 +5,10 @@ batch, the parser off while the model still calls (`tool_choice: "none"`), a tem
 version's markers, a call the parser refused (see `pdfleet.runtime.toolcalls.markup.Cause`). The guard
 watches the text SGLang is about to send, counts every leak by cause, logs a sample a minute with the
 request id, and with salvage on (`PDFLEET_TOOLCALL_SALVAGE=1` in the engine's environment, e.g. the pool's
-`spec.engine.env`) turns well-formed calls into `tool_calls` and withholds the rest of the markup.
+`spec.engine.env`) turns well-formed calls into `tool_calls` and withholds the rest of the markup. An output cut
+inside its calls (max tokens, a stop string, an abort) gets one answer streamed or not, whichever parser route
+served it: the calls complete before the cut, never one whose arguments are not JSON, the engine's finish reason
+(`runtime/toolcalls/cut.py`, `hold.py`; docs/toolcalls.md).
 
 How, on SGLang 0.5.23. The HTTP server builds its chat handler from `TokenizerManager.serving_chat_class`
 (a property); the replacement returns a subclass of whatever class that returns, which wraps:
