@@ -8,7 +8,8 @@ annotation wins over the environment while it is present.
                                                                         wrong-event-loop | wrong-server-args
                                                                         | leak-stripped-markers | leak-parser-off
                                                                         | leak-wrong-version-markers
-                                                                        | leak-malformed-call | failing
+                                                                        | leak-malformed-call | truncated-call
+                                                                        | failing
                                                                         | slow-requests | crash
                                                                         (env only: crash-at-start)
     sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
@@ -39,6 +40,8 @@ as in production. slow, wrong-event-loop and wrong-server-args follow the annota
 
 The leak-* faults make tool calls come back as DSML markup in `content`, each as one known cause does in SGLang
 (`simulator/toolcalls.py`); they follow the annotation both ways and only touch chat requests with tools.
+truncated-call returns a call cut by the request's max_tokens with its broken arguments, as SGLang 0.5.23 alone
+does on V4's recipe route; it touches only tool requests whose max_tokens ends inside the call.
 """
 
 from __future__ import annotations
@@ -88,6 +91,7 @@ class Fault(enum.IntEnum):
     FAILING = 13
     SLOW_REQUESTS = 14
     CRASH = 15
+    TRUNCATED_CALL = 16
 
     @property
     def label(self) -> str:

@@ -2,12 +2,14 @@
 
 PD bootstrap fields (`bootstrap_host`, `bootstrap_port`, `bootstrap_room`) ride at the top level of the
 JSON body, where the router puts them (and where the `openai` client's `extra_body` puts them). A request with
-tools is answered with a tool call (`simulator/toolcalls.py`); the tokens still come from the scheduler, so it
-takes the time and KV a generation of that length takes.
+tools is answered with a tool call (`simulator/toolcalls.py`) written in `toolcalls.CALL_TOKENS` tokens, or fewer
+when its max_tokens cuts it; the tokens still come from the scheduler, so it takes the time and KV a generation of
+that length takes.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from http import HTTPStatus
@@ -48,12 +50,13 @@ def _usage(req: Request, completion: int) -> dict[str, Any]:
             "prompt_tokens_details": None, "reasoning_tokens": 0}
 
 
-async def _tool_answer(state: State, body: dict[str, Any]) -> toolcalls.Answer | None:
+async def _tool_answer(state: State, body: dict[str, Any], max_tokens: int) -> toolcalls.Answer | None:
     """The model's tool call, for a tool request (None for a plain one)."""
     if not toolcalls.is_tool_request(body):
         return None
     parser = (await state.resolved).get("tool_call_parser")
-    return toolcalls.answer(body, parser=parser, fault=state.fault, plain_alongside=state.plain_in_flight > 0)
+    return toolcalls.answer(body, parser=parser, fault=state.fault, plain_alongside=state.plain_in_flight > 0,
+                            max_tokens=max_tokens)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
@@ -84,7 +87,9 @@ async def _serve(request: web.Request, state: State, body: dict[str, Any], req: 
     model = str(body.get("model") or state.engine.served_model_name)
     created = int(time.time())
     output: list[int] = []
-    tool = await _tool_answer(state, body)
+    tool = await _tool_answer(state, body, req.max_new_tokens)
+    if tool is not None:  # the model stops once its call is written
+        req = dataclasses.replace(req, max_new_tokens=min(req.max_new_tokens, toolcalls.CALL_TOKENS))
     if not body.get("stream"):
         try:
             output = await state.scheduler.complete(req)

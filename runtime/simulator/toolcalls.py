@@ -11,6 +11,11 @@ each the way one known cause does in SGLang (the canary and the leak guard are t
     leak-parser-off             the whole DSML block, as when no parser ran (tool_choice "none", none configured)
     leak-wrong-version-markers  the other DeepSeek version's block (a chat template of the wrong version)
     leak-malformed-call         the expected block with an argument the parser refuses (an error path's content)
+
+The call is written in `CALL_TOKENS` tokens. A request whose max_tokens ends before that is cut inside its call,
+and answered as SGLang with pdfleet's DSML leak guard (salvage on) answers it: the calls complete before the cut
+(none: the only call was cut), finish_reason `length`. The `truncated-call` fault answers it as 0.5.23 alone
+does on V4's recipe route: the cut call, its arguments as far as they were written (not JSON), `length`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,10 @@ from pdfleet.runtime.toolcalls.markup import DSML, EXPECTED_BLOCK, INVOKE, PARAM
 
 LEAKS = (Fault.LEAK_STRIPPED_MARKERS, Fault.LEAK_PARSER_OFF, Fault.LEAK_WRONG_VERSION_MARKERS,
          Fault.LEAK_MALFORMED_CALL)
+# Few, so that every tool request the tests, the bake's load and the canary's load send (max_tokens 4 and up) gets
+# its call whole, as before calls had a length; only a request meant to cut it (the canary's cut check, whose
+# max_tokens is half a whole answer's completion tokens) asks for fewer.
+CALL_TOKENS = 4
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,9 +50,12 @@ class Answer:
 
     call: Call | None
     content: str | None
+    cut: bool = False  # max_tokens ended inside the call
 
     @property
     def finish_reason(self) -> str:
+        if self.cut:
+            return "length"
         return "tool_calls" if self.call is not None else "stop"
 
 
@@ -84,8 +96,30 @@ def _block(name: str, arguments: Mapping[str, Any], *, block: str, dsml: bool, m
     return f'<{p}{block}>\n<{p}{INVOKE} name="{name}">\n{inner}\n</{p}{INVOKE}>\n</{p}{block}>'
 
 
-def answer(body: Mapping[str, Any], *, parser: str | None, fault: Fault, plain_alongside: bool) -> Answer:
-    """The answer to a tool request under `fault` (`plain_alongside`: a plain request is being served too)."""
+def answer(body: Mapping[str, Any], *, parser: str | None, fault: Fault, plain_alongside: bool,
+           max_tokens: int | None = None) -> Answer:
+    """The answer to a tool request under `fault` (`plain_alongside`: a plain request is being served too), cut
+    short when `max_tokens` ends inside the call."""
+    whole = _whole(body, parser=parser, fault=fault, plain_alongside=plain_alongside)
+    if max_tokens is None or max_tokens >= CALL_TOKENS:
+        return whole
+    return _cut(whole, max_tokens, fault)
+
+
+def _cut(whole: Answer, tokens: int, fault: Fault) -> Answer:
+    """`whole` as far as `tokens` of its `CALL_TOKENS` wrote it."""
+
+    def written(text: str) -> str:
+        return text[:len(text) * tokens // CALL_TOKENS]
+
+    if whole.call is None:  # leaked into content: the markup written before the cut
+        return Answer(None, written(whole.content or ""), cut=True)
+    if fault is Fault.TRUNCATED_CALL:
+        return Answer(dataclasses.replace(whole.call, arguments=written(whole.call.arguments)), None, cut=True)
+    return Answer(None, None, cut=True)
+
+
+def _whole(body: Mapping[str, Any], *, parser: str | None, fault: Fault, plain_alongside: bool) -> Answer:
     tool = _chosen(body)
     name = str(tool.get("name") or "unknown")
     arguments = _arguments(tool)
@@ -110,7 +144,7 @@ def pieces(text: str, size: int = 8) -> list[str]:
 def stream_deltas(ans: Answer) -> list[dict[str, Any]]:
     """The `delta`s SGLang streams for an answer: a call's header, then its arguments in pieces; or the text."""
     if ans.call is None:
-        return [{"content": piece} for piece in pieces(ans.content or "")]
+        return [{"content": piece} for piece in pieces(ans.content)] if ans.content else []
     call = ans.call
     head = {"tool_calls": [{"index": 0, "id": call.id, "type": "function",
                             "function": {"name": call.name, "arguments": ""}}]}

@@ -1,5 +1,6 @@
 """Waiting until a simulated engine (or a router in front of simulated engines) answers tool requests as a
-leak fault asks: the annotation is polled by the engine, so a test asks until the answer shows it."""
+leak fault (or `truncated-call`) asks: the annotation is polled by the engine, so a test asks until the answer
+shows it."""
 
 from __future__ import annotations
 
@@ -20,3 +21,12 @@ def tool_answer_leaks(url: str, model: str) -> bool:
         msg = client.chat.completions.create(model=model, max_tokens=4, tools=tc.TOOLS,  # type: ignore[arg-type]
                                              messages=[{"role": "user", "content": "x"}]).choices[0].message
     return msg.tool_calls is None and bool(msg.content)
+
+
+def cut_call_returned(url: str, model: str) -> bool:
+    """Whether a tool request whose max_tokens ends inside its call gets the cut call back (`truncated-call`);
+    a healthy engine returns no call."""
+    client = openai.OpenAI(base_url=url.rstrip("/") + "/v1", api_key="none", max_retries=0, timeout=10)
+    choice = client.chat.completions.create(model=model, max_tokens=1, tools=tc.TOOLS,  # type: ignore[arg-type]
+                                            messages=[{"role": "user", "content": "x"}]).choices[0]
+    return bool(choice.message.tool_calls)
