@@ -11,7 +11,9 @@ The model answers each request from its HTTP body, the same way every time: a to
 (`v32_markup`: SGLang's V3.2 encoder; `v4_markup`: deepseek-recipe's), a plain request gets plain text. The tool
 and its arguments are the ones pdfleet's engine simulator picks. `leak` reproduces the mixed-batch decode leak:
 the `｜DSML｜` markers gone from the output. Output is streamed in small pieces that cut markers anywhere, with
-the event loop free between pieces, so concurrent requests interleave.
+the event loop free between pieces, so concurrent requests interleave. The request's max_tokens cuts the output
+where it ends (a character a token on the V3.2 path, a token id on V4's), finish reason `length`, as the engine
+would.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -40,6 +42,7 @@ PIECE = 7  # characters (V3.2) or token ids (V4) per engine chunk: cuts land ins
 CONTEXT_LEN = 65536
 START_S = 30.0
 
+Written = TypeVar("Written", str, list[int])  # what the model wrote: text (V3.2's path) or token ids (V4's)
 Markup = Callable[[Sequence[tuple[str, dict[str, Any]]], Sequence[dict[str, Any]]], str]
 
 
@@ -92,6 +95,15 @@ class _Http:
         body: Mapping[str, Any] = await raw_request.json()  # read once by FastAPI already; starlette keeps it
         return body
 
+    def _cut(self, adapted: Any, output: Written) -> Written:
+        """`output` (characters or ids) as far as the request's max_tokens lets the engine write it; the finish
+        reason `length` when it ran out."""
+        limit = (adapted.sampling_params or {}).get("max_new_tokens")
+        if limit is None or len(output) <= limit:
+            return output
+        self.finishes[adapted.rid] = {"type": "length", "length": limit}  # type: ignore[attr-defined]
+        return output[:limit]
+
     async def _counted(self, chunks: AsyncIterator[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
         """`chunks`, with the request counted as generating until its last chunk (the one with a finish reason;
         a non-streaming request's only one) is handed over."""
@@ -118,16 +130,18 @@ class V32Engine(_Http, chat_serving.FakeTokenizerManager):
         self._served(model, "DeepseekV32ForCausalLM")
 
     async def generate_request(self, adapted: Any, raw_request: Any = None) -> AsyncIterator[dict[str, Any]]:
-        text = self.model.output(await self._body(adapted, raw_request))
+        text = self._cut(adapted, self.model.output(await self._body(adapted, raw_request)))
         # A non-streaming request takes the first chunk only, which SGLang's manager makes the whole output.
         self.outputs[adapted.rid] = [text[i:i + PIECE] for i in range(0, len(text), PIECE)] if adapted.stream \
             else [text]
         try:
             async for out in self._counted(super().generate_request(adapted, raw_request)):
+                out["meta_info"]["completion_tokens"] = len(out["text"])  # a character a token, not a chunk
                 yield out
                 await asyncio.sleep(0)  # as the real manager awaits the detokenizer: other requests run
         finally:
             self.outputs.pop(adapted.rid, None)
+            self.finishes.pop(adapted.rid, None)
 
 
 class V4Engine(_Http, recipe_serving.V4TokenizerManager):
@@ -138,7 +152,7 @@ class V4Engine(_Http, recipe_serving.V4TokenizerManager):
         self._served(model, "DeepseekV4ForCausalLM")
 
     async def generate_request(self, adapted: Any, raw_request: Any = None) -> AsyncIterator[dict[str, Any]]:
-        ids = recipe_serving.encode(self.model.output(await self._body(adapted, raw_request)))
+        ids = self._cut(adapted, recipe_serving.encode(self.model.output(await self._body(adapted, raw_request))))
         self.id_chunks[adapted.rid] = [ids[i:i + PIECE] for i in range(0, len(ids), PIECE)] if adapted.stream \
             else [ids]
         try:
@@ -146,6 +160,7 @@ class V4Engine(_Http, recipe_serving.V4TokenizerManager):
                 yield out
         finally:
             self.id_chunks.pop(adapted.rid, None)
+            self.finishes.pop(adapted.rid, None)
 
 
 def http_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -23,6 +23,7 @@ from tests.support import chat_http, chat_serving
 
 REQUESTS = 32  # half with tools; of each kind half streamed, and tool_choice auto and required in turn
 CONCURRENCY = 32
+MAX_TOKENS = 512  # the load's: room for the stand-in model's whole call (about 190 tokens on either path)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +72,7 @@ def handler(cls: type, path: Path, *, leak: bool = False, parser_off: bool = Fal
 def canary(serving: Any, path: Path) -> Report:
     with chat_http.served(serving) as url:
         report = asyncio.run(toolcall_canary.run(url, requests=REQUESTS, concurrency=CONCURRENCY,
-                                                 parser=path.parser))
+                                                 parser=path.parser, max_tokens=MAX_TOKENS))
     assert (report.requests, report.tool_requests, report.errors) == (REQUESTS, REQUESTS // 2, {}), \
         report.to_json()
     assert serving.tokenizer_manager.peak > 1, "requests were generated together"
