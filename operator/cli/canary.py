@@ -16,8 +16,9 @@ from pdfleet.operator.planning.toolcall_canary import DEFAULT_CONCURRENCY, DEFAU
 from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK
 
 EPILOG = """exit codes: 0 every tool request got structured tool_calls, no answer held DSML markup in its content,
-no request failed; 1 any of those did not hold (the causes are named: parser-off, stripped-markers,
-wrong-version-markers, malformed-call, malformed structured calls, tool requests answered without calls, errors);
+calls cut by max_tokens came back as docs/toolcalls.md says, no request failed; 1 any of those did not hold (the
+causes are named: parser-off, stripped-markers, wrong-version-markers, malformed-call, truncated-call,
+cut-finish-reason, stream-mismatch, malformed structured calls, tool requests answered without calls, errors);
 2 usage, or the URL answers no OpenAI-compatible API (GET /v1/models fails)."""
 
 
@@ -40,12 +41,14 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "canary", epilog=EPILOG, help="tool-call canary: are tool calls structured under concurrent mixed load?",
         description="Sends concurrent chat requests with tools (tool_choice auto and required) interleaved with "
                     "plain ones, streamed and not, through the openai client to URL (a pool's router, or an "
-                    "engine), and reports structured tool calls, DSML markup leaked into content by cause, "
-                    "malformed calls and errors.")
+                    "engine), then two tool requests (streamed and not) whose max_tokens ends inside the call, "
+                    "and reports structured tool calls, DSML markup leaked into content by cause, calls cut by "
+                    "max_tokens that break the contract by cause, malformed calls and errors.")
     canary.add_argument("url", metavar="URL", help="the server's base URL, e.g. http://127.0.0.1:30000 (/v1 is "
                                                    "added unless given)")
     canary.add_argument("--requests", type=_positive, default=DEFAULT_REQUESTS, metavar="N",
-                        help=f"requests in all, half with tools (default {DEFAULT_REQUESTS})")
+                        help=f"requests of the load, half with tools (default {DEFAULT_REQUESTS}); the cut check "
+                             "adds 2")
     canary.add_argument("--concurrency", type=_positive, default=DEFAULT_CONCURRENCY, metavar="C",
                         help=f"requests in flight at once (default {DEFAULT_CONCURRENCY})")
     canary.add_argument("--model", help="the model to ask (default: the first that GET /v1/models lists)")
@@ -60,8 +63,9 @@ def add_parser(commands: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def summary_lines(rep: Report, *, url: str, concurrency: int) -> Sequence[str]:
     """Counts, then the verdict with each cause and a sample of what leaked."""
     leaked = sum(rep.leaks.values())
+    cut = f", {rep.cut_requests} cut by max_tokens" if rep.cut_requests else ""
     lines = [f"tool-call canary against {url} (model {rep.model}): {rep.requests} requests ({rep.tool_requests} "
-             f"with tools, {rep.plain_requests} plain; streamed and not), concurrency {concurrency}, "
+             f"with tools, {rep.plain_requests} plain{cut}; streamed and not), concurrency {concurrency}, "
              f"{rep.duration_s:.1f}s",
              f"  structured tool calls: {rep.structured_calls} in {rep.answered_with_calls}/{rep.tool_requests} "
              f"tool answers",
@@ -69,8 +73,16 @@ def summary_lines(rep: Report, *, url: str, concurrency: int) -> Sequence[str]:
              + (" (" + ", ".join(f"{c} {n}" for c, n in rep.leaks.most_common()) + ")" if leaked else ""),
              f"  malformed calls: {rep.malformed}, tool requests unanswered: {rep.unanswered}, errors: "
              f"{sum(rep.errors.values())}"]
+    if rep.cut_not_sent is not None:
+        lines.append(f"  cut inside the call by max_tokens: {rep.cut_check()}")
+    elif rep.cut_requests:
+        found = ", ".join(f"{c} {n}" for c, n in rep.cut.most_common())
+        lines.append(f"  cut inside the call by max_tokens {rep.cut_max_tokens}: {rep.cut_requests} answer(s) "
+                     + (f"({found})" if found else "kept to the contract"))
     if rep.passed:
-        return [*lines, "PASS: every tool request got structured tool_calls; no markup in content; no errors"]
+        return [*lines, "PASS: every tool request got structured tool_calls; no markup in content; "
+                        + ("calls cut by max_tokens as the contract says; " if rep.cut_requests else "")
+                        + "no errors"]
     return [*lines, "FAIL: " + "; ".join(rep.failures()),
             *(f"  sample ({what}): {sample!r}" for what, sample in rep.samples.items())]
 

@@ -1,7 +1,8 @@
 """The tool-call canary's I/O: its requests, sent through the real `openai` client, concurrently, to a base URL
 (a router or one engine: `run`, what `pdfleet canary` calls), or to a prefill and a decode engine together as the
 router pairs them in PD (`run_pd`, what the toolCallCanary rollout gate calls). What to send and what the answers
-mean is `planning.toolcall_canary`.
+mean is `planning.toolcall_canary`. The cut check's two probes wait for the reference's answer (their max_tokens
+is read from it) while the rest of the load is in flight, so a run takes about one request longer.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ async def _streamed(chunks: AsyncIterator[Any]) -> Answer:
     names: dict[int, str] = {}
     arguments: dict[int, list[str]] = {}
     finish: str | None = None
+    tokens: int | None = None
     async for chunk in chunks:
+        if chunk.usage is not None:  # the last chunk, asked for with stream_options
+            tokens = chunk.usage.completion_tokens
         for choice in chunk.choices:
             delta = choice.delta
             if delta.content:
@@ -73,7 +77,7 @@ async def _streamed(chunks: AsyncIterator[Any]) -> Answer:
                     arguments.setdefault(call.index, []).append(fn.arguments)
             finish = choice.finish_reason or finish
     calls = tuple(ToolCall(names.get(i, ""), "".join(arguments.get(i, ()))) for i in sorted(names | arguments))
-    return Answer("".join(content), calls, finish)
+    return Answer("".join(content), calls, finish, completion_tokens=tokens)
 
 
 async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_tokens: int,
@@ -96,21 +100,34 @@ async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_token
     choice = completion.choices[0]
     calls = tuple(ToolCall(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()
                   if c.type == "function")
-    return Answer(choice.message.content or "", calls, choice.finish_reason)
+    tokens = completion.usage.completion_tokens if completion.usage is not None else None
+    return Answer(choice.message.content or "", calls, choice.finish_reason, completion_tokens=tokens)
 
 
 async def _judged(probes: list[Probe], one: Callable[[Probe], Awaitable[Answer]], *, concurrency: int,
                   parser: str | None, model: str) -> Report:
-    """Every probe asked through `one`, at most `concurrency` at a time, and the answers judged."""
+    """Every probe asked through `one`, at most `concurrency` at a time, and the answers judged; after the
+    reference's answer (if the plan has one), the cut probes it allows."""
     gate = asyncio.Semaphore(concurrency)
 
     async def bounded(probe: Probe) -> tuple[Probe, Answer]:
         async with gate:
             return probe, await one(probe)
 
+    async def cut_check(reference: Probe) -> tuple[list[tuple[Probe, Answer]], str | None]:
+        first = await bounded(reference)
+        cuts, not_sent = plan.cuts(first[1], index=len(probes))
+        return [first, *await asyncio.gather(*(bounded(p) for p in cuts))], not_sent
+
     started = time.monotonic()
-    results = await asyncio.gather(*(bounded(p) for p in probes))
-    found = plan.report(results, parser=parser, duration_s=time.monotonic() - started)
+    reference = next((p for p in probes if p.reference), None)
+    load = asyncio.gather(*(bounded(p) for p in probes if p is not reference))
+    if reference is None:  # plain requests only
+        results, (checked, not_sent) = await load, ([], None)
+    else:
+        results, (checked, not_sent) = await asyncio.gather(load, cut_check(reference))
+    found = plan.report([*results, *checked], parser=parser, duration_s=time.monotonic() - started,
+                        cut_not_sent=not_sent)
     found.model = model
     return found
 

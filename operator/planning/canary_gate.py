@@ -4,7 +4,9 @@
 In SGLang PD the answer a client reads comes from the decode engine (its detokenizer and tool-call parser), so
 any DSML leak does too: the gate judges decode groups and says, for prefill groups, that it does not apply
 (Skipped, which does not hold a rollout). The requests go where the router sends them: to a Ready prefill engine
-and to the decode leader together, with the same bootstrap fields.
+and to the decode leader together, with the same bootstrap fields. Among them, the canary's cut check: a tool
+request cut by its own max_tokens inside the call must come back by the contract of docs/toolcalls.md, or the
+gate fails naming how (`truncated-call`, `cut-finish-reason`, `stream-mismatch`).
 
 A run where the engines answered too little to judge (nothing sent, or fewer than half its requests answered, or
 no tool request answered) is no finding about tool calls: the gate keeps Waiting (the run is retried) until
@@ -49,10 +51,11 @@ def _bounded(text: str) -> str:
 
 def finding(report: Report, *, prefill: str) -> CanaryFinding:
     """The gate's reading of a canary run paired with the prefill pod named `prefill`."""
+    cut = f"; {report.cut_check()}" if report.cut_check() else ""
     if report.passed:
-        return CanaryFinding(GateState.PASSED, f"{report.tool_requests} tool request(s) answered with structured "
-                                               f"tool_calls, no DSML markup in {report.requests} answer(s) "
-                                               f"(paired with prefill {prefill})")
+        return CanaryFinding(GateState.PASSED, _bounded(
+            f"{report.tool_requests} tool request(s) answered with structured tool_calls, no DSML markup in "
+            f"{report.requests} answer(s){cut} (paired with prefill {prefill})"))
     failures = report.tool_call_failures()
     if not failures:  # clean answers, some requests failed (or nothing was sent)
         if not report.errors:
@@ -64,7 +67,7 @@ def finding(report: Report, *, prefill: str) -> CanaryFinding:
         if report.answered_with_calls and 2 * answered >= report.requests:
             return CanaryFinding(GateState.PASSED, _bounded(
                 f"{report.answered_with_calls} tool request(s) answered with structured tool_calls, no DSML markup "
-                f"in {answered} answer(s); {failed} (their rate is the bake's to judge)"))
+                f"in {answered} answer(s){cut}; {failed} (their rate is the bake's to judge)"))
         return inconclusive(failed)
     what = f"{'; '.join(failures)} (of {report.requests} answers, paired with prefill {prefill})"
     samples = [f"sample ({kind}): {text[:SAMPLE_CHARS]!r}" for kind, text in sorted(report.samples.items())]

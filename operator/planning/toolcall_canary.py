@@ -6,6 +6,10 @@ answer passes when a tool request got structured `tool_calls` (valid calls to a 
 holds DSML markup in its content. Markup is found and its cause named by the runtime's leak guard
 (`pdfleet.runtime.toolcalls`), as seen from the client: a well-formed block of the expected version in content
 means no parser ran (parser-off); one the strict parser refuses is a malformed call.
+
+The cut check (`toolcall_cut`): the plan's first tool request is also a reference, greedy with room to end by
+itself; once it is answered, two more ask the same greedily, streamed and not, with a `max_tokens` that ends
+inside the call (`cuts`). Their answers are judged by the contract for a call cut short (docs/toolcalls.md).
 """
 
 from __future__ import annotations
@@ -16,6 +20,9 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
+from pdfleet.operator.planning import toolcall_cut
+from pdfleet.operator.planning.toolcall_cut import REFERENCE_MAX_TOKENS, STREAM_MISMATCH
+from pdfleet.runtime.toolcalls.cut import json_object
 from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK, Cause, contains_markup
 from pdfleet.runtime.toolcalls.stream import Action, Context, scan
 
@@ -39,11 +46,14 @@ DEFAULT_CONCURRENCY = 16
 
 @dataclasses.dataclass(frozen=True)
 class Probe:
-    """One canary request: with tools (`tool_choice` set) or plain (None), streamed or not."""
+    """One canary request: with tools (`tool_choice` set) or plain (None), streamed or not; the cut check's
+    reference, or one of its cut probes (`cut_at`: its own max_tokens, which ends inside the call)."""
 
     index: int
     tool_choice: str | None
     stream: bool
+    reference: bool = False
+    cut_at: int | None = None
 
     @property
     def tools(self) -> bool:
@@ -56,8 +66,24 @@ def plan(requests: int) -> list[Probe]:
     for i in range(requests):
         tools = i % 2 == 0
         choice = ("auto" if (i // 4) % 2 == 0 else "required") if tools else None
-        probes.append(Probe(i, choice, stream=(i // 2) % 2 == 0))
+        probes.append(Probe(i, choice, stream=(i // 2) % 2 == 0, reference=i == 0))
     return probes
+
+
+def cuts(reference: Answer, *, index: int) -> tuple[list[Probe], str | None]:
+    """The cut probes the reference's answer allows (numbered from `index`), streamed and not: the same request
+    as the reference, `tool_choice` auto (the route the contract was tested on), with a `max_tokens` that ends
+    inside its call; or none, and why."""
+    if reference.error is not None:
+        return [], f"the reference tool request failed ({reference.error})"
+    if not reference.calls:
+        return [], "the reference tool request was answered without tool_calls"
+    if reference.finish_reason == "length":
+        return [], f"the reference tool answer did not end within {REFERENCE_MAX_TOKENS} tokens"
+    at = toolcall_cut.budget(reference.completion_tokens)
+    if at is None:
+        return [], f"the reference tool answer is too short to cut ({reference.completion_tokens} token(s))"
+    return [Probe(index, "auto", stream=True, cut_at=at), Probe(index + 1, "auto", stream=False, cut_at=at)], None
 
 
 def plain(requests: int) -> list[Probe]:
@@ -68,11 +94,18 @@ def plain(requests: int) -> list[Probe]:
 def body(probe: Probe, *, model: str, max_tokens: int) -> dict[str, Any]:
     """The `chat.completions.create` keyword arguments of a probe."""
     prompt = TOOL_PROMPT if probe.tools else PLAIN_PROMPT
+    own = REFERENCE_MAX_TOKENS if probe.reference else probe.cut_at
     # max_completion_tokens, not max_tokens: OpenAI's and SGLang's (0.5.x) current name; max_tokens is deprecated.
-    kwargs: dict[str, Any] = {"model": model, "max_completion_tokens": max_tokens, "stream": probe.stream,
+    kwargs: dict[str, Any] = {"model": model, "max_completion_tokens": own or max_tokens, "stream": probe.stream,
                               "messages": [{"role": "user", "content": prompt}]}
     if probe.tools:
         kwargs.update(tools=TOOLS, tool_choice=probe.tool_choice)
+    if own is not None:
+        # Greedy, so that a cut probe writes the reference's tokens up to its cut; and its length counted, streamed
+        # too, to know it ran out of tokens.
+        kwargs["temperature"] = 0
+        if probe.stream:
+            kwargs["stream_options"] = {"include_usage": True}
     return kwargs
 
 
@@ -90,6 +123,7 @@ class Answer:
     calls: tuple[ToolCall, ...] = ()
     finish_reason: str | None = None
     error: str | None = None
+    completion_tokens: int | None = None  # `usage`, where the server said it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,10 +133,11 @@ class Verdict:
     unanswered: bool = False  # a tool request without structured calls (and no leak to explain it)
     error: str | None = None
     sample: str = ""
+    cut: tuple[tuple[str, str], ...] = ()  # a cut probe's breaches of the contract: (cause, sample)
 
     @property
     def ok(self) -> bool:
-        return not (self.leaks or self.malformed or self.unanswered or self.error)
+        return not (self.leaks or self.malformed or self.unanswered or self.error or self.cut)
 
 
 def _malformed(call: ToolCall) -> str | None:
@@ -135,10 +170,15 @@ def judge(probe: Probe, answer: Answer, *, parser: str | None = None) -> Verdict
     if answer.error is not None:
         return Verdict(error=answer.error)
     causes = tuple(leaks(answer.content, tools=probe.tools, parser=parser))
-    malformed = tuple(m for m in map(_malformed, answer.calls) if m)
-    unanswered = probe.tools and not answer.calls and not causes
+    cut = probe.cut_at is not None and toolcall_cut.spent(answer.completion_tokens, probe.cut_at)
+    calls = [c for c in answer.calls if json_object(c.arguments)] if cut else answer.calls  # the rest: cut
+    malformed = tuple(m for m in map(_malformed, calls) if m)
+    # A cut probe without calls is the contract kept when its only call was cut; the load's tool requests say
+    # whether the server answers with calls at all.
+    unanswered = probe.tools and probe.cut_at is None and not answer.calls and not causes
     sample = answer.content[:SAMPLE_CHARS] if causes else ""
-    return Verdict(causes, malformed, unanswered, None, sample)
+    found = toolcall_cut.findings(((c.name, c.arguments) for c in answer.calls), answer.finish_reason) if cut else []
+    return Verdict(causes, malformed, unanswered, None, sample, tuple((c, s[:SAMPLE_CHARS]) for c, s in found))
 
 
 @dataclasses.dataclass
@@ -157,14 +197,20 @@ class Report:
     errors: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)
     samples: dict[str, str] = dataclasses.field(default_factory=dict)  # one per leak cause, and per malformation
     duration_s: float = 0.0
+    cut_requests: int = 0  # the cut check's probes (its reference is one of the tool requests)
+    cut_max_tokens: int | None = None
+    cut_not_sent: str | None = None  # why the cut check sent no probe
+    cut: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # cause -> answers
 
     @property
     def passed(self) -> bool:
-        return self.requests > 0 and not (self.leaks or self.malformed or self.unanswered or self.errors)
+        return self.requests > 0 and not (self.leaks or self.malformed or self.unanswered or self.errors or self.cut)
 
     def tool_call_failures(self) -> list[str]:
         """What the answers showed wrong with tool calls, most telling first (errors left out)."""
         out = [f"DSML markup in content ({cause}) in {n} answer(s)" for cause, n in self.leaks.most_common()]
+        out += [f"{toolcall_cut.WHAT[cause]} ({cause}) in {n} {'pair' if cause == STREAM_MISMATCH else 'answer'}(s)"
+                for cause, n in self.cut.most_common()]
         if self.malformed:
             out.append(f"{self.malformed} malformed structured tool call(s)")
         if self.unanswered:
@@ -179,33 +225,70 @@ class Report:
             out.append("no request was sent")
         return out
 
+    def cut_check(self) -> str:
+        """What the cut check did, in words ('' when the run had none: plain requests only)."""
+        if self.cut_not_sent is not None:
+            return f"no cut probe sent: {self.cut_not_sent}"
+        if not self.cut_requests:
+            return ""
+        kept = "" if self.cut else ", kept to the contract"
+        return f"{self.cut_requests} answer(s) cut inside the call by max_tokens {self.cut_max_tokens}{kept}"
+
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "model": self.model, "requests": self.requests,
                 "toolRequests": self.tool_requests,
                 "plainRequests": self.plain_requests, "structuredCalls": self.structured_calls,
                 "answeredWithCalls": self.answered_with_calls, "leaks": dict(self.leaks),
                 "malformedCalls": self.malformed, "unanswered": self.unanswered, "errors": dict(self.errors),
+                "cutRequests": self.cut_requests, "cutMaxTokens": self.cut_max_tokens,
+                "cutNotSent": self.cut_not_sent, "cutFailures": dict(self.cut),
                 "samples": self.samples, "failures": self.failures(), "durationSeconds": round(self.duration_s, 3)}
 
 
-def report(results: Iterable[tuple[Probe, Answer]], *, parser: str | None = None,
-           duration_s: float = 0.0) -> Report:
-    out = Report(duration_s=duration_s)
+def report(results: Iterable[tuple[Probe, Answer]], *, parser: str | None = None, duration_s: float = 0.0,
+           cut_not_sent: str | None = None) -> Report:
+    """The findings over `results`; `cut_not_sent`: why the cut check sent no probe, if it sent none."""
+    out = Report(duration_s=duration_s, cut_not_sent=cut_not_sent)
+    spent: list[tuple[Probe, Answer]] = []  # the cut probes' answers that ran out of tokens
     for probe, answer in results:
         out.requests += 1
-        out.tool_requests += probe.tools
+        out.cut_requests += probe.cut_at is not None
+        out.cut_max_tokens = probe.cut_at or out.cut_max_tokens
+        out.tool_requests += probe.tools and probe.cut_at is None
         out.plain_requests += not probe.tools
         verdict = judge(probe, answer, parser=parser)
         if verdict.error is not None:
             out.errors[verdict.error] += 1
             continue
-        out.structured_calls += len(answer.calls)
-        out.answered_with_calls += bool(answer.calls)
+        if probe.cut_at is None:
+            out.structured_calls += len(answer.calls)
+            out.answered_with_calls += bool(answer.calls)
+        elif toolcall_cut.spent(answer.completion_tokens, probe.cut_at):
+            spent.append((probe, answer))
         for cause in verdict.leaks:
             out.leaks[cause.value] += 1
             out.samples.setdefault(cause.value, verdict.sample)
+        for cause, sample in verdict.cut:
+            out.cut[cause] += 1
+            out.samples.setdefault(cause, sample)
         out.malformed += bool(verdict.malformed)
         if verdict.malformed:
             out.samples.setdefault("malformed", verdict.malformed[0])
         out.unanswered += verdict.unanswered
+    _compare_streams(spent, out)
     return out
+
+
+def _compare_streams(spent: list[tuple[Probe, Answer]], out: Report) -> None:
+    """A streamed and a non-streamed answer cut at the same max_tokens that differ: a stream-mismatch."""
+    by_cut: dict[int | None, dict[bool, Answer]] = collections.defaultdict(dict)
+    for probe, answer in spent:
+        by_cut[probe.cut_at][probe.stream] = answer
+    for pair in by_cut.values():
+        if len(pair) < 2:
+            continue
+        streamed, answered = (toolcall_cut.shape(((c.name, c.arguments) for c in pair[s].calls),
+                                                 pair[s].finish_reason) for s in (True, False))
+        if streamed != answered:
+            out.cut[STREAM_MISMATCH] += 1
+            out.samples.setdefault(STREAM_MISMATCH, f"streamed {streamed!r}, not streamed {answered!r}"[:SAMPLE_CHARS])

@@ -98,6 +98,36 @@ def test_clean_answers_pass_though_some_requests_failed_which_the_bake_judges() 
     assert too_few.state is GateState.WAITING, "fewer than half the requests answered: too little to judge"
 
 
+@pytest.mark.parametrize(("cause", "failure"), [
+    ("truncated-call", "a call cut by max_tokens came back with arguments that are not a JSON object "
+                       "(truncated-call) in 2 answer(s)"),
+    ("cut-finish-reason", "an answer cut by max_tokens inside its call ended with finish_reason tool_calls, not "
+                          "length (cut-finish-reason) in 2 answer(s)"),
+    ("stream-mismatch", "the streamed and non-streamed answers cut at the same max_tokens differ (stream-mismatch) "
+                        "in 2 pair(s)"),
+])
+def test_a_call_cut_by_max_tokens_against_the_contract_fails_naming_how(cause: str, failure: str) -> None:
+    found = canary_gate.finding(report(structured_calls=4, answered_with_calls=4, requests=10, cut_requests=2,
+                                       cut_max_tokens=20, cut=collections.Counter({cause: 2}),
+                                       samples={cause: 'get_weather: {"city": "Pa'}), prefill="p")
+    assert found.state is GateState.FAILED
+    assert found.message == (f"{failure} (of 10 answers, paired with prefill p); sample ({cause}): "
+                             "'get_weather: {\"city\": \"Pa'")
+
+
+def test_a_passing_run_says_what_its_cut_check_did() -> None:
+    kept = canary_gate.finding(report(structured_calls=4, answered_with_calls=4, requests=10, cut_requests=2,
+                                      cut_max_tokens=20), prefill="p")
+    assert kept.state is GateState.PASSED
+    assert kept.message == ("4 tool request(s) answered with structured tool_calls, no DSML markup in 10 answer(s); "
+                            "2 answer(s) cut inside the call by max_tokens 20, kept to the contract (paired with "
+                            "prefill p)")
+    unsent = canary_gate.finding(report(structured_calls=4, answered_with_calls=4,
+                                        cut_not_sent="the reference tool request failed (timed out)"), prefill="p")
+    assert unsent.state is GateState.PASSED
+    assert "in 8 answer(s); no cut probe sent: the reference tool request failed (timed out) (paired" in unsent.message
+
+
 @pytest.mark.parametrize(("fields", "says"), [
     ({"errors": collections.Counter({"HTTP 503 InternalServerError": 6, "timed out": 2})},
      "8 of 8 request(s) failed (paired with prefill p), the most frequent error: HTTP 503 InternalServerError"),

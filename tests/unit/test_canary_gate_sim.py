@@ -44,8 +44,9 @@ def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None 
 async def test_a_healthy_pair_passes(pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
     found = await canary_gate.run_once(engines, target(*pair))
     assert found.state is GateState.PASSED, found.message
-    assert found.message == ("4 tool request(s) answered with structured tool_calls, no DSML markup in 8 answer(s) "
-                             "(paired with prefill sim-prefill)")
+    assert found.message == ("4 tool request(s) answered with structured tool_calls, no DSML markup in 10 answer(s); "
+                             "2 answer(s) cut inside the call by max_tokens 2, kept to the contract (paired with "
+                             "prefill sim-prefill)")
 
 
 async def found_once(engines: EngineClient, run: canary_gate.Target, holds: Callable[[CanaryFinding], bool], what: str,
@@ -72,6 +73,21 @@ async def test_a_leaking_decode_engine_fails_naming_the_cause(pair: tuple[SimEng
     others = set(LEAKS.values()) - {LEAKS[fault]}
     assert not any(f"({other})" in found.message for other in others), found.message
     assert "paired with prefill sim-prefill" in found.message and "; sample (" in found.message
+    await found_once(engines, target(prefill, decode), lambda f: f.state is GateState.PASSED, "healthy again")
+
+
+async def test_a_decode_engine_that_returns_a_call_cut_by_max_tokens_broken_fails_naming_it(
+        pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
+    prefill, decode = pair
+    decode.annotate(fault="truncated-call")
+    try:
+        found = await found_once(engines, target(prefill, decode), lambda f: f.state is GateState.FAILED, "cut")
+    finally:
+        decode.annotate(fault="none")
+    assert found.message.startswith(
+        "a call cut by max_tokens came back with arguments that are not a JSON object (truncated-call) in 2 "
+        "answer(s) (of 10 answers, paired with prefill sim-prefill); sample (truncated-call): 'get_weather: "
+        '{"city": "pdfle\''), found.message
     await found_once(engines, target(prefill, decode), lambda f: f.state is GateState.PASSED, "healthy again")
 
 

@@ -34,9 +34,10 @@ def test_the_plan_interleaves_tool_and_plain_requests_streamed_and_not_auto_and_
     kinds = {(p.tool_choice, p.stream) for p in probes}
     assert kinds == {("auto", True), ("auto", False), ("required", True), ("required", False), (None, True),
                      (None, False)}
-    body = tc.body(probes[0], model="m", max_tokens=8)
-    assert body["tools"] == tc.TOOLS and body["tool_choice"] == "auto" and body["stream"] is True
+    body = tc.body(probes[4], model="m", max_tokens=8)
+    assert body["tools"] == tc.TOOLS and body["tool_choice"] == "required" and body["stream"] is True
     assert body["max_completion_tokens"] == 8 and "max_tokens" not in body
+    assert "temperature" not in body and "stream_options" not in body
     assert "tools" not in tc.body(probes[1], model="m", max_tokens=8)
 
 
@@ -141,3 +142,121 @@ def test_usage_errors_exit_2(argv: list[str]) -> None:
     with pytest.raises(SystemExit) as e:
         main(argv)
     assert e.value.code == 2
+
+
+# --- the cut check: a tool request cut by its own max_tokens inside the call (docs/toolcalls.md) ---------------
+
+CUT = 40  # the cut probes' max_tokens in these tests: half of a reference answer of 80 tokens
+STREAMED_CUT = Probe(20, "auto", stream=True, cut_at=CUT)
+CUT_PROBE = Probe(21, "auto", stream=False, cut_at=CUT)
+BROKEN = ToolCall("get_weather", '{"city": "Pa')
+
+
+def cut(*calls: ToolCall, finish: str | None = "length", content: str = "", tokens: int | None = CUT) -> Answer:
+    return Answer(content, calls, finish, completion_tokens=tokens)
+
+
+def test_the_first_tool_request_is_the_reference_greedy_with_room_for_a_whole_call() -> None:
+    probes = tc.plan(8)
+    assert [p.reference for p in probes] == [True] + [False] * 7 and not any(p.reference for p in tc.plain(4))
+    body = tc.body(probes[0], model="m", max_tokens=8)
+    assert body["max_completion_tokens"] == tc.REFERENCE_MAX_TOKENS and body["temperature"] == 0
+    assert body["stream_options"] == {"include_usage": True}, "a streamed answer's length is asked for"
+
+
+def test_the_cut_probes_ask_the_same_greedily_with_half_the_references_tokens_streamed_and_not() -> None:
+    probes, why = tc.cuts(Answer("", (GOOD,), "tool_calls", completion_tokens=81), index=8)
+    assert why is None and probes == [Probe(8, "auto", stream=True, cut_at=CUT),
+                                      Probe(9, "auto", stream=False, cut_at=CUT)]
+    streamed, answered = (tc.body(p, model="m", max_tokens=8) for p in probes)
+    assert streamed["max_completion_tokens"] == answered["max_completion_tokens"] == CUT
+    assert streamed["temperature"] == answered["temperature"] == 0 and streamed["tools"] == tc.TOOLS
+    assert streamed["stream_options"] == {"include_usage": True} and "stream_options" not in answered
+
+
+@pytest.mark.parametrize(("reference", "why"), [
+    (Answer(error="timed out"), "the reference tool request failed (timed out)"),
+    (Answer("sunny", (), "stop", completion_tokens=9), "the reference tool request was answered without tool_calls"),
+    (Answer("", (GOOD,), "length", completion_tokens=256), "did not end within 256 tokens"),
+    (Answer("", (GOOD,), "tool_calls", completion_tokens=1), "too short to cut (1 token(s))"),
+    (Answer("", (GOOD,), "tool_calls"), "too short to cut (None token(s))"),
+])
+def test_no_cut_probe_is_sent_without_a_whole_reference_answer_to_cut(reference: Answer, why: str) -> None:
+    probes, said = tc.cuts(reference, index=8)
+    assert probes == [] and said is not None and why in said
+
+
+def test_a_cut_answer_that_keeps_the_contract_passes() -> None:
+    assert tc.judge(CUT_PROBE, cut()).ok, "the only call was cut: no call, length"
+    assert tc.judge(CUT_PROBE, cut(GOOD, content="Let me look.")).ok, "a call complete before the cut"
+    assert tc.judge(STREAMED_CUT, cut(tokens=None)).ok, "no usage said: taken as cut"
+
+
+def test_a_cut_call_returned_with_arguments_that_are_not_json_is_a_truncated_call() -> None:
+    verdict = tc.judge(CUT_PROBE, cut(GOOD, BROKEN, ToolCall("get_weather", '{"city": ')))
+    assert verdict.cut == (("truncated-call", 'get_weather: {"city": "Pa'),), "once an answer, as the guard counts"
+    assert not verdict.malformed and not verdict.ok
+    # An answer that did not run out of tokens was not cut: a broken call there is malformed, as anywhere.
+    whole = tc.judge(CUT_PROBE, cut(BROKEN, finish="tool_calls", tokens=12))
+    assert not whole.cut and "arguments are not JSON" in whole.malformed[0]
+
+
+def test_a_cut_answer_that_says_tool_calls_is_named() -> None:
+    verdict = tc.judge(CUT_PROBE, cut(GOOD, finish="tool_calls"))
+    assert [c for c, _ in verdict.cut] == ["cut-finish-reason"] and not verdict.ok
+    both = tc.judge(STREAMED_CUT, cut(BROKEN, finish="tool_calls"))
+    assert [c for c, _ in both.cut] == ["truncated-call", "cut-finish-reason"]
+
+
+def test_markup_in_a_cut_answers_content_is_a_leak() -> None:
+    block = leaked(Fault.LEAK_PARSER_OFF)
+    verdict = tc.judge(CUT_PROBE, cut(content="Let me look. " + block[:len(block) // 2]), parser="deepseekv32")
+    assert verdict.leaks and not verdict.ok
+
+
+def test_streamed_and_not_streamed_cut_answers_that_differ_are_a_stream_mismatch() -> None:
+    same = tc.report([(STREAMED_CUT, cut(ToolCall("get_weather", '{"city":"Paris"}'))),
+                      (CUT_PROBE, cut(GOOD))])
+    assert same.passed and same.cut_check() == "2 answer(s) cut inside the call by max_tokens 40, kept to the contract"
+    assert (same.requests, same.cut_requests, same.tool_requests) == (2, 2, 0), "not the load's tool requests"
+    for streamed in (cut(), cut(GOOD, finish="stop")):  # a call only one got; another finish reason
+        rep = tc.report([(STREAMED_CUT, streamed), (CUT_PROBE, cut(GOOD))])
+        assert rep.cut == {"stream-mismatch": 1} and not rep.passed
+        assert rep.failures() == ["the streamed and non-streamed answers cut at the same max_tokens differ "
+                                  "(stream-mismatch) in 1 pair(s)"]
+        assert rep.samples["stream-mismatch"].startswith("streamed ((")
+    # Only answers that both ran out of tokens are compared, and an error is nothing to compare.
+    assert tc.report([(STREAMED_CUT, cut(tokens=12)), (CUT_PROBE, cut(GOOD))]).passed
+    assert tc.report([(STREAMED_CUT, Answer(error="timed out")), (CUT_PROBE, cut(GOOD))]).cut == {}
+
+
+def test_the_report_names_each_cut_cause_in_its_failures_and_json() -> None:
+    rep = tc.report([(TOOL, Answer("", (GOOD,), "tool_calls")), (STREAMED_CUT, cut(BROKEN)),
+                     (CUT_PROBE, cut(BROKEN, finish="tool_calls"))])
+    assert rep.cut == {"truncated-call": 2, "cut-finish-reason": 1, "stream-mismatch": 1} and not rep.passed
+    assert rep.tool_call_failures() == [
+        "a call cut by max_tokens came back with arguments that are not a JSON object (truncated-call) in 2 answer(s)",
+        "an answer cut by max_tokens inside its call ended with finish_reason tool_calls, not length "
+        "(cut-finish-reason) in 1 answer(s)",
+        "the streamed and non-streamed answers cut at the same max_tokens differ (stream-mismatch) in 1 pair(s)"]
+    doc = rep.to_json()
+    assert (doc["cutRequests"], doc["cutMaxTokens"], doc["cutNotSent"]) == (2, CUT, None)
+    assert doc["cutFailures"] == {"truncated-call": 2, "cut-finish-reason": 1, "stream-mismatch": 1}
+    assert doc["samples"]["truncated-call"] == 'get_weather: {"city": "Pa'
+    json.dumps(doc)
+    lines = cli_canary.summary_lines(rep, url="http://127.0.0.1:1", concurrency=4)
+    assert "  cut inside the call by max_tokens 40: 2 answer(s) (truncated-call 2, cut-finish-reason 1, " \
+           "stream-mismatch 1)" in lines
+    assert lines[-4].startswith("FAIL: a call cut by max_tokens came back with arguments that are not a JSON")
+
+
+def test_the_summary_says_when_no_cut_probe_was_sent_and_when_the_cut_answers_kept_the_contract() -> None:
+    rep = tc.report([(TOOL, Answer("", (GOOD,), "tool_calls"))], cut_not_sent="the reference tool request failed")
+    assert rep.passed and rep.to_json()["cutNotSent"] == "the reference tool request failed"
+    lines = cli_canary.summary_lines(rep, url="http://127.0.0.1:1", concurrency=4)
+    assert "  cut inside the call by max_tokens: no cut probe sent: the reference tool request failed" in lines
+    kept = tc.report([(TOOL, Answer("", (GOOD,), "tool_calls")), (STREAMED_CUT, cut()), (CUT_PROBE, cut())])
+    lines = cli_canary.summary_lines(kept, url="http://127.0.0.1:1", concurrency=4)
+    assert lines[-2:] == ["  cut inside the call by max_tokens 40: 2 answer(s) kept to the contract",
+                          "PASS: every tool request got structured tool_calls; no markup in content; calls cut by "
+                          "max_tokens as the contract says; no errors"]

@@ -4,7 +4,10 @@ parser paths: V3.2's text detector (`--tool-call-parser deepseekv32`) and V4's t
 (`deepseekv4`: deepseek-recipe through SGLang's serving_deepseek_recipe). The stand-in model behind the handler
 (tests/support/chat_http) writes each version's own call markup; a healthy model passes, the mixed-batch leak
 (markers stripped) and a server without a tool-call parser fail the canary by name, and pdfleet's DSML leak guard
-with salvage on turns both back into structured calls, which the canary then passes and the guard counted.
+with salvage on turns both back into structured calls, which the canary then passes and the guard counted. The
+stand-in model stops where the request's max_tokens ends, so the canary's cut check cuts it inside its call: V4's
+recipe route alone returns the cut call with broken arguments, which fails the canary as `truncated-call`; the
+guard withholds it, and the canary passes.
 """
 
 from __future__ import annotations
@@ -73,8 +76,8 @@ def canary(serving: Any, path: Path) -> Report:
     with chat_http.served(serving) as url:
         report = asyncio.run(toolcall_canary.run(url, requests=REQUESTS, concurrency=CONCURRENCY,
                                                  parser=path.parser, max_tokens=MAX_TOKENS))
-    assert (report.requests, report.tool_requests, report.errors) == (REQUESTS, REQUESTS // 2, {}), \
-        report.to_json()
+    assert (report.requests - report.cut_requests, report.tool_requests, report.errors) == (REQUESTS, REQUESTS // 2,
+                                                                                            {}), report.to_json()
     assert serving.tokenizer_manager.peak > 1, "requests were generated together"
     return report
 
@@ -84,15 +87,40 @@ def passed_with_every_call_structured(report: Report) -> None:
     assert report.structured_calls == report.answered_with_calls == report.tool_requests, report.to_json()
 
 
-def test_a_healthy_model_passes_with_and_without_the_guard(path: Path, plain: type, guarded: type) -> None:
-    passed_with_every_call_structured(canary(handler(plain, path), path))
+def counted(serving: Any) -> dict[tuple[str, str], int]:
+    return dict(serving.pdfleet_reporter.counts)
+
+
+def test_a_healthy_model_passes_with_the_guard_its_cut_answers_withheld(path: Path, guarded: type) -> None:
     serving = handler(guarded, path)
-    passed_with_every_call_structured(canary(serving, path))
-    assert not serving.pdfleet_reporter.counts, "no markup reached the guard"
+    report = canary(serving, path)
+    passed_with_every_call_structured(report)
+    assert (report.cut_requests, report.cut_not_sent) == (2, None), report.to_json()
+    # The cut landed inside the call block: the guard saw both cut answers, and only those.
+    assert counted(serving) == {("truncated-call", "withheld"): 2}
+
+
+UNGUARDED_CUT = {"deepseekv32": {}, "deepseekv4": {"truncated-call": 2}}  # by path: V3.2's text, V4's recipe
+
+
+def test_without_the_guard_a_call_cut_by_max_tokens_fails_the_canary_by_name_on_v4s_recipe_route(
+        path: Path, plain: type) -> None:
+    """0.5.23 alone: V4's recipe route returns the cut call with the arguments written so far, streamed and not;
+    V3.2's text detector drops a block cut inside its only call, which is what the contract asks of it."""
+    report = canary(handler(plain, path), path)
+    assert report.cut_requests == 2 and report.structured_calls == report.tool_requests, report.to_json()
+    assert dict(report.cut) == UNGUARDED_CUT[path.parser], report.to_json()
+    if report.cut:
+        assert report.failures() == ["a call cut by max_tokens came back with arguments that are not a JSON object "
+                                     "(truncated-call) in 2 answer(s)"]
+        assert report.samples["truncated-call"] == 'get_weather: {"city": "pdfleet</', "as far as it was written"
+    else:
+        assert report.passed, report.to_json()
 
 
 def test_stripped_markers_fail_the_canary_by_name(path: Path, plain: type) -> None:
     report = canary(handler(plain, path, leak=True), path)
+    assert report.cut_not_sent == "the reference tool request was answered without tool_calls"
     assert not report.passed
     assert report.leaks == {"stripped-markers": report.tool_requests}, report.to_json()
     assert report.structured_calls == 0
@@ -105,7 +133,9 @@ def test_the_guard_salvages_stripped_markers_and_the_canary_passes(path: Path, g
     serving = handler(guarded, path, leak=True)
     report = canary(serving, path)
     passed_with_every_call_structured(report)
-    assert serving.pdfleet_reporter.counts == {("stripped-markers", "salvaged"): report.tool_requests}
+    # The cut answers' markup, stripped too, is in content, where the guard withholds a block that does not close.
+    assert counted(serving) == {("stripped-markers", "salvaged"): report.tool_requests,
+                                ("stripped-markers", "withheld"): 2}
 
 
 def test_a_server_without_a_tool_call_parser_fails_the_canary_unless_guarded(
@@ -116,4 +146,4 @@ def test_a_server_without_a_tool_call_parser_fails_the_canary_unless_guarded(
 
     serving = handler(guarded, path, parser_off=True)
     passed_with_every_call_structured(canary(serving, path))
-    assert serving.pdfleet_reporter.counts == {("parser-off", "salvaged"): report.tool_requests}
+    assert counted(serving) == {("parser-off", "salvaged"): report.tool_requests, ("parser-off", "withheld"): 2}

@@ -114,6 +114,7 @@ def test_the_canary_passes_on_a_healthy_engine_and_names_each_leak(
     assert main(["canary", engine.url, "--requests", "32", "--concurrency", "8", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert doc["passed"] and doc["structuredCalls"] == doc["toolRequests"] == 16 and doc["model"] == "sim-model"
+    assert (doc["cutRequests"], doc["cutMaxTokens"], doc["cutFailures"], doc["cutNotSent"]) == (2, 2, {}, None)
 
     for fault, cause in LEAKS.items():
         ask_fault(engine, fault)
@@ -123,3 +124,21 @@ def test_the_canary_passes_on_a_healthy_engine_and_names_each_leak(
         assert f"FAIL: DSML markup in content ({cause})" in out, out
         assert f"sample ({cause})" in out
 
+
+def test_the_canary_names_a_call_cut_by_max_tokens_that_comes_back_broken(
+        engine: SimEngine, capsys: pytest.CaptureFixture[str]) -> None:
+    ask_fault(engine, "truncated-call")
+    try:
+        assert main(["canary", engine.url, "--requests", "8", "--json"]) == 1
+        doc = json.loads(capsys.readouterr().out)
+        assert doc["cutFailures"] == {"truncated-call": 2} and doc["leaks"] == {} and doc["malformedCalls"] == 0
+        assert doc["failures"] == ["a call cut by max_tokens came back with arguments that are not a JSON object "
+                                   "(truncated-call) in 2 answer(s)"]
+        assert doc["samples"]["truncated-call"] == 'get_weather: {"city": "pdfle'
+        assert main(["canary", engine.url, "--requests", "8"]) == 1
+        out = capsys.readouterr().out
+        assert "  cut inside the call by max_tokens 2: 2 answer(s) (truncated-call 2)" in out, out
+        assert "FAIL: a call cut by max_tokens came back with arguments that are not a JSON object " \
+               "(truncated-call) in 2 answer(s)" in out and "sample (truncated-call): " in out
+    finally:
+        ask_fault(engine, "none")
