@@ -151,20 +151,3 @@ AUDITED: dict[str, str] = {
     "sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile":
         "f219e33d2c645ab9",
 }
-
-# Functions of the scanned modules (tests/support/collective_scan.py) that enter a collective but have no row of
-# their own on the page, each with the reason; the page names each of them too.
-UNLISTED: dict[str, str] = {
-    "sglang.srt.disaggregation.utils._all_reduce_polls":
-        "the all-reduce the audited polls (poll_and_all_reduce and its variants) share: covered by their rows",
-    "sglang.srt.managers.hisparse_coordinator.HiSparseCoordinator.collect_ready_reqs":
-        "called only from Scheduler.get_next_batch_to_run, the batch builder of the non-PD loops",
-    "sglang.srt.managers.scheduler._prewarm_hccl_group":
-        "start-up (Ascend HCCL warm-up), before any loop",
-    "sglang.srt.managers.scheduler_components.dynamic_chunk_sizer.DynamicChunkSizer.profile_and_fit":
-        "start-up (Scheduler.__init__), before any loop",
-    "sglang.srt.managers.tp_worker.TpModelWorker.__init__":
-        "start-up, before any loop",
-    "sglang.srt.managers.scheduler_components.request_receiver.SchedulerRequestReceiver._pull_raw_reqs":
-        "its point-to-point receive runs on pipeline stages after the first only (PP loops are out of scope)",
-}
