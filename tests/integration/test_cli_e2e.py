@@ -40,12 +40,21 @@ def test_rollout_status_follows_a_verified_rollout_and_status_shows_the_groups(
                                                   f"{fleet.pool(cluster, namespace, POOL)['status']['updateRevision']}"
                                                   " passed verification")
 
+    # Paused with the change, so that the watch's first line is certainly of a rollout not done yet (a CLI slow to
+    # start on a loaded machine would otherwise see a two-group rollout already finished); resumed once it said so.
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
-                    json.dumps({"spec": {"engine": {"overlapSchedule": "Disabled"}}}))
-    watched = pdfleet(cluster, "rollout", "status", POOL, "-n", namespace, "--watch", "--timeout", "3m")
-    assert watched.returncode == 0, watched.stdout + watched.stderr
-    lines = watched.stdout.splitlines()
-    assert "in progress" in lines[0], "the patch was just made: the rollout cannot be done yet"
+                    json.dumps({"spec": {"engine": {"overlapSchedule": "Disabled"}, "rollout": {"paused": True}}}))
+    env = cluster.env | {"PATH": f"{SCRIPTS}:{cluster.env['PATH']}"}
+    with subprocess.Popen(["pdfleet", "rollout", "status", POOL, "-n", namespace, "--watch", "--timeout", "3m"],
+                          text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env) as watch:
+        assert watch.stdout is not None
+        first = watch.stdout.readline()
+        cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
+                        json.dumps({"spec": {"rollout": {"paused": False}}}))
+        rest, errors = watch.communicate(timeout=240)
+    assert watch.returncode == 0, first + rest + errors
+    lines = (first + rest).splitlines()
+    assert "in progress" in lines[0], "the rollout was paused: it cannot be done yet"
     assert len(lines) >= 2 and not any("\r" in line or "[#" in line for line in lines), "no bar off a terminal"
     status = fleet.pool(cluster, namespace, POOL)["status"]
     assert status["currentRevision"] == status["updateRevision"]
