@@ -8,6 +8,11 @@ parse as an object costs its first byte the time the model takes to write the ar
 docs/toolcalls.md); a client cannot run a call before that anyway. A released call goes out as one delta with
 its whole arguments, numbered in release order, so the indices a client sees are 0..n-1 with no gap where a
 call was withheld.
+
+Arguments that parse are not enough: recipe writes `{"city": "Paris"}` as soon as the last parameter written so
+far closes, and the model may still write another. A call is whole when its invoke closed in the raw output
+(`closed`: how many invokes have), as on the non-streamed path and on the text routes, where SGLang's detectors
+only send a call then.
 """
 
 from __future__ import annotations
@@ -35,8 +40,14 @@ class CallHold:
         self._sent: dict[int, int] = {}  # SGLang's index -> the index the client saw
         self._judged: dict[int, str] = {}  # with hold off: every call's arguments so far
 
-    def take(self, deltas: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """The deltas to send now for SGLang's `deltas`."""
+    @property
+    def waiting(self) -> bool:
+        """Whether a call is held: a later chunk may release it without carrying a call delta itself."""
+        return bool(self._open)
+
+    def take(self, deltas: list[dict[str, Any]], closed: int | None = None) -> list[dict[str, Any]]:
+        """The deltas to send now for SGLang's `deltas`; `closed`: how many invokes closed in the raw output so
+        far (None: not known, the arguments alone decide)."""
         if not self.hold:
             for delta in deltas:
                 index = int(delta.get("index") or 0)
@@ -51,9 +62,19 @@ class CallHold:
                 continue
             call = self._open.setdefault(index, _Call(delta.get("id"), (delta.get("function") or {}).get("name")))
             call.arguments += _arguments(delta)
+        return [*out, *self.ripe(closed)]
+
+    def ripe(self, closed: int | None) -> list[dict[str, Any]]:
+        """Releases, in SGLang's order, every held call whose invoke closed and whose arguments are an object."""
+        out = []
+        for index in sorted(self._open):
+            call = self._open[index]
+            if closed is not None and index >= closed:
+                break
             # A complete object ends with `}`: parse only then, so long arguments are not parsed per fragment.
-            if call.arguments.rstrip().endswith("}") and json_object(call.arguments):
-                out.append(self._release(index, call))
+            if not (call.arguments.rstrip().endswith("}") and json_object(call.arguments)):
+                break
+            out.append(self._release(index, call))
         return out
 
     def _release(self, index: int, call: _Call) -> dict[str, Any]:

@@ -14,11 +14,13 @@ from typing import Any
 
 from pdfleet.runtime.toolcalls.cut import cut_region, leaks
 from pdfleet.runtime.toolcalls.hold import CallHold
+from pdfleet.runtime.toolcalls.markup import DSML, INVOKE
 from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.stream import Leak, Step, StreamGuard
 
 _DATA = "data: "
 _DATA_OBJECT = _DATA + "{"
+_INVOKE_CLOSER = f"</{DSML}{INVOKE}>"  # V3.2's and V4's alike
 
 
 class ChoiceStream:
@@ -35,6 +37,20 @@ class ChoiceStream:
     def see(self, text: str, *, incremental: bool) -> None:
         """An engine chunk's text: the output so far, or with incremental streaming only what it added."""
         self.output = self.output + text if incremental else text
+
+    @property
+    def closed(self) -> int | None:
+        """How many invokes closed in the raw output so far (None while SGLang parses no calls)."""
+        return self.output.count(_INVOKE_CLOSER) if self.guard.context.parsing_active else None
+
+    def ripe(self, *, chunk_id: str, created: int, model: str, index: int) -> str | None:
+        """Held calls whose invoke closed in an engine chunk that made SGLang say nothing, as a chunk of their own
+        (None: none)."""
+        released = self.calls.ripe(self.closed) if self.calls.waiting else []
+        if not released:
+            return None
+        return _serialised({"id": chunk_id, "object": "chat.completion.chunk", "created": created, "model": model,
+                            "choices": [{"index": index, "delta": {"tool_calls": released}, "finish_reason": None}]})
 
     def tool_call_deltas(self, calls: list[Call]) -> list[dict[str, Any]]:
         deltas = []
@@ -82,7 +98,7 @@ class ChoiceStream:
         deltas = delta.get("tool_calls")
         if not deltas:
             return False
-        released = self.calls.take(deltas)
+        released = self.calls.take(deltas, self.closed)
         if released is deltas:
             return False
         if released:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Collection
 
-from pdfleet.runtime.toolcalls.markup import Cause, Opener, classify, find_opener, held_suffix, region_end
+from pdfleet.runtime.toolcalls.markup import DSML, Cause, Opener, classify, find_opener, held_suffix, region_end
 from pdfleet.runtime.toolcalls.salvage import Call, parse_region
 
 
@@ -92,10 +92,16 @@ class StreamGuard:
             self._open = None
 
     def finish(self) -> Step:
-        """Releases what is held; an open region is a truncated (malformed) call."""
+        """Releases what is held; an open region is a truncated (malformed) call, and so is a DSML opener the
+        output stopped inside (`<｜DSML｜func`: prose never writes the full-width bar; a bare `<` may be prose)."""
         step = Step()
         if self._open is not None:
             self._close(self._buffer, self._open, complete=False, step=step)
+        elif DSML[0] in self._buffer:
+            sample = self._buffer[:SAMPLE_CHARS]
+            withheld = self.context.salvage
+            step.text = "" if withheld else self._buffer
+            step.leaks.append(Leak(Cause.TRUNCATED_CALL, Action.WITHHELD if withheld else Action.REPORTED, sample))
         else:
             step.text = self._buffer
         self._buffer, self._open = "", None

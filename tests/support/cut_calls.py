@@ -121,3 +121,66 @@ def answered(serving: Any, route: Route, output: str, finish: str, rid: str) -> 
     calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
     return choice.message.content or "", calls, choice.finish_reason
 
+
+
+# The corpus: one output, cut at every point of its block. Its calls hold a string and a JSON (integer) parameter,
+# then a call without parameters, so that cuts land inside markers, names, string values, JSON values, between
+# calls and inside the block's closer.
+CORPUS_CALLS: list[tuple[str, dict[str, Any]]] = [("get_weather", {"city": "Paris", "days": 3}), ("ping", {})]
+INVOKE_CLOSER = "</｜DSML｜invoke>"
+
+
+@dataclasses.dataclass(frozen=True)
+class CutPoint:
+    """One cut of the corpus: the engine's output up to it (text, and token ids on the recipe route), and the
+    calls whose invoke closed before it."""
+
+    at: int  # characters (text routes) or tokens (recipe) into the block
+    text: str
+    ids: tuple[int, ...] | None
+    complete: list[tuple[str, dict[str, Any]]]
+
+
+def corpus(route: Route) -> list[CutPoint]:
+    """Every cut of the corpus output inside its block: each character of it on a text route, each token on the
+    recipe route (a model emits whole tokens, so a cut never splits one there)."""
+    markup = chat_serving.v32_markup(CORPUS_CALLS) if route.parser == "deepseekv32" else \
+        recipe_serving.v4_markup(CORPUS_CALLS, TOOLS)
+    whole = PROSE + markup
+    if not route.recipe:
+        return [CutPoint(at, whole[:len(PROSE) + at], None, _complete(whole[:len(PROSE) + at]))
+                for at in range(1, len(markup))]
+    ids = recipe_serving.encode(whole)
+    start = len(recipe_serving.encode(PROSE))
+    decode = recipe_serving.v4_tokenizer().decode
+    points = []
+    for end in range(start + 1, len(ids)):
+        text = decode(ids[:end])
+        points.append(CutPoint(end - start, text, tuple(ids[:end]), _complete(text)))
+    return points
+
+
+def _complete(text: str) -> list[tuple[str, dict[str, Any]]]:
+    return CORPUS_CALLS[:text.count(INVOKE_CLOSER)]
+
+
+async def corpus_answers(serving: Any, route: Route, point: CutPoint) -> tuple[Answer, Answer]:
+    """The streamed and non-streamed answers to the corpus output cut at `point`, its tokens run out."""
+    finish = engine_finish("length", point.text)
+    if route.recipe:
+        assert point.ids is not None
+        streamed_out = await recipe_serving.v4_stream(serving, request("length", stream=True),
+                                                      [point.ids[n:n + 3] for n in range(0, len(point.ids), 3)],
+                                                      f"s{point.at}", finish)
+        response = recipe_serving.v4_respond(serving, request("length", stream=False), point.ids, f"n{point.at}",
+                                             finish)
+    else:
+        chunks = [point.text[n:n + 5] for n in range(0, len(point.text), 5)]
+        streamed_out = await chat_serving.stream(serving, request("length", stream=True), chunks, f"s{point.at}",
+                                                 finish)
+        response = chat_serving.respond(serving, request("length", stream=False), point.text, f"n{point.at}",
+                                        finish)
+    choice = response.choices[0]
+    answered = (choice.message.content or "", [(c.function.name, c.function.arguments)
+                                               for c in choice.message.tool_calls or []], choice.finish_reason)
+    return (streamed_out["content"], list(streamed_out["calls"]), streamed_out["finish_reason"]), answered

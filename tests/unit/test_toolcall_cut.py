@@ -127,3 +127,38 @@ def test_with_salvage_off_a_cut_block_is_counted_and_the_answer_left_as_sglang_g
         serving, streamed, answered = both(cls, route, "inside-arguments", "length")
         assert (streamed, answered) == both(plain, route, "inside-arguments", "length")[1:], route
         assert serving.pdfleet_reporter.counts == {("truncated-call", "reported"): 2}, route
+
+
+@pytest.mark.parametrize("route", sorted(ROUTES))
+def test_every_cut_point_of_a_block_answers_the_contract(guarded: type, route: str) -> None:
+    """The generated corpus: one output with a string and a JSON parameter and a call without any, cut by its
+    tokens running out at every character (text routes) or token (recipe) of its block."""
+    serving = cut_calls.handler(guarded, ROUTES[route])
+    points = cut_calls.corpus(ROUTES[route])
+    broken: list[str] = []
+
+    async def walk() -> None:
+        for point in points:
+            streamed, answered = await cut_calls.corpus_answers(serving, ROUTES[route], point)
+            for path, answer in (("streamed", streamed), ("not streamed", answered)):
+                content, calls, _ = answer
+                if not all(_json_object(args) for _, args in calls):
+                    broken.append(f"{point.at} {path}: arguments not JSON {calls}")
+                elif parsed(answer)[1:] != (point.complete, "length"):
+                    broken.append(f"{point.at} {path}: {parsed(answer)[1:]} for {point.complete}")
+                # A bare `<` may be prose; `<｜…` never is, and a DSML opener cut short is withheld.
+                if content.strip() not in (PROSE.strip(), PROSE.strip() + "\n\n<") or contains_markup(content):
+                    broken.append(f"{point.at} {path}: content {content!r}")
+            # Equal but for whitespace at the content's end: cut right after `<｜DSML｜`, SGLang's streaming
+            # detector keeps the blank line before it held, its non-streaming one gives it back.
+            if not broken and _trimmed(streamed) != _trimmed(answered):
+                broken.append(f"{point.at}: streamed {streamed} but not streamed {answered}")
+
+    asyncio.run(walk())
+    assert len(points) > 100, "every character or token of the block is a cut point"
+    assert not broken, f"{len(broken)} of {len(points)} cut points broke the contract, first: {broken[:5]}"
+
+
+def _trimmed(answer: Answer) -> tuple[str, list[tuple[str, Any]], str | None]:
+    content, calls, finish = parsed(answer)
+    return content.rstrip(), calls, finish

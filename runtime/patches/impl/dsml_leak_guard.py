@@ -29,7 +29,7 @@ from collections.abc import AsyncGenerator, Callable, Mapping
 from typing import Any
 
 from pdfleet.runtime.toolcalls.cut import complete_calls, cut_region, finish_reason, json_object, leaks
-from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK
+from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK, INVOKE
 from pdfleet.runtime.toolcalls.report import Reporter
 from pdfleet.runtime.toolcalls.salvage import Call
 from pdfleet.runtime.toolcalls.sse import ChoiceStream
@@ -112,6 +112,8 @@ def settle_cut(serving: Any, choice: Any, output: str, engine_finish: str | None
     if not context.salvage:
         return found is not None
     kept = [c for c in calls if json_object(c.function.arguments or "")]
+    if found is not None:  # a call is whole when its invoke closed: recipe returns one whose parameters did
+        kept = kept[:found.region.count(f"</{found.opener.prefix}{INVOKE}>")]
     for n, call in enumerate(kept):
         call.index = n
     message.tool_calls = kept or None
@@ -177,6 +179,10 @@ def guarded_class(base: type) -> type:
                 if rewritten is not None:
                     yield rewritten
             request_id = str(kwargs["content"]["meta_info"].get("id", ""))
+            ripe = stream.ripe(chunk_id=request_id, created=kwargs["created"], model=kwargs["request"].model,
+                               index=index)
+            if ripe is not None:
+                yield ripe
             if stream.salvaged:
                 kwargs["has_tool_calls"][index] = True
             if kwargs["finish_reason_type"] is not None:
