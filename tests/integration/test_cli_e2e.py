@@ -54,7 +54,8 @@ def test_rollout_status_follows_a_verified_rollout_and_status_shows_the_groups(
         rest, errors = watch.communicate(timeout=240)
     assert watch.returncode == 0, first + rest + errors
     lines = (first + rest).splitlines()
-    assert "in progress" in lines[0], "the rollout was paused: it cannot be done yet"
+    # Paused (or, before the operator saw the change, waiting for it): either way not done.
+    assert "PAUSED" in lines[0] or "in progress" in lines[0], "the rollout was paused: it cannot be done yet"
     assert len(lines) >= 2 and not any("\r" in line or "[#" in line for line in lines), "no bar off a terminal"
     status = fleet.pool(cluster, namespace, POOL)["status"]
     assert status["currentRevision"] == status["updateRevision"]
