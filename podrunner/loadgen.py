@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import contextvars
 import dataclasses
 import itertools
 import json
@@ -34,6 +35,9 @@ import openai
 
 KINDS = ("generate", "chat", "chat-stream")
 FAILURE_PAUSE_S = 0.5
+# One request's attempts: the endpoint the last went to ("base") and the one a retry must avoid ("avoid"). A
+# mutable holder, since the sender runs in a task of its own (asyncio.wait_for), which copies the context.
+_ATTEMPTS: contextvars.ContextVar[dict[str, str] | None] = contextvars.ContextVar("loadgen_attempts", default=None)
 
 
 @dataclasses.dataclass
@@ -106,8 +110,10 @@ class Load:
     With `endpoints`, each request goes to the next of the URLs it returns at that moment (to `url` when it
     returns none): what a client behind a Service sees, whose proxy sends new connections only to the ready
     endpoints (`url` alone is one fixed address). A request whose connection was refused never reached a
-    server, so it is sent once more, to the next endpoint, as a balancer's connect-failure retry does (counted
-    in `retried`); any failure after the connection is counted.
+    server, so it is sent once more, to another endpoint than the one that refused it, as a balancer's
+    connect-failure retry does (Envoy's `previous_hosts` predicate; counted in `retried`): with the turn shared
+    by every worker, "the next endpoint" could be the dead one again. Any failure after the connection is
+    counted.
     """
 
     def __init__(self, url: str, *, model: str = "default", concurrency: int = 4, timeout_s: float = 15.0,
@@ -127,9 +133,14 @@ class Load:
         self._counter = itertools.count()
 
     def _base(self) -> str:
-        found = list(self._endpoints()) if self._endpoints is not None else []
-        base = found[next(self._turn) % len(found)].rstrip("/") if found else self.url
+        found = [u.rstrip("/") for u in self._endpoints()] if self._endpoints is not None else []
+        attempts = _ATTEMPTS.get()
+        others = [u for u in found if attempts is None or u != attempts.get("avoid")]
+        choice = others or found
+        base = choice[next(self._turn) % len(choice)] if choice else self.url
         self.used.add(base)
+        if attempts is not None:
+            attempts["base"] = base
         return base
 
     def _chat_client(self, base: str) -> openai.AsyncOpenAI:
@@ -192,6 +203,8 @@ class Load:
                 self.tally.record(kind, started, None)
 
     async def _send(self, sender: Callable[[int], object], n: int) -> None:
+        attempts: dict[str, str] = {}
+        _ATTEMPTS.set(attempts)
         try:
             await asyncio.wait_for(sender(n), self.timeout_s)  # type: ignore[arg-type]
         except (httpx.ConnectError, openai.APIConnectionError) as e:
@@ -199,6 +212,7 @@ class Load:
             if self._endpoints is None or not refused:
                 raise
             self.tally.retried += 1
+            attempts["avoid"] = attempts.get("base", "")
             await asyncio.wait_for(sender(n), self.timeout_s)  # type: ignore[arg-type]
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 
 import httpx
@@ -107,6 +108,12 @@ async def test_a_refused_connection_is_sent_again_to_the_next_endpoint_and_only_
         with pytest.raises(httpx.ConnectError):
             await fixed._send(fixed._generate, 1)  # one fixed address: nothing else to try
         assert fixed.tally.retried == 0
+
+        # Other workers move the shared turn between a refusal and its retry: the retry still avoids the
+        # endpoint that refused it (here every turn would pick the closed port).
+        balanced._turn = itertools.repeat(0)  # type: ignore[assignment]
+        await balanced._send(balanced._generate, 2)
+        assert balanced.tally.retried == 2
     finally:
         await balanced._http.aclose()
         await fixed._http.aclose()
