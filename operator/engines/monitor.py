@@ -222,8 +222,7 @@ class HealthMonitor:
         samples: dict[str, ServingSample] = {}
         if wanted or sampled:
             engines = self._engines
-            serving = [r for r in routers if sampled and router_membership.pod_ip(r) is not None and
-                       not r["metadata"].get("deletionTimestamp")]
+            serving = [r for r in routers if sampled and not r["metadata"].get("deletionTimestamp")]
             got, counted, seen = await asyncio.gather(
                 asyncio.gather(*(engines.server_info(pod, port) for pod, port in wanted)),
                 asyncio.gather(*(engines.metrics(pod, port) for pod, port in sampled)),

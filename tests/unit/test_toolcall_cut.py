@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.runtime.toolcalls.cut import json_object
 from pdfleet.runtime.toolcalls.markup import contains_markup
 from tests.support import chat_serving, cut_calls, recipe_serving
 from tests.support.cut_calls import CUTS, FINISHES, PROSE, ROUTES, Answer, cut_output
@@ -52,19 +53,12 @@ def parsed(answer: Answer) -> tuple[str, list[tuple[str, Any]], str | None]:
     return content, [(name, json.loads(args)) for name, args in calls], finish
 
 
-def _json_object(arguments: str) -> bool:
-    try:
-        return isinstance(json.loads(arguments), dict)
-    except ValueError:
-        return False
-
-
 @pytest.mark.parametrize(("route", "cut", "finish"), CASES)
 def test_a_cut_block_answers_one_contract_streamed_or_not(guarded: type, route: str, cut: str, finish: str) -> None:
     serving, streamed, answered = both(guarded, route, cut, finish)
     for answer in (streamed, answered):
         content, calls, _ = answer
-        assert all(_json_object(args) for _, args in calls), f"a call with broken arguments: {calls}"
+        assert all(json_object(args) for _, args in calls), f"a call with broken arguments: {calls}"
         assert parsed(answer) == (content, CUTS[cut], finish), answer
         assert content.strip() == PROSE.strip() and not contains_markup(content), content
     assert parsed(streamed) == parsed(answered), "the stream's final state is the non-streamed answer"
@@ -142,7 +136,7 @@ def test_every_cut_point_of_a_block_answers_the_contract(guarded: type, route: s
             streamed, answered = await cut_calls.corpus_answers(serving, ROUTES[route], point)
             for path, answer in (("streamed", streamed), ("not streamed", answered)):
                 content, calls, _ = answer
-                if not all(_json_object(args) for _, args in calls):
+                if not all(json_object(args) for _, args in calls):
                     broken.append(f"{point.at} {path}: arguments not JSON {calls}")
                 elif parsed(answer)[1:] != (point.complete, "length"):
                     broken.append(f"{point.at} {path}: {parsed(answer)[1:]} for {point.complete}")
