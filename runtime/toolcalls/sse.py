@@ -69,10 +69,13 @@ class ChoiceStream:
 
     def rewrite(self, chunk: str) -> str | None:
         """The chunk with its content guarded and its calls held; None to drop it."""
-        if not chunk.startswith(_DATA_OBJECT):
-            return chunk
+        # The common chunk (prose, no call, nothing held) is decided by the cheapest tests first, every one a
+        # scan of the whole chunk: a single-character search is a memchr, and an escaped `<` needs a backslash.
         calls = '"tool_calls"' in chunk
-        if "<" not in chunk and "\\u003c" not in chunk and self.guard.idle and not calls:
+        if (not calls and "<" not in chunk and not self.guard.held
+                and ("\\" not in chunk or "\\u003c" not in chunk)):
+            return chunk
+        if not chunk.startswith(_DATA_OBJECT):
             return chunk
         payload = json.loads(chunk[len(_DATA):])
         choices = payload.get("choices") or []

@@ -55,40 +55,35 @@ SAMPLE_CHARS = 200
 class StreamGuard:
     def __init__(self, context: Context) -> None:
         self.context = context
-        self._buffer = ""
+        self.held = ""  # text not yet released; empty: a chunk without `<` passes through unchanged
         self._open: Opener | None = None
         self._scanned = 0  # how far the open region was searched for its closer
 
-    @property
-    def idle(self) -> bool:
-        """Nothing held: a chunk without `<` would pass through unchanged."""
-        return not self._buffer
-
     def feed(self, text: str) -> Step:
         step = Step()
-        if not self._buffer and "<" not in text:
+        if not self.held and "<" not in text:
             step.text = text
             return step
-        self._buffer += text
+        self.held += text
         while True:
             if self._open is None:
-                found = find_opener(self._buffer)
+                found = find_opener(self.held)
                 if found is None:
-                    keep = held_suffix(self._buffer)
-                    cut = len(self._buffer) - keep
-                    step.text += self._buffer[:cut]
-                    self._buffer = self._buffer[cut:]
+                    keep = held_suffix(self.held)
+                    cut = len(self.held) - keep
+                    step.text += self.held[:cut]
+                    self.held = self.held[cut:]
                     return step
                 at, self._open = found
-                step.text += self._buffer[:at]
-                self._buffer = self._buffer[at:]
+                step.text += self.held[:at]
+                self.held = self.held[at:]
                 self._scanned = 0
-            end = region_end(self._buffer, self._open, self._scanned)
+            end = region_end(self.held, self._open, self._scanned)
             if end is None:
-                self._scanned = max(0, len(self._buffer) - len(self._open.closer))
+                self._scanned = max(0, len(self.held) - len(self._open.closer))
                 return step
-            self._close(self._buffer[:end], self._open, complete=True, step=step)
-            self._buffer = self._buffer[end:]
+            self._close(self.held[:end], self._open, complete=True, step=step)
+            self.held = self.held[end:]
             self._open = None
 
     def finish(self) -> Step:
@@ -96,15 +91,15 @@ class StreamGuard:
         output stopped inside (`<｜DSML｜func`: prose never writes the full-width bar; a bare `<` may be prose)."""
         step = Step()
         if self._open is not None:
-            self._close(self._buffer, self._open, complete=False, step=step)
-        elif DSML[0] in self._buffer:
-            sample = self._buffer[:SAMPLE_CHARS]
+            self._close(self.held, self._open, complete=False, step=step)
+        elif DSML[0] in self.held:
+            sample = self.held[:SAMPLE_CHARS]
             withheld = self.context.salvage
-            step.text = "" if withheld else self._buffer
+            step.text = "" if withheld else self.held
             step.leaks.append(Leak(Cause.TRUNCATED_CALL, Action.WITHHELD if withheld else Action.REPORTED, sample))
         else:
-            step.text = self._buffer
-        self._buffer, self._open = "", None
+            step.text = self.held
+        self.held, self._open = "", None
         return step
 
     def _close(self, region: str, opener: Opener, *, complete: bool, step: Step) -> None:
