@@ -28,6 +28,7 @@ from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import stamp
@@ -84,6 +85,9 @@ class Controller:
         # the write, a reconcile plans from this instead of the stale cached pool (whose status write would be
         # refused with a conflict and retried with backoff, as it was dozens of times in a burst).
         self._written: dict[PoolKey, tuple[str, dict[str, Any]]] = {}
+        # What plans derived from each pool's spec and status (validation, every rendered object, the parsed
+        # status), reused while they are unchanged: most reconciles see a spec they have seen before.
+        self._renders = Renders()
         # background_events: a reconcile's Events are posted after it, so the worker is free for the next pool
         # sooner (in a burst of new pools, a tenth of a first reconcile was waiting for its Events).
         self._events = Detached(EVENTS_IN_FLIGHT) if background_events else None
@@ -93,8 +97,16 @@ class Controller:
         self._applied.pop(key, None)
         self._deleting.pop(key, None)
         self._summaries.pop(key, None)
+        self._renders.forget(*key)
         self.router_keys.forget(*key)
         self._export_summaries()
+
+    def wrote(self, key: PoolKey, resource_version: str | None) -> bool:
+        """Whether `resource_version` is the pool as this process's last write of it (status or annotation) left it:
+        its watch event is the echo of that write, which the next reconcile covers, not news."""
+        written = self._written.get(key)
+        return resource_version is not None and written is not None and \
+            written[1].get("metadata", {}).get("resourceVersion") == resource_version
 
     def _record_summary(self, key: PoolKey, status: Mapping[str, Any] | None) -> None:
         """Keeps the pools-by-phase and groups-by-verdict gauges true to the last status of every pool."""
@@ -168,7 +180,8 @@ class Controller:
                                                f"pods restart to take it, the old key stays valid until they have"))
         plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
                               settings=self._settings,
-                              health=self._health(key), engines=self._engines(key), router_key=keys.current)
+                              health=self._health(key), engines=self._engines(key), router_key=keys.current,
+                              renders=self._renders)
         planned = time.perf_counter()
         applied, deleting = self._applied[key], self._deleting[key]
 

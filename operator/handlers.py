@@ -203,5 +203,9 @@ async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     key = (meta["namespace"], meta["name"])
     if event["type"] == "DELETED":
         state.forget(key)
+        return
+    urgent = cache_mod.spec_unhandled(event["object"])
+    if not urgent and state.controller is not None and state.controller.wrote(key, meta.get("resourceVersion")):
+        state.echo(key)  # our own status or annotation write: coalesced with what that reconcile wrote
     else:
-        state.poke(key, urgent=cache_mod.spec_unhandled(event["object"]))
+        state.poke(key, urgent=urgent)

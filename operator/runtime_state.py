@@ -68,6 +68,15 @@ class OperatorState:
             if self.health:
                 self.health.nudge(key)
 
+    def echo(self, key: PoolKey) -> None:
+        """The pool changed by the operator's own write (its status, an annotation): reconcile it shortly, like an
+        owned object's event, so that the echo and the events of the objects the same reconcile wrote are handled
+        by one reconcile instead of one each. Nothing for the health monitor: no pod changed."""
+        if key in self.seen:
+            self.queue.add_after(key, self.options.owned_event_delay)
+        else:
+            self.poke(key)
+
     def forget(self, key: PoolKey) -> None:
         self.seen.discard(key)
         self.queue.forget(key)

@@ -61,11 +61,12 @@ from pdfleet.operator.planning.groups import (
 )
 from pdfleet.operator.planning.plan import Analysis, Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
+from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext, Settings
-from pdfleet.operator.render.desired import Desired, DesiredGroup, desired
+from pdfleet.operator.render.desired import Desired, DesiredGroup
 from pdfleet.operator.render.stamp import applied_hash
 
 Body = dict[str, Any]
@@ -102,22 +103,26 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
 
 def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expectations | None = None,
          settings: Settings | None = None, health: Mapping[str, GroupHealth] | None = None,
-         engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1") -> Plan:
-    """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller."""
+         engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1",
+         renders: Renders | None = None) -> Plan:
+    """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller.
+    `renders`: what earlier plans derived from the same spec and status (the executor keeps one); the plan is the
+    same with or without it."""
+    renders = renders if renders is not None else Renders()
     expect = expect or Expectations()
-    health = rank_health.current(health or {}, pods_by_group(observed.of_kind("Pod")))
+    pods = pods_by_group(observed.of_kind("Pod"))
+    health = rank_health.current(health or {}, pods)
     now = now.replace(microsecond=0)
     generation = pool["metadata"].get("generation")
-    previous = status_mod.parse_status(pool.get("status"))
-    spec, problems = checks.validate_pool(pool)
+    previous, previous_wire = renders.previous(pool)
+    spec, problems = renders.validated(pool)
     if spec is None or problems:
         return _rejected_plan(pool, previous, problems, generation, now)
     ctx = RenderContext.of(pool, settings, router_key=router_key)
     if spec.paused:
         return _status_only(pool, previous, _paused_status(previous, generation, now))
 
-    pods = pods_by_group(observed.of_kind("Pod"))
-    slots = desired(ctx, spec, surge_plan.slots(ctx.pool, spec, pods))
+    slots = renders.desired(pool, ctx, spec, surge_plan.slots(ctx.pool, spec, pods))
     out = _Builder()
     _plan_shared_objects(slots, observed, expect, out)
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in slots.groups}
@@ -146,10 +151,20 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
         [w.until for w in (new_status.watch,) if w is not None and w.until is not None and w.failure is None
          and w.until > now]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
-                status=status_mod.wire(new_status) if status_mod.changed(new_status, pool.get("status")) else None,
+                status=_changed_status(new_status, previous, previous_wire, pool.get("status")),
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
                 requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None,
                 pool_changes=tuple(out.pool_changes), analyses=tuple(out.analyses))
+
+
+def _changed_status(new: InferencePoolStatus, previous: InferencePoolStatus, previous_wire: Body,
+                    raw_previous: Mapping[str, Any] | None) -> Body | None:
+    """The new status in wire form if it differs from the pool's (`status.changed`), else None. A status equal to
+    the one parsed from the pool dumps to the same wire form, so the common case, nothing changed, dumps nothing."""
+    if raw_previous is not None and new == previous:
+        return None
+    wired = status_mod.wire(new)
+    return wired if wired != previous_wire or raw_previous is None else None
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:

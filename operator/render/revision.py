@@ -7,6 +7,7 @@ not (replicas, router, health and rollout policy) keeps the revision, so scaling
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import json
 
@@ -14,6 +15,12 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 
 _ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas"}
+# Revisions of the specs seen last, by the spec object's identity. A reconcile asks for the pool's revision in
+# several places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan);
+# the planner's render cache hands every reconcile of one generation the same spec object, so they hit. Specs
+# are frozen, and each entry holds its spec, so an id here is never reused by another object while kept.
+_MEMO_SIZE = 512
+_memo: collections.OrderedDict[int, tuple[InferencePoolSpec, dict[Role, str]]] = collections.OrderedDict()
 
 
 def _digest(data: object) -> str:
@@ -21,7 +28,27 @@ def _digest(data: object) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
+def _kept(spec: InferencePoolSpec) -> dict[Role | None, str]:
+    """The revisions already computed for this very spec object (None: the pool's)."""
+    kept = _memo.get(id(spec))
+    if kept is None or kept[0] is not spec:
+        kept = (spec, {})
+        _memo[id(spec)] = kept
+        if len(_memo) > _MEMO_SIZE:
+            _memo.popitem(last=False)
+    else:
+        _memo.move_to_end(id(spec))
+    return kept[1]
+
+
 def role_revision(spec: InferencePoolSpec, role: Role) -> str:
+    kept = _kept(spec)
+    if (known := kept.get(role)) is None:
+        known = kept[role] = _role_revision(spec, role)
+    return known
+
+
+def _role_revision(spec: InferencePoolSpec, role: Role) -> str:
     shape = spec.role(role).model_dump(mode="json", exclude=_ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE)
     return _digest({
         "role": str(role),
@@ -34,4 +61,7 @@ def role_revision(spec: InferencePoolSpec, role: Role) -> str:
 
 def pool_revision(spec: InferencePoolSpec) -> str:
     """The pool's revision as status shows it: both roles' revisions together."""
-    return _digest([role_revision(spec, role) for role in Role])
+    kept = _kept(spec)
+    if (known := kept.get(None)) is None:
+        known = kept[None] = _digest([role_revision(spec, role) for role in Role])
+    return known

@@ -324,3 +324,20 @@ async def test_a_group_whose_pod_ended_is_counted_once_restarted_and_planned_aga
     [(key, delay)] = requeued
     assert key == KEY and 8 <= delay <= 10, delay
     assert restarts_counted("PodEnded") == before + 1
+
+
+async def test_the_pools_echo_of_its_own_status_write_is_told_from_news(kube: FakeKube) -> None:
+    """`wrote` tells the pool's watch handler that an event is the echo of this process's own status write (to be
+    coalesced with the events of the objects the same reconcile wrote), and anything else is news."""
+    controller = executor(kube)
+    before = pool(kube)["metadata"]["resourceVersion"]
+    assert not controller.wrote(KEY, before)
+    await controller.reconcile(KEY)
+    after = pool(kube)["metadata"]["resourceVersion"]
+    assert after != before
+    assert controller.wrote(KEY, after)
+    assert not controller.wrote(KEY, before) and not controller.wrote(KEY, None)
+    kube.update("InferencePool", *KEY, lambda o: o["metadata"].setdefault("labels", {}).update(team="a"))
+    assert not controller.wrote(KEY, pool(kube)["metadata"]["resourceVersion"]), "someone else's write is news"
+    controller.forget(KEY)
+    assert not controller.wrote(KEY, after)

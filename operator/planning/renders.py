@@ -1,0 +1,135 @@
+"""What a reconcile derives from the pool's spec and status alone, kept between reconciles of the same pool.
+
+Most reconciles of a pool see a spec they have seen before: its own pods' and status writes' echoes, health
+verdicts, resyncs. Validating the spec, rendering every object with its content hash and parsing the previous
+status were two thirds of such a plan (docs/operator-throughput.md). `Renders` keeps them per pool:
+
+- the typed spec and its problems, and the rendered objects (per render context and surge slots), for the
+  pool's uid and generation, used only while the spec is equal to the one they were made from: a client that
+  edits a spec without a new generation (a test, a stale cache) gets a fresh render, never a stale one;
+- the previous status, parsed and in its wire form, used only while the pool's raw status is equal to it.
+
+Deterministic memoisation of pure functions: a plan made with a `Renders` is the plan made without one. No I/O,
+no clock. The executor holds one per operator and forgets a pool when the pool goes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from pdfleet.operator.api import checks
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.cache import json_copy
+from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.desired import Desired, desired
+
+Body = dict[str, Any]
+PoolId = tuple[str, str, str]  # namespace, name, uid
+DESIRED_KEPT = 4  # renders kept per generation: the surge slots a rollout moves through, at most a few
+
+
+@dataclasses.dataclass
+class _Spec:
+    generation: int | None
+    raw: Any  # a copy of the spec it was made from: the client's dict may be edited in place
+    spec: InferencePoolSpec | None
+    problems: tuple[checks.Problem, ...]
+    desired: dict[tuple[RenderContext, tuple[tuple[Role, int], ...]], Desired] = dataclasses.field(
+        default_factory=dict)
+
+
+@dataclasses.dataclass
+class _Status:
+    raw: Any  # a copy of the raw status
+    parsed: InferencePoolStatus
+    wire: Body
+
+
+@dataclasses.dataclass
+class Counts:
+    """Hits and misses, for tests and the profile."""
+
+    spec_hits: int = 0
+    spec_misses: int = 0
+    desired_hits: int = 0
+    desired_misses: int = 0
+    status_hits: int = 0
+    status_misses: int = 0
+
+
+class Renders:
+    def __init__(self) -> None:
+        self._specs: dict[PoolId, _Spec] = {}
+        self._statuses: dict[PoolId, _Status] = {}
+        self.counts = Counts()
+
+    def forget(self, namespace: str, name: str) -> None:
+        """Drops what is kept of the pool (every uid it had)."""
+        for kept in (self._specs, self._statuses):
+            for pid in [p for p in kept if p[:2] == (namespace, name)]:
+                del kept[pid]
+
+    def __len__(self) -> int:
+        return len(self._specs)
+
+    def validated(self, pool: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[checks.Problem]]:
+        """`checks.validate_pool(pool)`."""
+        entry = self._spec_entry(pool)
+        return entry.spec, list(entry.problems)
+
+    def desired(self, pool: Mapping[str, Any], ctx: RenderContext, spec: InferencePoolSpec,
+                surge: Mapping[Role, int]) -> Desired:
+        """`render.desired.desired(ctx, spec, surge)`, for `spec` as `validated(pool)` returned it."""
+        entry = self._specs.get(_pid(pool))
+        if entry is None or entry.spec is not spec:  # not a spec `validated` returned: nothing kept applies
+            self.counts.desired_misses += 1
+            return desired(ctx, spec, surge)
+        key = (ctx, tuple(sorted((r, n) for r, n in surge.items() if n)))
+        made = entry.desired.get(key)
+        if made is None:
+            self.counts.desired_misses += 1
+            made = desired(ctx, spec, surge)
+            if len(entry.desired) >= DESIRED_KEPT:
+                entry.desired.pop(next(iter(entry.desired)))
+            entry.desired[key] = made
+        else:
+            self.counts.desired_hits += 1
+        return made
+
+    def previous(self, pool: Mapping[str, Any]) -> tuple[InferencePoolStatus, Body]:
+        """The pool's status parsed (`status.parse_status`) and in the wire form the planner compares with."""
+        pid = _pid(pool)
+        raw = pool.get("status")
+        kept = self._statuses.get(pid)
+        if kept is not None and kept.raw == raw:
+            self.counts.status_hits += 1
+            return kept.parsed, kept.wire
+        self.counts.status_misses += 1
+        parsed = status_mod.parse_status(raw)
+        kept = _Status(raw=json_copy(raw), parsed=parsed, wire=status_mod.wire(parsed))
+        self._statuses[pid] = kept
+        return kept.parsed, kept.wire
+
+    def _spec_entry(self, pool: Mapping[str, Any]) -> _Spec:
+        pid = _pid(pool)
+        generation = pool["metadata"].get("generation")
+        raw = pool.get("spec")
+        entry = self._specs.get(pid)
+        if entry is not None and entry.generation == generation and entry.raw == raw:
+            self.counts.spec_hits += 1
+            return entry
+        self.counts.spec_misses += 1
+        spec, problems = checks.validate_pool(pool)
+        entry = _Spec(generation=generation, raw=json_copy(raw), spec=spec, problems=tuple(problems))
+        self._specs[pid] = entry
+        return entry
+
+
+def _pid(pool: Mapping[str, Any]) -> PoolId:
+    meta = pool["metadata"]
+    return meta.get("namespace", ""), meta.get("name", ""), str(meta.get("uid", ""))

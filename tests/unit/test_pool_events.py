@@ -1,0 +1,52 @@
+"""The pool's watch handler: news is reconciled now (a new spec before other work), the echo of the operator's own
+status write is coalesced with the events of the objects its reconcile wrote."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from pdfleet.operator import handlers
+from pdfleet.operator.controller import Controller
+from pdfleet.operator.runtime_state import OperatorState, Options
+from tests.support.fake_kube import FakeKube
+from tests.support.pools import pool_body
+
+KEY = ("ns", "tiny")
+
+
+def event(kube: FakeKube, type_: str = "MODIFIED") -> dict[str, Any]:
+    body = kube.get("InferencePool", *KEY)
+    assert body is not None
+    return {"type": type_, "object": body}
+
+
+async def test_an_echo_of_our_status_write_waits_to_be_coalesced_and_news_does_not() -> None:
+    kube = FakeKube()
+    kube.seed(pool_body())
+    state = OperatorState(options=Options(owned_event_delay=0.05))
+    state.controller = Controller(client=kube, cache=kube.cache())
+    memo: dict[str, Any] = {"state": state}
+
+    await handlers.pool_event(event(kube, "ADDED"), memo)  # a new spec: urgent, now
+    assert len(state.queue) == 1
+    key = await state.queue._next()
+    await state.controller.reconcile(key)
+    state.queue._done(key, failed=False)
+    assert len(state.queue) == 0
+
+    await handlers.pool_event(event(kube), memo)  # the echo of the status write just made
+    assert len(state.queue) == 0, "an echo is not reconciled at once"
+    await asyncio.wait_for(_until(lambda: len(state.queue) == 1), timeout=5)
+
+    key = await state.queue._next()
+    state.queue._done(key, failed=False)
+    kube.update("InferencePool", *KEY, lambda o: o["metadata"].setdefault("labels", {}).update(team="a"))
+    await handlers.pool_event(event(kube), memo)  # someone else's write: news
+    assert len(state.queue) == 1
+    state.queue.close()
+
+
+async def _until(condition: Any) -> None:
+    while not condition():
+        await asyncio.sleep(0.01)
