@@ -2,11 +2,16 @@
 
 Timing knobs, all optional (`PDFLEET_SIM_*`):
 
-    PDFLEET_SIM_PREFILL_BASE_MS      fixed cost of one prefill                    (default 5)
-    PDFLEET_SIM_PREFILL_MS_PER_TOKEN  prefill cost per prompt token               (default 0.02)
+    PDFLEET_SIM_PREFILL_BASE_MS      fixed cost of one prefill forward (a batch)  (default 5)
+    PDFLEET_SIM_PREFILL_TOKENS_PER_S  prefill throughput: a forward's prompt tokens  (default 50000)
+                                     cost tokens / this on top of the base
+    PDFLEET_SIM_MAX_PREFILL_TOKENS   prompt tokens one prefill forward takes at most (default: the
+                                     --max-prefill-tokens given, else SGLang's 16384)
     PDFLEET_SIM_DECODE_MS            one decode step: a busy rank iteration      (default 10)
+    PDFLEET_SIM_DECODE_TOKENS_PER_S  decode throughput shared by the running batch: a step of N running
+                                     requests lasts at least N / this (default 0: no limit but the step)
     PDFLEET_SIM_IDLE_MS              one idle rank iteration                     (default 30)
-    PDFLEET_SIM_MAX_RUNNING          running requests at most; more queue        (default: the
+    PDFLEET_SIM_MAX_RUNNING          running requests at most; more queue (FIFO) (default: the
                                      --max-running-requests given, else 64)
     PDFLEET_SIM_MAX_TOTAL_TOKENS     the KV pool size it reports                 (default 262144)
     PDFLEET_SIM_CONTEXT_LEN          context length, when --context-length is unset (default 32768)
@@ -50,8 +55,10 @@ def _num(env: Mapping[str, str], name: str, default: float) -> float:
 @dataclasses.dataclass(frozen=True)
 class Timing:
     prefill_base_s: float = 0.005
-    prefill_per_token_s: float = 0.00002
+    prefill_tokens_per_s: float = 50000.0
+    max_prefill_tokens: int = 16384
     decode_step_s: float = 0.010
+    decode_tokens_per_s: float = 0.0  # 0: a step makes a token for every running request, however many
     idle_step_s: float = 0.030
     max_running: int = 64
     max_total_tokens: int = 262144
@@ -61,14 +68,18 @@ class Timing:
     load_s: float = 0.0
 
     def prefill_s(self, prompt_tokens: int) -> float:
-        return self.prefill_base_s + self.prefill_per_token_s * prompt_tokens
+        """One prefill forward of `prompt_tokens` prompt tokens (one prompt's, or a batch's)."""
+        return self.prefill_base_s + prompt_tokens / self.prefill_tokens_per_s
 
     @classmethod
-    def from_env(cls, env: Mapping[str, str], *, max_running: int | None, context_len: int | None) -> Timing:
+    def from_env(cls, env: Mapping[str, str], *, max_running: int | None, context_len: int | None,
+                 max_prefill_tokens: int | None = None) -> Timing:
         return cls(
             prefill_base_s=_num(env, "PREFILL_BASE_MS", 5) / 1000,
-            prefill_per_token_s=_num(env, "PREFILL_MS_PER_TOKEN", 0.02) / 1000,
+            prefill_tokens_per_s=number(env, ENV_PREFIX + "PREFILL_TOKENS_PER_S", 50000, low=1),
+            max_prefill_tokens=max(1, int(_num(env, "MAX_PREFILL_TOKENS", max_prefill_tokens or 16384))),
             decode_step_s=_num(env, "DECODE_MS", 10) / 1000,
+            decode_tokens_per_s=_num(env, "DECODE_TOKENS_PER_S", 0),
             # An idle iteration must stay well under the operator's desync threshold (seconds).
             idle_step_s=max(_num(env, "IDLE_MS", 30), 1) / 1000,
             max_running=max(1, int(_num(env, "MAX_RUNNING", max_running or 64))),

@@ -107,13 +107,44 @@ def loads(engine: Engine, timing: Timing, queues: dict[str, int], used_tokens: i
     }
 
 
-def metrics(engine: Engine, timing: Timing, queues: dict[str, int], totals: dict[str, int], used_tokens: int,
-            gen_throughput: float, histograms: tuple[Histogram, ...] = ()) -> str:
-    """Prometheus text with SGLang's metric names and labels; `histograms`: the scheduler's latencies."""
-    labels = f'model_name="{engine.served_model_name}",engine_type="{_engine_type(engine)}",tp_rank="0",pp_rank="0"'
-    gauges = {
+# name -> (type, SGLang's help text, collector). SGLang's scheduler labels its metrics with the engine's ranks, its
+# tokenizer manager (request counts, tokens, latencies) with the model and engine type only.
+SCHEDULER, TOKENIZER = "scheduler", "tokenizer"
+METRICS: dict[str, tuple[str, str, str]] = {
+    "num_running_reqs": ("gauge", "The number of running requests.", SCHEDULER),
+    "num_queue_reqs": ("gauge", "The number of requests in the waiting queue.", SCHEDULER),
+    "num_used_tokens": ("gauge", "The number of used tokens.", SCHEDULER),
+    "token_usage": ("gauge", "The token usage.", SCHEDULER),
+    "gen_throughput": ("gauge", "The generation throughput (token/s).", SCHEDULER),
+    "num_prefill_bootstrap_queue_reqs": ("gauge", "The number of requests in the prefill bootstrap queue.",
+                                         SCHEDULER),
+    "num_prefill_inflight_queue_reqs": ("gauge", "The number of requests in the prefill inflight queue.", SCHEDULER),
+    "num_decode_prealloc_queue_reqs": ("gauge", "The number of requests in the decode prealloc queue.", SCHEDULER),
+    "num_decode_transfer_queue_reqs": ("gauge", "The number of requests in the decode transfer queue.", SCHEDULER),
+    "context_len": ("gauge", "Maximum context length.", SCHEDULER),
+    "num_transfer_failed_reqs_total": ("counter", "The number of transfer failed requests.", SCHEDULER),
+    "num_requests_total": ("counter", "Number of requests processed.", TOKENIZER),
+    "prompt_tokens_total": ("counter", "Number of prefill tokens processed.", TOKENIZER),
+    "generation_tokens_total": ("counter", "Number of generation tokens processed.", TOKENIZER),
+    "num_aborted_requests_total": ("counter", "Number of requests aborted.", TOKENIZER),
+}
+
+
+def metric_labels(engine: Engine) -> dict[str, str]:
+    """Each collector's labels, as SGLang 0.5.23 sets them (no DP, no priority scheduling, no extra labels)."""
+    tokenizer = f'model_name="{engine.served_model_name}",engine_type="{_engine_type(engine)}"'
+    return {SCHEDULER: f'{tokenizer},tp_rank="0",pp_rank="0",moe_ep_rank="0"', TOKENIZER: tokenizer}
+
+
+def metrics(engine: Engine, timing: Timing, queues: dict[str, int], totals: dict[str, int],
+            streamed: dict[tuple[str, str], int], used_tokens: int, gen_throughput: float,
+            histograms: tuple[Histogram, ...] = ()) -> str:
+    """Prometheus text with SGLang's metric names, help and labels; `streamed`: requests and tokens per value of
+    `is_streaming`; `histograms`: the tokenizer manager's latencies. `num_queue_reqs` is SGLang's waiting queue
+    alone: a PD engine's bootstrap, prealloc, transfer and inflight queues have gauges of their own."""
+    values: dict[str, float | dict[str, float]] = {
         "num_running_reqs": queues["running"],
-        "num_queue_reqs": queues["waiting"] + queues["prefill_bootstrap"] + queues["decode_prealloc"],
+        "num_queue_reqs": queues["waiting"],
         "num_used_tokens": used_tokens,
         "token_usage": used_tokens / timing.max_total_tokens,
         "gen_throughput": gen_throughput,
@@ -122,21 +153,23 @@ def metrics(engine: Engine, timing: Timing, queues: dict[str, int], totals: dict
         "num_decode_prealloc_queue_reqs": queues["decode_prealloc"],
         "num_decode_transfer_queue_reqs": queues["decode_transfer"],
         "context_len": timing.context_len,
-    }
-    counters = {
-        "num_requests_total": totals.get("requests", 0),
-        "prompt_tokens_total": totals.get("prompt_tokens", 0),
-        "generation_tokens_total": totals.get("generation_tokens", 0),
-        "num_aborted_requests_total": totals.get("aborted", 0),
         "num_transfer_failed_reqs_total": totals.get("transfer_failed", 0),
+        # A series per value of is_streaming seen, as prometheus_client's labelled counters appear.
+        **{f"{what}_total": {label: float(n) for (w, label), n in sorted(streamed.items()) if w == what}
+           for what in ("num_requests", "prompt_tokens", "generation_tokens")},
+        "num_aborted_requests_total": totals.get("aborted", 0),
     }
+    labels = metric_labels(engine)
     lines = []
-    for kind, values in (("gauge", gauges), ("counter", counters)):
-        for name, value in values.items():
-            lines += [f"# HELP sglang:{name} {name.replace('_', ' ')}", f"# TYPE sglang:{name} {kind}",
-                      f"sglang:{name}{{{labels}}} {float(value)}"]
+    for name, value in values.items():
+        kind, help_text, collector = METRICS[name]
+        lines += [f"# HELP sglang:{name} {help_text}", f"# TYPE sglang:{name} {kind}"]
+        if isinstance(value, dict):
+            lines += [f'sglang:{name}{{{labels[collector]},is_streaming="{label}"}} {n}' for label, n in value.items()]
+        else:
+            lines.append(f"sglang:{name}{{{labels[collector]}}} {float(value)}")
     for histogram in histograms:
-        lines += histogram.render(labels)
+        lines += histogram.render(labels[TOKENIZER])
     return "\n".join(lines) + "\n"
 
 

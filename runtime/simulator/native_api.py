@@ -67,7 +67,7 @@ async def loads(request: web.Request) -> web.Response:
 async def metrics(request: web.Request) -> web.Response:
     state = _state(request)
     text = info.metrics(state.engine, state.timing, dict(state.scheduler.queues), dict(state.scheduler.totals),
-                        state.scheduler.used_tokens, state.gen_throughput(),
+                        dict(state.scheduler.streamed), state.scheduler.used_tokens, state.gen_throughput(),
                         (state.scheduler.ttft, state.scheduler.itl))
     return web.Response(text=text, content_type="text/plain", charset="utf-8")
 

@@ -1,17 +1,22 @@
-"""The request side of the simulated engine: admission, queues, the timing model, PD hand-off.
+"""The request side of the simulated engine: admission, queues, the capacity model, PD hand-off.
 
-A request waits for one of `max_running` slots (SGLang's waiting queue; a PD prefill's bootstrap queue, a
-PD decode's prealloc queue), then runs: a prefill costs `prefill_s(prompt tokens)` plus one rank iteration,
-each decode token one rank iteration (a busy iteration lasts `decode_step_s`, or the `slow` fault's delay).
-Every running request decodes in the same iterations: continuous batching. Rank iterations come from the
-rank processes (`ticks`), so nothing advances while the ranks are stuck.
+A request waits for one of `max_running` slots (FIFO; SGLang's waiting queue, a PD decode's prealloc queue), then
+runs: its prompt is prefilled in a batch with the others waiting (`capacity.PrefillBatches`: a forward of at most
+`max_prefill_tokens` prompt tokens costs `prefill_s(its tokens)`), plus one rank iteration; each decode token is
+one rank iteration (a busy iteration lasts `decode_step_s`), longer when the running batch is more than
+`decode_tokens_per_s` makes in a step, or under the `slow-requests` fault. Every running request decodes in the
+same iterations: continuous batching. So under load requests queue, time to first token grows with the prefill
+batches and inter-token latency with the decode batch. Rank iterations come from the rank processes (`ticks`),
+so nothing advances while the ranks are stuck.
 
-PD: the prefill side answers after its KV was taken by the decode side (its inflight queue until then);
-the decode side fetches the KV (its transfer queue) and continues from the prefill's first token.
+PD: the prefill side answers after its KV was taken by the decode side (its inflight queue until then, its KV
+counted in `used_tokens`); the decode side fetches the KV (its transfer queue) and continues from the prefill's
+first token.
 
 Latency (`latency`, SGLang's histograms), from when `generate` took the request: time to first token, once per
 successful request (a prefill engine's when its prefill made the token, before the decode side takes the KV; a
 decode engine's includes the KV transfer); each next token's time since the previous one (decode, unified).
+`gen_throughput` is what the decode steps made over the last seconds, measured.
 """
 
 from __future__ import annotations
@@ -20,12 +25,12 @@ import asyncio
 import collections
 import dataclasses
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from http import HTTPStatus
 
 import aiohttp
 
-from pdfleet.runtime.simulator import kv, latency, tokenizer
+from pdfleet.runtime.simulator import capacity, kv, latency, tokenizer
 from pdfleet.runtime.simulator.config import Engine, Timing
 from pdfleet.runtime.simulator.ranks import Control
 from pdfleet.runtime.simulator.ticks import Ticks
@@ -53,6 +58,19 @@ class Request:
 QUEUES = ("waiting", "running", "prefill_bootstrap", "prefill_inflight", "decode_prealloc", "decode_transfer")
 
 
+class _Place:
+    """The queue a request is in: moving it keeps the scheduler's counts."""
+
+    def __init__(self, scheduler: Scheduler, queue: str) -> None:
+        self._scheduler = scheduler
+        self.queue: str | None = None
+        self.go(queue)
+
+    def go(self, queue: str | None) -> None:
+        self._scheduler._move(self.queue, queue)
+        self.queue = queue
+
+
 class Scheduler:
     def __init__(self, engine: Engine, timing: Timing, ticks: Ticks, control: Control, rooms: kv.Rooms) -> None:
         self.engine = engine
@@ -63,11 +81,16 @@ class Scheduler:
         self.session: aiohttp.ClientSession | None = None
         self.queues: collections.Counter[str] = collections.Counter({q: 0 for q in QUEUES})
         self.totals: collections.Counter[str] = collections.Counter()
+        # SGLang counts requests and tokens per value of `is_streaming`: (what, "true" or "false") -> count.
+        self.streamed: collections.Counter[tuple[str, str]] = collections.Counter()
         self.ttft = latency.time_to_first_token()
         self.itl = latency.inter_token_latency()
         self.in_flight = 0
-        self.used_tokens = 0
-        self._slots = asyncio.Semaphore(timing.max_running)
+        self.used_tokens = 0  # KV held: prompts from their prefill on, and the tokens decoded since
+        self.prefills = capacity.PrefillBatches(lambda tokens: timing.prefill_s(tokens) * control.latency_factor,
+                                                timing.max_prefill_tokens)
+        self.generated = capacity.Rate()
+        self._slots = asyncio.Semaphore(timing.max_running)  # its waiters are woken first come, first served
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -77,6 +100,10 @@ class Scheduler:
             return True
         except TimeoutError:
             return False
+
+    def gen_throughput(self) -> float:
+        """Tokens per second the decode steps made over the last seconds (SGLang's `gen_throughput`)."""
+        return self.generated.per_s()
 
     def _move(self, frm: str | None, to: str | None) -> None:
         if frm:
@@ -111,8 +138,9 @@ class Scheduler:
                                f"{self.control.fail_share:g} share of requests) req.rid={req.rid!r}")
         self.in_flight += 1
         self._idle.clear()
-        self.totals["requests"] += 1
-        self.totals["prompt_tokens"] += len(req.input_ids)
+        streaming = latency.is_streaming(req.stream)
+        self.streamed["num_requests", streaming] += 1
+        self.streamed["prompt_tokens", streaming] += len(req.input_ids)
         try:
             if self.engine.mode == "prefill":
                 yield await self._prefill_side(req, started)
@@ -125,7 +153,7 @@ class Scheduler:
                     else:
                         self.itl.observe(now - last)
                     last = now
-                    self.totals["generation_tokens"] += 1
+                    self.streamed["generation_tokens", streaming] += 1
                     yield token
         except RequestError:
             self.totals["aborted"] += 1
@@ -145,24 +173,26 @@ class Scheduler:
         """Every output token of a non-streamed request. Raises RequestError."""
         return [token async for token in self.generate(req)]
 
-    async def _admit(self, queue: str) -> None:
-        self._move(None, queue)
-        try:
-            await self._slots.acquire()
-        except BaseException:
-            self._move(queue, None)
-            raise
-
     async def _prefill_side(self, req: Request, started: float) -> int:
         key = tokenizer.prompt_key(req.input_ids)
-        await self._admit(queue := "prefill_bootstrap")
+        place = _Place(self, "prefill_bootstrap")
+        kv_held = 0
         try:  # whatever ends the request (a cancelled client included), it leaves the queue it is in
-            self._move(queue, queue := "running")
+            # No transfer engine to meet: the bootstrap handshake is immediate, and the request waits in SGLang's
+            # waiting queue for a slot and a prefill forward.
+            place.go("waiting")
+            await self._slots.acquire()
             try:
-                await self._forward_prefill(len(req.input_ids))
+                def forward_started() -> None:
+                    nonlocal kv_held
+                    place.go("running")
+                    kv_held = len(req.input_ids)  # its KV stays until the decode side took it
+                    self.used_tokens += kv_held
+
+                await self._forward_prefill(len(req.input_ids), forward_started)
             finally:
                 self._slots.release()
-            self._move(queue, queue := "prefill_inflight")
+            place.go("prefill_inflight")
             first = tokenizer.output_token(key, 0)
             ttft = time.monotonic() - started  # observed once the request succeeded
             if req.bootstrap_host != kv.FAKE_BOOTSTRAP_HOST:
@@ -175,49 +205,70 @@ class Scheduler:
                                        f"req.bootstrap_room={req.bootstrap_room}: the decode side never took it "
                                        f"within {self.timing.kv_wait_s:.0f} s")
         finally:
-            self._move(queue, None)
-        self.totals["generation_tokens"] += 1
+            self.used_tokens -= kv_held
+            place.go(None)
+        self.streamed["generation_tokens", latency.is_streaming(req.stream)] += 1
         self.ttft.observe(ttft, latency.is_streaming(req.stream))
         return first
 
     async def _run(self, req: Request) -> AsyncIterator[int]:
+        """A unified engine: waiting (for a slot, then a prefill forward), running. A PD decode engine: its
+        prealloc queue (for a slot: SGLang preallocates the request's KV there), transfer, running."""
         key = tokenizer.prompt_key(req.input_ids)
         decode = self.engine.mode == "decode"
-        await self._admit("decode_prealloc" if decode else "waiting")
-        queue = "decode_prealloc" if decode else "waiting"
+        place = _Place(self, "decode_prealloc" if decode else "waiting")
+        kv_held = 0
+        slot = False
+
+        def running() -> None:
+            nonlocal kv_held
+            place.go("running")
+            kv_held = len(req.input_ids)
+            self.used_tokens += kv_held
+
         try:
+            await self._slots.acquire()
+            slot = True
             if decode:
-                self._move(queue, queue := "decode_transfer")
+                place.go("decode_transfer")
                 first = await self._transfer(req)
-            self._move(queue, queue := "running")
-            self.used_tokens += len(req.input_ids)
-            if not decode:
-                await self._forward_prefill(len(req.input_ids))
+                running()
+            else:
+                await self._forward_prefill(len(req.input_ids), running)
                 first = tokenizer.output_token(key, 0)
             made = time.monotonic()
             yield first
             for i in range(1, req.max_new_tokens):
                 await self.ticks.advance(1)
-                await self._slower(made, self.timing.decode_step_s)
+                await self._decode_pace(made)
+                kv_held += 1
                 self.used_tokens += 1
+                self.generated.add()
                 made = time.monotonic()
                 yield tokenizer.output_token(key, i)
         finally:
-            if queue == "running":
-                self.used_tokens -= len(req.input_ids)
-            self._move(queue, None)
-            self._slots.release()
+            self.used_tokens -= kv_held
+            place.go(None)
+            if slot:
+                self._slots.release()
 
-    async def _forward_prefill(self, prompt_tokens: int) -> None:
-        await asyncio.sleep(self.timing.prefill_s(prompt_tokens) * self.control.latency_factor)
+    async def _forward_prefill(self, prompt_tokens: int, started: Callable[[], None]) -> None:
+        """The prompt's prefill forward, batched with the others waiting (`capacity.PrefillBatches`), then the
+        rank iteration that ran it."""
+        await self.prefills.prefill(prompt_tokens, started)
         await self.ticks.advance(1)
 
-    async def _slower(self, since: float, step_s: float) -> None:
-        """Under `slow-requests`, a decode step takes latency_factor times as long: after its rank iteration, it
-        sleeps what is left of latency_factor x step_s since the previous token (`since`). A fixed extra sleep
-        would let the ranks iterate meanwhile, and the next step's wait for an iteration would come up short."""
-        if self.control.latency_factor > 1:
-            left = since + step_s * self.control.latency_factor - time.monotonic()
+    async def _decode_pace(self, since: float) -> None:
+        """A decode step lasts one rank iteration (waited for already), or longer: `capacity.decode_step_s` once
+        the running batch is more than the decode throughput makes in a step, and `latency_factor` times that
+        under `slow-requests`. It sleeps what is left of the step since the previous token (`since`): a fixed
+        extra sleep would let the ranks iterate meanwhile, and the next step's wait for an iteration would come
+        up short."""
+        base = self.timing.decode_step_s
+        step = capacity.decode_step_s(self.queues["running"], base, self.timing.decode_tokens_per_s)
+        step *= max(1.0, self.control.latency_factor)
+        if step > base:
+            left = since + step - time.monotonic()
             if left > 0:
                 await asyncio.sleep(left)
 

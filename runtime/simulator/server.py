@@ -45,7 +45,8 @@ def run(parsed: argparse.Namespace, sglang_args: list[str], *, bind: str, env: M
     try:
         engine = Engine.from_args(parsed)
         timing = Timing.from_env(env, max_running=getattr(parsed, "max_running_requests", None),
-                                 context_len=getattr(parsed, "context_length", None))
+                                 context_len=getattr(parsed, "context_length", None),
+                                 max_prefill_tokens=getattr(parsed, "max_prefill_tokens", None))
         first = faults.from_env(env)
     except ValueError as e:
         _say(str(e))

@@ -43,9 +43,8 @@ class State:
                                "The server is starting.")
 
     def gen_throughput(self) -> float:
-        """Tokens per second the running batch makes now (the rank iteration rate, times the batch)."""
-        running = self.scheduler.queues["running"]
-        return running / self.timing.decode_step_s if running else 0.0
+        """Tokens per second the decode steps made over the last seconds, measured."""
+        return self.scheduler.gen_throughput()
 
 
 def sse(obj: object) -> bytes:
