@@ -1,7 +1,18 @@
-"""A steady client load through a pool's router, counting every request that fails and why.
+"""A client load through a pool's router, counting every request that fails and why.
 
     pdfleet-sim load --url http://127.1.4.3:8000 [--concurrency 4] [--duration 60] [--timeout 15]
     pdfleet-sim load --pool NAMESPACE/NAME --kubeconfig K ...     every Ready router pod, as a Service would
+    pdfleet-sim load --url ... --rate 20 --duration 60            20 requests a second, whatever the answers take
+    pdfleet-sim load --url ... --steps 5x30,20x60,5x30            rate steps: 5/s for 30 s, 20/s for 60 s, ...
+    pdfleet-sim load --url ... --ramp 5:60:5 --ramp-seconds 180   5/s up to 60/s and back to 5/s, in an odd
+                                                                  number of equal steps of about --step-seconds
+                                                                  (default 15)
+
+`--concurrency` is a closed loop: that many clients, each sending its next request once the last answered, so
+a slow fleet is sent less. `--rate`, `--steps` and `--ramp` are an open loop: requests start on a schedule
+however long the earlier ones take, as a fleet's many independent clients do, so a slow fleet's load piles up
+(queues, time to first token) instead of backing off. Each step is a phase; at the end every phase is reported
+with what its requests saw (a request belongs to the phase it was sent in): sent, ok, failed, p50 and p99.
 
 Each worker sends, in turn, the three kinds of request a client of an SGLang pool sends: `/generate`, a chat
 completion, and a streamed chat completion (the last two through the `openai` client, as users do). A request
@@ -86,6 +97,76 @@ class Tally:
                 "p99_ms": round(lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000, 1) if lat else None}
 
 
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """`rate` requests a second for `seconds`: one phase of an open-loop load."""
+
+    rate: float
+    seconds: float
+
+    def __str__(self) -> str:
+        return f"{self.rate:g}/s x {self.seconds:g}s"
+
+
+def parse_steps(text: str) -> list[Step]:
+    """`RATExSECONDS[,RATExSECONDS...]`, e.g. `5x30,20x60,5x30`. Raises ValueError."""
+    steps = []
+    for part in text.split(","):
+        rate, sep, seconds = part.strip().partition("x")
+        try:
+            step = Step(float(rate), float(seconds))
+        except ValueError:
+            raise ValueError(f"{part.strip()!r} is not RATExSECONDS (e.g. 20x60)") from None
+        if not sep or step.rate < 0 or step.seconds <= 0:
+            raise ValueError(f"{part.strip()!r}: a rate of at least 0 for more than 0 seconds, as RATExSECONDS")
+        steps.append(step)
+    return steps
+
+
+def ramp(start: float, peak: float, end: float, seconds: float, step_s: float) -> list[Step]:
+    """A staircase along the line from `start` up to `peak` at half of `seconds` and down to `end`: an odd
+    number of equal steps of about `step_s` (at least 3), the first at `start`, the middle one at `peak`, the last
+    at `end`, the others evenly between."""
+    if seconds <= 0 or step_s <= 0 or min(start, peak, end) < 0:
+        raise ValueError("a ramp needs rates of at least 0, and seconds and a step of more than 0")
+    n = max(3, round(seconds / step_s))
+    n += 1 - n % 2
+    half = (n - 1) // 2
+    rates = [start + (peak - start) * i / half for i in range(half)] + \
+        [peak + (end - peak) * i / half for i in range(half + 1)]
+    return [Step(round(rate, 2), round(seconds / n, 3)) for rate in rates]
+
+
+def parse_ramp(text: str, seconds: float, step_s: float) -> list[Step]:
+    """`START:PEAK:END` over `seconds`. Raises ValueError."""
+    try:
+        start, peak, end = (float(v) for v in text.split(":"))
+    except ValueError:
+        raise ValueError(f"--ramp {text!r} is not START:PEAK:END (e.g. 5:60:5)") from None
+    return ramp(start, peak, end, seconds, step_s)
+
+
+@dataclasses.dataclass
+class Phase:
+    """What the requests sent during one step saw."""
+
+    step: Step
+    tally: Tally = dataclasses.field(default_factory=Tally)
+    elapsed_s: float = 0.0  # how long it lasted: its step's seconds, or less when the load was stopped
+
+    def summary(self) -> dict[str, object]:
+        per_s = round(self.tally.sent / self.elapsed_s, 2) if self.elapsed_s else None
+        return {"rate": self.step.rate, "seconds": self.step.seconds, "sent_per_s": per_s, **self.tally.summary()}
+
+    def line(self) -> str:
+        s = self.summary()
+        ms = ("-" if s["p50_ms"] is None else f"{s['p50_ms']:.0f}ms", "-" if s["p99_ms"] is None
+              else f"{s['p99_ms']:.0f}ms")
+        reasons = ", ".join(f"{k} x{n}" for k, n in self.tally.failures.most_common(3))
+        return (f"{self.step!s:>16}  sent {s['sent']} ({s['sent_per_s']}/s)  ok {s['ok']}  failed {s['failed']}  "
+                f"p50 {ms[0]}  p99 {ms[1]}" + (f"  ({reasons})" if reasons else ""))
+
+
 class BadAnswer(Exception):
     """An answer that came back, but is not a whole one (empty, truncated, an error inside a stream)."""
 
@@ -127,8 +208,12 @@ class Load:
         self.timeout_s = timeout_s
         self.max_tokens = max_tokens
         self.tally = Tally()
+        self.phases: list[Phase] = []
         self._stop = asyncio.Event()
-        self._http = httpx.AsyncClient(timeout=timeout_s)
+        # An open loop holds as many connections as requests are in flight: httpx's default pool (100) would
+        # queue them in the client, where the fleet under test cannot be seen to be slow.
+        self._http = httpx.AsyncClient(timeout=timeout_s, limits=httpx.Limits(max_connections=None,
+                                                                              max_keepalive_connections=100))
         self._openai: dict[str, openai.AsyncOpenAI] = {}
         self._counter = itertools.count()
 
@@ -182,25 +267,32 @@ class Load:
         if not done or not chunks:
             raise BadAnswer("truncated stream")
 
-    async def _worker(self, index: int) -> None:
+    async def _request(self, kind: str, tallies: Sequence[Tally]) -> bool:
+        """Send one request of `kind`, counted in each of `tallies`; whether it succeeded."""
         senders: dict[str, Callable[[int], object]] = {
             "generate": self._generate, "chat": self._chat, "chat-stream": self._chat_stream}
+        n = next(self._counter)
+        for tally in tallies:
+            tally.sent += 1
+        started = time.monotonic()
+        try:
+            await self._send(senders[kind], n)
+        except Exception as e:  # every failure is counted, by kind and cause
+            for tally in tallies:
+                tally.record(kind, started, _describe(e))
+            return False
+        for tally in tallies:
+            tally.record(kind, started, None)
+        return True
+
+    async def _worker(self, index: int) -> None:
         kinds = itertools.cycle(KINDS[index % len(KINDS):] + KINDS[:index % len(KINDS)])
         while not self._stop.is_set():
-            kind = next(kinds)
-            n = next(self._counter)
-            self.tally.sent += 1
-            started = time.monotonic()
-            try:
-                await self._send(senders[kind], n)
-            except Exception as e:  # every failure is counted, by kind and cause
-                self.tally.record(kind, started, _describe(e))
+            if not await self._request(next(kinds), (self.tally,)):
                 # A client backs off after a failure: a refused connection fails in microseconds, and a tight
                 # retry loop would count a router that is down thousands of times a second.
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stop.wait(), FAILURE_PAUSE_S)
-            else:
-                self.tally.record(kind, started, None)
 
     async def _send(self, sender: Callable[[int], object], n: int) -> None:
         attempts: dict[str, str] = {}
@@ -219,6 +311,7 @@ class Load:
         self._stop.set()
 
     async def run(self, duration_s: float | None = None, *, report_every_s: float = 0.0) -> Tally:
+        """The closed loop: `concurrency` clients, each sending its next request when the last one ended."""
         workers = [asyncio.create_task(self._worker(i)) for i in range(self.concurrency)]
         deadline = None if duration_s is None else time.monotonic() + duration_s
         try:
@@ -231,10 +324,55 @@ class Load:
         finally:
             self._stop.set()
             await asyncio.gather(*workers, return_exceptions=True)
-            await self._http.aclose()
-            for client in self._openai.values():
-                await client.close()
+            await self._close()
         return self.tally
+
+    async def run_steps(self, steps: Sequence[Step], *, report: Callable[[Phase], None] | None = None) -> list[Phase]:
+        """The open loop: each step's requests start `1 / rate` seconds apart from the step's start (no drift,
+        whatever the answers take), kinds in turn; then every request still in flight is waited for (each ends
+        within `timeout_s`). `report` is called with each phase as it ends (its latest requests may still be in
+        flight); the phases returned are whole."""
+        kinds = itertools.cycle(KINDS)
+        in_flight: set[asyncio.Task[bool]] = set()
+        try:
+            for step in steps:
+                phase = Phase(step)
+                self.phases.append(phase)
+                begun = time.monotonic()
+                k = 0
+                while not self._stop.is_set():
+                    due = begun + k / step.rate if step.rate > 0 else begun + step.seconds
+                    if due >= begun + step.seconds:
+                        break
+                    if due > time.monotonic():
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(self._stop.wait(), due - time.monotonic())
+                        continue
+                    task = asyncio.create_task(self._request(next(kinds), (self.tally, phase.tally)))
+                    in_flight.add(task)
+                    task.add_done_callback(in_flight.discard)
+                    k += 1
+                left = begun + step.seconds - time.monotonic()
+                if left > 0 and not self._stop.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), left)
+                phase.elapsed_s = time.monotonic() - begun
+                if report is not None:
+                    report(phase)
+                if self._stop.is_set():
+                    break
+            await asyncio.gather(*in_flight, return_exceptions=True)
+        finally:
+            for task in in_flight:
+                task.cancel()
+            await asyncio.gather(*in_flight, return_exceptions=True)
+            await self._close()
+        return self.phases
+
+    async def _close(self) -> None:
+        await self._http.aclose()
+        for client in self._openai.values():
+            await client.close()
 
 
 ROUTER_SELECTOR = "app.kubernetes.io/component=router,pdfleet.dev/pool={pool}"
@@ -283,8 +421,16 @@ def main(argv: list[str]) -> int:
                         "as they come and go (as a client behind the router's Service): needs --kubeconfig")
     p.add_argument("--kubeconfig", type=Path, default=None, help="for --pool (default: $KUBECONFIG)")
     p.add_argument("--model", default="default", help="model name sent in chat requests")
-    p.add_argument("--concurrency", type=int, default=4)
-    p.add_argument("--duration", type=float, default=None, help="seconds (default: until interrupted)")
+    p.add_argument("--concurrency", type=int, default=4, help="closed loop: this many clients (default 4)")
+    p.add_argument("--duration", type=float, default=None, help="seconds (default: until interrupted); with "
+                   "--rate, the one phase's length")
+    schedule = p.add_mutually_exclusive_group()
+    schedule.add_argument("--rate", type=float, help="open loop: requests a second")
+    schedule.add_argument("--steps", help="open loop: rate steps, RATExSECONDS,... (e.g. 5x30,20x60,5x30)")
+    schedule.add_argument("--ramp", metavar="START:PEAK:END", help="open loop: a linear ramp up to PEAK and back "
+                          "down (requests a second) over --ramp-seconds, in steps of --step-seconds")
+    p.add_argument("--ramp-seconds", type=float, default=180.0, help="the ramp's length (default 180)")
+    p.add_argument("--step-seconds", type=float, default=15.0, help="the ramp's step, one phase (default 15)")
     p.add_argument("--timeout", type=float, default=15.0, help="seconds before a request counts as failed")
     p.add_argument("--every", type=float, default=1.0, help="seconds between progress lines (0: none)")
     p.add_argument("--json", action="store_true", help="print the final summary as JSON")
@@ -292,9 +438,30 @@ def main(argv: list[str]) -> int:
     kubeconfig = args.kubeconfig or (Path(os.environ["KUBECONFIG"]) if os.environ.get("KUBECONFIG") else None)
     if args.pool and ("/" not in args.pool or kubeconfig is None):
         p.error("--pool takes NAMESPACE/NAME and needs --kubeconfig or $KUBECONFIG")
+    steps: list[Step] | None = None
+    try:
+        if args.rate is not None:
+            steps = [Step(args.rate, args.duration or float("inf"))]
+            if args.rate <= 0:
+                raise ValueError("--rate must be more than 0")
+        elif args.steps:
+            steps = parse_steps(args.steps)
+        elif args.ramp:
+            steps = parse_ramp(args.ramp, args.ramp_seconds, args.step_seconds)
+    except ValueError as e:
+        p.error(str(e))
     endpoints: list[str] = []
     load = Load(args.url or "http://127.0.0.1:9", model=args.model, concurrency=args.concurrency,
                 timeout_s=args.timeout, endpoints=(lambda: endpoints) if args.pool else None)
+
+    async def send() -> Tally:
+        if steps is None:
+            return await load.run(args.duration, report_every_s=args.every)
+        if not args.json:
+            print(f"{len(steps)} phase(s): {', '.join(map(str, steps))}", flush=True)
+        await load.run_steps(steps, report=None if args.json else lambda phase: print(
+            f"phase {len(load.phases)}/{len(steps)} ended: {phase.line()}", flush=True))
+        return load.tally
 
     async def until_stopped() -> Tally:
         # SIGTERM as well as Ctrl-C: a script stops its background load with `kill`, and expects the summary.
@@ -302,19 +469,29 @@ def main(argv: list[str]) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, load.stop)
         if not args.pool:
-            return await load.run(args.duration, report_every_s=args.every)
+            return await send()
         stop = asyncio.Event()
         follower = asyncio.create_task(follow_routers(kubeconfig, args.pool, endpoints, stop))
         try:
             while not endpoints and not follower.done():  # the first listing, before the first request
                 await asyncio.sleep(0.1)
-            return await load.run(args.duration, report_every_s=args.every)
+            return await send()
         finally:
             stop.set()
             await follower
 
     tally = asyncio.run(until_stopped())
-    print(json.dumps(tally.summary()) if args.json else f"final: {tally.line()}", flush=True)
+    if args.json:
+        summary = tally.summary()
+        if steps is not None:
+            summary["phases"] = [phase.summary() for phase in load.phases]
+        print(json.dumps(summary), flush=True)
+        return 0
+    if steps is not None:
+        print("phases, each with the requests sent in it (whole now):", flush=True)
+        for phase in load.phases:
+            print(f"  {phase.line()}", flush=True)
+    print(f"final: {tally.line()}", flush=True)
     return 0
 
 
