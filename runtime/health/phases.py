@@ -61,6 +61,8 @@ class Phase(enum.IntEnum):
     # SGLang's own `all_gather_object` calls from the scheduler loop, by the audited caller that entered them.
     GRAMMAR_READY_GATHER = 41  # GrammarManager.get_ready_grammar_requests' ready/failed indices (sync size > 1)
     VMM_ERROR_GATHER = 42  # Scheduler._gather_vmm_materialization_errors, from process_input_requests
+    # flush-consensus: MIN all-reduce of the flush decisions (idle; the leader's deadline) over the flush's ranks.
+    FLUSH_AGREEMENT = 43  # SchedulerFlushWrapper.handle / check_pending, from process_input_requests
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

@@ -194,6 +194,29 @@ CATALOGUE: tuple[Patch, ...] = (
         ),
     ),
     Patch(
+        id="flush-consensus",
+        summary=(
+            "The ranks a cache flush reaches agree whether to flush now, defer, flush a deferred one or give it "
+            "up (one MIN all-reduce of their idleness and the leader's deadline), so no rank clears its radix "
+            "tree, pools and grammar cache while its peers keep theirs."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: SchedulerFlushWrapper.handle (dispatched from the broadcast) and check_pending
+        # (every iteration from process_input_requests; agreed only while a flush is pending) are replaced and run
+        # SGLang's own body on the agreed answers; the wrapper's constructor, Scheduler.init_running_status (which
+        # hands it the scheduler's bound methods) and Scheduler.flush_cache (the idleness check the immediate path
+        # agrees) are fingerprinted. Cost: one all-reduce of two integers per flush request and per iteration
+        # while a deferred flush waits, over the TP CPU group (with DP attention: attention TP, then CP); none
+        # otherwise.
+        targets=(
+            "sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.handle",
+            "sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.check_pending",
+            "sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.__init__",
+            "sglang.srt.managers.scheduler.Scheduler.flush_cache",
+            "sglang.srt.managers.scheduler.Scheduler.init_running_status",
+        ),
+    ),
+    Patch(
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "

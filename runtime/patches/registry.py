@@ -13,6 +13,7 @@ MODULES: dict[str, str] = {
     "health-check-consensus": "pdfleet.runtime.patches.impl.health_check_consensus",
     "retraction-consensus": "pdfleet.runtime.patches.impl.retraction_consensus",
     "admission-consensus": "pdfleet.runtime.patches.impl.admission_consensus",
+    "flush-consensus": "pdfleet.runtime.patches.impl.flush_consensus",
     "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
     "dsml-leak-guard": "pdfleet.runtime.patches.impl.dsml_leak_guard",
     "dsml-batch-decode-guard": "pdfleet.runtime.patches.impl.dsml_batch_decode_guard",

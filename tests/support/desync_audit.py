@@ -43,6 +43,12 @@ AUDITED: dict[str, str] = {
         "4a7b38dc4c315023",
     "sglang.srt.managers.scheduler.Scheduler.is_fully_idle":
         "8cfe1adc12240c08",
+    "sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.handle":
+        "2acd44a27dcb38cc",
+    "sglang.srt.managers.scheduler_components.flush_wrapper.SchedulerFlushWrapper.check_pending":
+        "6beac392af7ce66b",
+    "sglang.srt.managers.scheduler.Scheduler.flush_cache":
+        "145fbc1e3e65e012",
     "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request":
         "87835738d2bdb0b9",
     "sglang.srt.managers.scheduler.Scheduler.abort_request":

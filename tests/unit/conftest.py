@@ -32,14 +32,16 @@ def served(ledger_path: Path) -> Iterator[httpx.Client]:
 @pytest.fixture
 def launch(tmp_path: Path) -> Iterator[group.Launch]:
     """Starts reproduction runs (tests/repro); every process they started is killed at the end, whatever
-    happened. A story without `local_aborts` gets the default abort story for its world size."""
+    happened. A story without `local_aborts` gets the default abort story for its world size. `module`: the
+    reproduction's launcher (tests/repro/decode_loop.py unless said)."""
     started: list[group.Launcher] = []
 
-    def run(patches: tuple[str, ...], world: int = 4, **story: Any) -> tuple[Scenario, group.Launcher]:
+    def run(patches: tuple[str, ...], world: int = 4, module: str = "tests.repro.decode_loop",
+            **story: Any) -> tuple[Scenario, group.Launcher]:
         story.setdefault("local_aborts", local_aborts_for(world))
         sc = Scenario(port=group.free_port(), ledger=str(tmp_path / "ledger"), workdir=str(tmp_path),
                       patches=patches, world=world, **story)
-        started.append(group.start(sc))
+        started.append(group.start(sc, module=module))
         return sc, started[-1]
 
     try:

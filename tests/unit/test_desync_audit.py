@@ -14,6 +14,7 @@ from pdfleet.runtime.patches import targets
 from pdfleet.runtime.patches.impl import (
     abort_consensus,
     admission_consensus,
+    flush_consensus,
     health_check_consensus,
     kv_poll_lockstep,
     retraction_consensus,
@@ -61,7 +62,7 @@ def test_the_audit_is_pinned_to_the_release_the_desync_patches_were_checked_agai
     """Where a desync patch targets an audited function, both pins agree: the audit and the patch describe
     the same code."""
     for impl in (kv_poll_lockstep, abort_consensus, health_check_consensus, retraction_consensus,
-                 admission_consensus):
+                 admission_consensus, flush_consensus):
         pins = impl.FINGERPRINTS[desync_audit.SGLANG_VERSION]
         shared = set(pins) & set(desync_audit.AUDITED)
         assert shared, f"{impl.PATCH_ID} targets no audited function"

@@ -70,8 +70,9 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "ADMISSION_AGREEMENT": 40,
         "GRAMMAR_READY_GATHER": 41,
         "VMM_ERROR_GATHER": 42,
+        "FLUSH_AGREEMENT": 43,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 43))
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 44))
 
