@@ -58,6 +58,17 @@ def json_copy(value: Any) -> Any:
     return value
 
 
+def entry_copy(body: Mapping[str, Any]) -> Body:
+    """What an index keeps of a watched object: a JSON copy without `metadata.managedFields`, which nothing in the
+    operator reads and which, for a pod that its scheduler, kubelet and the operator each wrote, is as large as
+    the rest of it (memory for every object of every pool, and copying time for every watch event)."""
+    meta = body.get("metadata") or {}
+    if "managedFields" not in meta:
+        return json_copy(body)
+    return {**{k: json_copy(v) for k, v in body.items() if k != "metadata"},
+            "metadata": {k: json_copy(v) for k, v in meta.items() if k != "managedFields"}}
+
+
 def spec_unhandled(pool: Mapping[str, Any]) -> bool:
     """A pool whose current spec no reconcile has handled yet (new, or changed since its status was written):
     the work a person is waiting for, as opposed to following up on its objects."""
@@ -68,7 +79,7 @@ def spec_unhandled(pool: Mapping[str, Any]) -> bool:
 def pool_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body]:
     """What the pool index stores for one pool."""
     meta = body["metadata"]
-    return {(meta["namespace"], meta["name"]): json_copy(body)}
+    return {(meta["namespace"], meta["name"]): entry_copy(body)}
 
 
 def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
@@ -78,7 +89,7 @@ def owned_entry(api_version: str, kind: str, body: Mapping[str, Any]) -> dict[Po
     pool = owning_pool(meta)
     if pool is None:
         return None
-    return {(meta["namespace"], pool): {**json_copy(body), "apiVersion": api_version, "kind": kind}}
+    return {(meta["namespace"], pool): {**entry_copy(body), "apiVersion": api_version, "kind": kind}}
 
 
 def router_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
@@ -93,7 +104,7 @@ def router_entry(body: Mapping[str, Any]) -> dict[PoolKey, Body] | None:
     if not any(ref.get("controller") and ref.get("kind") == "ReplicaSet" and str(ref.get("name", "")).startswith(
             prefix) for ref in meta.get("ownerReferences") or []):
         return None
-    return {(meta["namespace"], pool): {**json_copy(body), "apiVersion": "v1", "kind": "Pod"}}
+    return {(meta["namespace"], pool): {**entry_copy(body), "apiVersion": "v1", "kind": "Pod"}}
 
 
 class Cache:

@@ -172,17 +172,18 @@ class Controller:
             self._written.pop(key, None)  # the watch has caught up (or someone else wrote): the cache is news
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
-        # The Secret first: a router pod rendered with a key name must find it there when it starts.
-        keys, rotated = await self.router_keys.ensure(pool, observed.routers)
-        if rotated:
-            await self._post_event(pool, Event("Normal", "RouterKeyRotated",
-                                               f"router control-plane key rotated to {keys.current}; the router "
-                                               f"pods restart to take it, the old key stays valid until they have"))
+        keys, rotated, write_secret = await self.router_keys.prepare(pool, observed.routers)
         plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
                               settings=self._settings,
                               health=self._health(key), engines=self._engines(key), router_key=keys.current,
                               renders=self._renders)
         planned = time.perf_counter()
+        # The router-key Secret goes out with the first objects, not before them: only the router Deployment
+        # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back
+        # until the Secret is written. A new pool's engine pods no longer wait a request's round trip for it.
+        secret = asyncio.ensure_future(write_secret()) if write_secret is not None else None
+        if secret is not None:
+            secret.add_done_callback(_retrieved)
         applied, deleting = self._applied[key], self._deleting[key]
 
         failed: set[ObjectKey] = set()
@@ -198,6 +199,8 @@ class Controller:
 
         async def apply(obj: dict[str, Any]) -> None:
             key_ = (obj["kind"], obj["metadata"]["name"])
+            if secret is not None and obj["kind"] in _NEEDS_ROUTER_KEY:
+                await secret  # raises what the Secret's write raised: the Deployment is then not written
             try:
                 async with self._in_flight.held(first=obj["kind"] in _GATING):
                     await self._client.apply(obj)
@@ -226,13 +229,24 @@ class Controller:
             error = error or await _all(self._capture(pool, observed, request, apply))
         error = error or await _apply_tiers(plan.apply, apply, failed)
         error = error or await _all(*(delete(ref) for ref in plan.delete))
+        key_events: tuple[Event, ...] = ()
+        if secret is not None:
+            try:
+                await secret
+            except KubeError as e:
+                error = error or e
+            else:
+                if rotated:
+                    key_events = (Event("Normal", "RouterKeyRotated",
+                                        f"router control-plane key rotated to {keys.current}; the router pods "
+                                        f"restart to take it, the old key stays valid until they have"),)
         for restart in plan.restarted:
             if not failed & set(restart.pods):
                 metrics.GROUP_RESTARTS.labels(reason=restart.cause).inc()
         for analysis in plan.analyses:
             metrics.ROLLOUT_ANALYSES.labels(result=analysis.result).inc()
             metrics.ROLLOUT_BAKE_DURATION.labels(result=analysis.result).observe(analysis.seconds)
-        status, events = plan.status, tuple(e for e in plan.events if not failed & set(e.about))
+        status, events = plan.status, key_events + tuple(e for e in plan.events if not failed & set(e.about))
         if refused:
             # Said in the status and by one Warning, in this reconcile: retrying the same write changes nothing.
             status, warning = refusals.refused_status(pool, plan.status, refused, datetime.datetime.now(datetime.UTC))
@@ -327,6 +341,17 @@ class Controller:
         except KubeError as e:  # an event is news, not state: losing one must not fail the reconcile
             log.warning("could not post event %s for %s/%s: %s", event.reason, pool["metadata"]["namespace"],
                         pool["metadata"]["name"], e)
+
+
+# What a reconcile writes only once the router-key Secret holds the key it names (`RouterKeys.prepare`).
+_NEEDS_ROUTER_KEY = {"Deployment"}
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    """Marks a background write's failure as seen: the reconcile that started it reports it, or has already
+    ended with another error (asyncio would otherwise log 'exception was never retrieved')."""
+    if not task.cancelled():
+        task.exception()
 
 
 # What depends on what: a RoleBinding needs its Role (the operator may bind only what exists), and the router's

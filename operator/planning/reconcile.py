@@ -114,7 +114,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     health = rank_health.current(health or {}, pods)
     now = now.replace(microsecond=0)
     generation = pool["metadata"].get("generation")
-    previous, previous_wire = renders.previous(pool)
+    previous = renders.previous(pool)
     spec, problems = renders.validated(pool)
     if spec is None or problems:
         return _rejected_plan(pool, previous, problems, generation, now)
@@ -151,20 +151,20 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
         [w.until for w in (new_status.watch,) if w is not None and w.until is not None and w.failure is None
          and w.until > now]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
-                status=_changed_status(new_status, previous, previous_wire, pool.get("status")),
+                status=_changed_status(new_status, previous, pool.get("status")),
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
                 requeue_after=max(0.0, (min(waits) - now).total_seconds()) if waits else None,
                 pool_changes=tuple(out.pool_changes), analyses=tuple(out.analyses))
 
 
-def _changed_status(new: InferencePoolStatus, previous: InferencePoolStatus, previous_wire: Body,
+def _changed_status(new: InferencePoolStatus, previous: InferencePoolStatus,
                     raw_previous: Mapping[str, Any] | None) -> Body | None:
     """The new status in wire form if it differs from the pool's (`status.changed`), else None. A status equal to
     the one parsed from the pool dumps to the same wire form, so the common case, nothing changed, dumps nothing."""
     if raw_previous is not None and new == previous:
         return None
     wired = status_mod.wire(new)
-    return wired if wired != previous_wire or raw_previous is None else None
+    return wired if raw_previous is None or wired != status_mod.wire(previous) else None
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:

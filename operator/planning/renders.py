@@ -7,7 +7,7 @@ status were two thirds of such a plan (docs/operator-throughput.md). `Renders` k
 - the typed spec and its problems, and the rendered objects (per render context and surge slots), for the
   pool's uid and generation, used only while the spec is equal to the one they were made from: a client that
   edits a spec without a new generation (a test, a stale cache) gets a fresh render, never a stale one;
-- the previous status, parsed and in its wire form, used only while the pool's raw status is equal to it.
+- the previous status, parsed, used only while the pool's raw status is equal to it.
 
 Deterministic memoisation of pure functions: a plan made with a `Renders` is the plan made without one. No I/O,
 no clock. The executor holds one per operator and forgets a pool when the pool goes.
@@ -47,7 +47,6 @@ class _Spec:
 class _Status:
     raw: Any  # a copy of the raw status
     parsed: InferencePoolStatus
-    wire: Body
 
 
 @dataclasses.dataclass
@@ -101,19 +100,20 @@ class Renders:
             self.counts.desired_hits += 1
         return made
 
-    def previous(self, pool: Mapping[str, Any]) -> tuple[InferencePoolStatus, Body]:
-        """The pool's status parsed (`status.parse_status`) and in the wire form the planner compares with."""
+    def previous(self, pool: Mapping[str, Any]) -> InferencePoolStatus:
+        """The pool's status parsed (`status.parse_status`). Its wire form is not kept: it is needed only when the
+        new status differs from it as a model, and then a write follows anyway (and it was a third of the memory
+        kept per pool)."""
         pid = _pid(pool)
         raw = pool.get("status")
         kept = self._statuses.get(pid)
         if kept is not None and kept.raw == raw:
             self.counts.status_hits += 1
-            return kept.parsed, kept.wire
+            return kept.parsed
         self.counts.status_misses += 1
-        parsed = status_mod.parse_status(raw)
-        kept = _Status(raw=json_copy(raw), parsed=parsed, wire=status_mod.wire(parsed))
+        kept = _Status(raw=json_copy(raw), parsed=status_mod.parse_status(raw))
         self._statuses[pid] = kept
-        return kept.parsed, kept.wire
+        return kept.parsed
 
     def _spec_entry(self, pool: Mapping[str, Any]) -> _Spec:
         pid = _pid(pool)

@@ -14,12 +14,13 @@ import json
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 
-_ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas"}
-# Revisions of the specs seen last, by the spec object's identity. A reconcile asks for the pool's revision in
-# several places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan);
-# the planner's render cache hands every reconcile of one generation the same spec object, so they hit. Specs
-# are frozen, and each entry holds its spec, so an id here is never reused by another object while kept.
-_MEMO_SIZE = 512
+_ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas", "scale_target"}
+# Revisions of the specs seen last, by the spec object's identity. One plan asks for the pool's revision in
+# several places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan).
+# Specs are frozen, and each entry holds its spec, so an id here is never reused by another object while kept.
+# Small: a plan asks about one spec, without awaiting anything in between (the health monitor validates a new
+# spec object at every poll, and 512 of them kept 7 MB).
+_MEMO_SIZE = 32
 _memo: collections.OrderedDict[int, tuple[InferencePoolSpec, dict[Role, str]]] = collections.OrderedDict()
 
 

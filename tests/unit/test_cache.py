@@ -93,3 +93,21 @@ def test_a_pool_whose_spec_no_reconcile_handled_yet_is_urgent(status: dict | Non
                                                                unhandled: bool) -> None:
     pool = {"metadata": {"name": "p", "namespace": "ns", "generation": generation}, "status": status}
     assert cache.spec_unhandled(pool) is unhandled
+
+
+def test_entries_keep_no_managed_fields_and_leave_the_event_body_as_it_was() -> None:
+    """Nothing in the operator reads managedFields, and for a pod written by its scheduler, kubelet and the
+    operator they are as large as the rest: the indices keep everything else."""
+    body = pod("tiny-decode-0-0", pool="tiny")
+    body["metadata"]["managedFields"] = [{"manager": "kube-scheduler", "operation": "Update",
+                                          "fieldsV1": {"f:status": {"f:conditions": {}}}}]
+    body["status"] = {"phase": "Running"}
+    entry = owned_entry("v1", "Pod", body)
+    assert entry is not None
+    kept = entry[("ns", "tiny")]
+    assert "managedFields" not in kept["metadata"]
+    assert kept["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"]
+    assert kept["status"] == {"phase": "Running"} and kept["status"] is not body["status"]
+    assert body["metadata"]["managedFields"][0]["manager"] == "kube-scheduler"
+    pool = {"metadata": {"name": "tiny", "namespace": "ns", "managedFields": [{"manager": "kubectl"}]}, "spec": {}}
+    assert pool_entry(pool)[("ns", "tiny")] == {"metadata": {"name": "tiny", "namespace": "ns"}, "spec": {}}
