@@ -19,12 +19,14 @@ import kopf
 from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
+from pdfleet.operator.api import role_scale as role_scale_api
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import client as engine_client
 from pdfleet.operator.engines import membership, monitor
 from pdfleet.operator.kube import client as kube_client
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
+from pdfleet.operator.role_scaler import RoleScaler
 from pdfleet.operator.runtime_state import OperatorState
 
 log = logging.getLogger(__name__)
@@ -109,6 +111,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
                                                    key=state.controller.router_keys.for_pod,
                                                    post_event=state.controller.post_event)
     state.health.after_poll = state.membership.sync
+    pools = kwargs["pool_index"]
+    state.role_scaler = RoleScaler(client=state.client, pool=lambda key: next(iter(pools.get(key, ())), None),
+                                   objects=kwargs["role_objects"])
     for _i in range(state.options.workers):
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
@@ -209,3 +214,26 @@ async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         state.echo(key)  # our own status or annotation write: coalesced with what that reconcile wrote
     else:
         state.poke(key, urgent=urgent)
+
+
+# InferencePoolRoles (`role_scaler`): a pool's roles as scale targets, kept in step with the pool's replicas.
+@kopf.index(api_meta.GROUP, api_meta.VERSION, role_scale_api.PLURAL, labels=MANAGED)
+async def role_objects(body: kopf.Body, **_: Any) -> dict[PoolKey, Any] | None:
+    return cache_mod.owned_entry(api_meta.API_VERSION, role_scale_api.KIND, body)
+
+
+@kopf.on.event(api_meta.GROUP, api_meta.VERSION, role_scale_api.PLURAL, labels=MANAGED)
+async def role_object_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState = memo["state"]
+    meta = event["object"]["metadata"]
+    pool = cache_mod.owning_pool(meta)
+    if pool and state.role_scaler is not None:
+        await state.role_scaler.sync((meta["namespace"], pool))
+
+
+@kopf.on.event(api_meta.GROUP, api_meta.VERSION, api_meta.PLURAL, id="pool_role_scale")
+async def pool_role_scale(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
+    state: OperatorState = memo["state"]
+    meta = event["object"]["metadata"]
+    if event["type"] != "DELETED" and state.role_scaler is not None:
+        await state.role_scaler.sync((meta["namespace"], meta["name"]))

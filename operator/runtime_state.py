@@ -13,6 +13,7 @@ from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.render.context import Settings
+from pdfleet.operator.role_scaler import RoleScaler
 from pdfleet.operator.workqueue import WorkQueue
 
 
@@ -50,6 +51,7 @@ class OperatorState:
     health: HealthMonitor | None = None  # polls the engines' rank agents; set at startup
     membership: RouterMembership | None = None  # keeps the routers' workers to what the operator judged
     engines: EngineClient | None = None  # the one client to engines and routers, shared by all of the above
+    role_scaler: RoleScaler | None = None  # mirrors InferencePoolRoles' scale and the pools' replicas
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -84,3 +86,5 @@ class OperatorState:
             self.health.forget(key)
         if self.controller:
             self.controller.forget(key)
+        if self.role_scaler:
+            self.role_scaler.forget(key)

@@ -1,7 +1,8 @@
-"""Generates the InferencePool CustomResourceDefinition from the API models.
+"""Generates pdfleet's CustomResourceDefinitions from the API models: InferencePool, and InferencePoolRole (one
+role of a pool as a scale target, `role_scale`).
 
-    python -m pdfleet.operator.api.crd            # rewrite crds/inferencepools.pdfleet.dev.yaml
-    python -m pdfleet.operator.api.crd --check    # exit 1 if the committed file is stale
+    python -m pdfleet.operator.api.crd            # rewrite crds/inferencepools.pdfleet.dev.yaml and its sibling
+    python -m pdfleet.operator.api.crd --check    # exit 1 if a committed file is stale
 
 Run from the repository root. The output is deterministic (same models, same bytes), so the committed CRD can
 be diffed against a fresh rendering; a unit test does exactly that.
@@ -16,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from pdfleet.operator.api import meta, names
+from pdfleet.operator.api import meta, names, role_scale
 from pdfleet.operator.api.pool import InferencePool
 from pdfleet.operator.api.schema import structural_schema
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -44,6 +45,17 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
 ]
 
+ROLE_PRINTER_COLUMNS: list[dict[str, Any]] = [
+    {"name": "Pool", "type": "string", "jsonPath": ".spec.pool", "description": "The InferencePool."},
+    {"name": "Role", "type": "string", "jsonPath": ".spec.role", "description": "prefill or decode."},
+    {"name": "Desired", "type": "integer", "jsonPath": ".spec.replicas", "description": "Engine groups asked for."},
+    {"name": "Current", "type": "integer", "jsonPath": ".status.replicas",
+     "description": "Engine groups of the role that exist."},
+    {"name": "Ready", "type": "integer", "jsonPath": ".status.readyReplicas",
+     "description": "Engine groups of the role that serve."},
+    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+]
+
 
 def openapi_schema() -> dict[str, Any]:
     """The openAPIV3Schema of the one version."""
@@ -63,33 +75,58 @@ def openapi_schema() -> dict[str, Any]:
     }
 
 
-def crd() -> dict[str, Any]:
-    """The CustomResourceDefinition as a plain dict."""
+def _definition(*, crd_name: str, kind: str, list_kind: str, plural: str, singular: str,
+                short_names: tuple[str, ...], subresources: dict[str, Any], columns: list[dict[str, Any]],
+                schema: dict[str, Any]) -> dict[str, Any]:
+    """A namespaced CustomResourceDefinition of pdfleet's group with one served and stored version."""
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": meta.CRD_NAME},
+        "metadata": {"name": crd_name},
         "spec": {
             "group": meta.GROUP,
-            "names": {
-                "kind": meta.KIND,
-                "listKind": meta.LIST_KIND,
-                "plural": meta.PLURAL,
-                "singular": meta.SINGULAR,
-                "shortNames": list(meta.SHORT_NAMES),
-                "categories": list(meta.CATEGORIES),
-            },
+            "names": {"kind": kind, "listKind": list_kind, "plural": plural, "singular": singular,
+                      "shortNames": list(short_names), "categories": list(meta.CATEGORIES)},
             "scope": "Namespaced",
             "versions": [{
                 "name": meta.VERSION,
                 "served": True,
                 "storage": True,
-                "subresources": {"status": {}},
-                "additionalPrinterColumns": PRINTER_COLUMNS,
-                "schema": {"openAPIV3Schema": openapi_schema()},
+                "subresources": subresources,
+                "additionalPrinterColumns": columns,
+                "schema": {"openAPIV3Schema": schema},
             }],
         },
     }
+
+
+def crd() -> dict[str, Any]:
+    """The InferencePool CustomResourceDefinition as a plain dict."""
+    return _definition(crd_name=meta.CRD_NAME, kind=meta.KIND, list_kind=meta.LIST_KIND, plural=meta.PLURAL,
+                       singular=meta.SINGULAR, short_names=meta.SHORT_NAMES, subresources={"status": {}},
+                       columns=PRINTER_COLUMNS, schema=openapi_schema())
+
+
+def role_crd() -> dict[str, Any]:
+    """InferencePoolRole's CustomResourceDefinition: its scale subresource is what HPA, KEDA and `kubectl scale`
+    use."""
+    scale = {"specReplicasPath": ".spec.replicas", "statusReplicasPath": ".status.replicas",
+             "labelSelectorPath": ".status.selector"}
+    schema = {
+        "type": "object",
+        "description": (role_scale.InferencePoolRole.__doc__ or "").strip(),
+        "required": ["spec"],
+        "properties": {
+            "apiVersion": {"type": "string", "description": f"APIVersion of this object: {meta.API_VERSION}."},
+            "kind": {"type": "string", "description": f"Kind of this object: {role_scale.KIND}."},
+            "metadata": {"type": "object"},
+            "spec": structural_schema(role_scale.InferencePoolRoleSpec),
+            "status": structural_schema(role_scale.InferencePoolRoleStatus),
+        },
+    }
+    return _definition(crd_name=role_scale.CRD_NAME, kind=role_scale.KIND, list_kind=role_scale.LIST_KIND,
+                       plural=role_scale.PLURAL, singular=role_scale.SINGULAR, short_names=role_scale.SHORT_NAMES,
+                       subresources={"status": {}, "scale": scale}, columns=ROLE_PRINTER_COLUMNS, schema=schema)
 
 
 class _Dumper(yaml.SafeDumper):
@@ -107,9 +144,23 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
+def _text(definition: dict[str, Any]) -> str:
+    return HEADER + yaml.dump(definition, Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+
+
 def render() -> str:
-    """The CRD file's full text."""
-    return HEADER + yaml.dump(crd(), Dumper=_Dumper, sort_keys=False, width=120, allow_unicode=True)
+    """The InferencePool CRD file's full text."""
+    return _text(crd())
+
+
+def render_role() -> str:
+    """The InferencePoolRole CRD file's full text."""
+    return _text(role_crd())
+
+
+def files(pool_output: Path) -> dict[Path, str]:
+    """Every CRD file and its text; the InferencePoolRole file sits beside the InferencePool one."""
+    return {pool_output: render(), pool_output.parent / f"{role_scale.CRD_NAME}.yaml": render_role()}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,16 +168,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=DEFAULT_OUTPUT, help="where to write the CRD")
     parser.add_argument("--check", action="store_true", help="fail if the file differs instead of writing it")
     args = parser.parse_args(argv)
-    text = render()
+    wanted = files(args.output)
     if args.check:
-        current = args.output.read_text() if args.output.exists() else ""
-        if current != text:
-            print(f"{args.output} is stale; regenerate it with: {REGENERATE}", file=sys.stderr)
-            return 1
-        return 0
+        stale = [path for path, text in wanted.items() if (path.read_text() if path.exists() else "") != text]
+        for path in stale:
+            print(f"{path} is stale; regenerate it with: {REGENERATE}", file=sys.stderr)
+        return 1 if stale else 0
     args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(text)
-    print(f"wrote {args.output}")
+    for path, text in wanted.items():
+        path.write_text(text)
+        print(f"wrote {path}")
     return 0
 
 

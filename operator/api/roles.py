@@ -73,6 +73,12 @@ class RoleSpec(ApiModel):
     port: Port = Field(default=DEFAULT_ENGINE_PORT, description="HTTP port of the engine (--port).")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory per pod.")
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Where the pods may run.")
+    scale_target: bool = Field(
+        default=False,
+        description="Give this role a scale subresource: the operator keeps an InferencePoolRole named "
+                    "<pool>-<role>, and what scales it (kubectl scale, a HorizontalPodAutoscaler, KEDA) sets "
+                    "replicas here; a change to replicas here is written back to it.",
+    )
 
     @property
     def gpus_per_group(self) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.meta import API_VERSION as POOL_API_VERSION
 
 # (apiVersion, kind) -> plural. Only what pdfleet reads or writes; an unknown kind is a programming error.
@@ -21,6 +22,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("networking.k8s.io/v1", "NetworkPolicy"): "networkpolicies",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
     (POOL_API_VERSION, "InferencePool"): "inferencepools",
+    (POOL_API_VERSION, role_scale.KIND): role_scale.PLURAL,
 }
 
 

@@ -37,6 +37,8 @@ NAMESPACED_RULES: Rules = {
     ("pdfleet.dev", "inferencepools"): _verbs(*READ, "patch"),
     ("pdfleet.dev", "inferencepools/status"): _verbs("get", "patch", "update"),
     ("pdfleet.dev", "inferencepools/finalizers"): _verbs("update"),
+    ("pdfleet.dev", "inferencepoolroles"): _verbs(*READ, "create", "patch", "delete"),
+    ("pdfleet.dev", "inferencepoolroles/status"): _verbs("patch"),
     ("", "pods"): _verbs(*READ, "create", "delete", "patch"),
     ("", "services"): _verbs(*READ, "create", "patch", "delete"),
     ("", "configmaps"): _verbs(*READ, "create", "patch", "delete"),

@@ -49,10 +49,14 @@ def test_helm_installs_the_inference_pool_crd_with_the_short_name_the_notes_use(
     assert (CHART / "crds" / CRD).is_file(), "run `python hack/sync-chart-crds.py`"
     crds = [d for d in documents(template({"operator": {"enabled": False}}, extra=("--include-crds",)).stdout)
             if d["kind"] == "CustomResourceDefinition"]
-    assert [c["metadata"]["name"] for c in crds] == ["inferencepools.pdfleet.dev"]
-    assert "pdpool" in crds[0]["spec"]["names"]["shortNames"]
-    assert crds[0]["spec"]["scope"] == "Namespaced"
-    assert yaml.safe_load((ROOT / "crds" / CRD).read_text()) == crds[0]
+    by_name = {c["metadata"]["name"]: c for c in crds}
+    assert sorted(by_name) == ["inferencepoolroles.pdfleet.dev", "inferencepools.pdfleet.dev"]
+    pool = by_name["inferencepools.pdfleet.dev"]
+    assert "pdpool" in pool["spec"]["names"]["shortNames"]
+    assert pool["spec"]["scope"] == "Namespaced"
+    assert yaml.safe_load((ROOT / "crds" / CRD).read_text()) == pool
+    role = by_name["inferencepoolroles.pdfleet.dev"]
+    assert role["spec"]["versions"][0]["subresources"]["scale"]["specReplicasPath"] == ".spec.replicas"
 
 
 def test_syncing_copies_new_and_changed_crds_and_removes_stale_ones(repo: Path) -> None:

@@ -102,6 +102,14 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: [pdfleet.dev]
   resources: [inferencepools/finalizers]
   verbs: [update]
+# InferencePoolRoles: a role of a pool as a scale target (spec.<role>.scaleTarget). The operator creates and
+# deletes them, writes their replicas when the pool's change, and their status; scalers write their /scale.
+- apiGroups: [pdfleet.dev]
+  resources: [inferencepoolroles]
+  verbs: [get, list, watch, create, patch, delete]
+- apiGroups: [pdfleet.dev]
+  resources: [inferencepoolroles/status]
+  verbs: [patch]
 # Engine pods: the operator owns their lifecycle. No pods/exec: evidence comes from the rank-health agent.
 - apiGroups: [""]
   resources: [pods]

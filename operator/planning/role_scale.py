@@ -1,0 +1,177 @@
+"""What to do about a pool's InferencePoolRoles (`api.role_scale`): create, mirror, report, remove. Pure.
+
+Replicas live in two places once a role is a scale target: the pool's `spec.<role>.replicas`, which the operator
+builds from, and the InferencePoolRole's `spec.replicas`, which a scaler writes through `/scale`. Which one moved
+is read from the InferencePoolRole's generation against the `status.observedGeneration` the operator last
+wrote: past it, the InferencePoolRole was scaled and its number goes into the pool; at it, the pool's number
+changed (a person's edit) and goes into the InferencePoolRole. Both changed before the operator saw either: the
+scale wins, as an HPA's write wins over a Deployment's applied replicas.
+
+A scale the pool cannot take (0 replicas while the pool is not paused: a PD pool needs both roles) is not
+written; the InferencePoolRole's status says why and its observedGeneration stays behind, so a later scale is
+still seen.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pdfleet.operator.api import meta as api_meta
+from pdfleet.operator.api import role_scale
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.spec_change import SpecChange, patch
+from pdfleet.operator.render import labels
+
+Body = dict[str, Any]
+DEFAULT_REPLICAS = 1  # the API's default for spec.<role>.replicas
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleStep:
+    """What to write for one role. A status follows a create or a replicas write with the generation that write
+    made (`observed_generation` None: take it from the write's answer)."""
+
+    role: Role
+    name: str
+    create: Body | None = None
+    delete_uid: str | None = None  # delete the InferencePoolRole with this uid (the role is no scale target now)
+    replicas: int | None = None  # write the InferencePoolRole's spec.replicas
+    resource_version: str | None = None  # the version that write is decided on
+    status: Body | None = None
+    observed_generation: int | None = None
+
+    @property
+    def writes(self) -> bool:
+        return bool(self.create or self.delete_uid or self.replicas is not None or self.status is not None)
+
+
+@dataclasses.dataclass(frozen=True)
+class RoleScalePlan:
+    steps: tuple[RoleStep, ...] = ()
+    pool_change: SpecChange | None = None
+    events: tuple[Event, ...] = ()
+
+
+def _labels(pool: str, role: Role) -> dict[str, str]:
+    return {**labels.selector(pool), labels.ROLE: str(role)}
+
+
+def selector(pool: str, role: Role) -> str:
+    """The role's engine pods, as the scale subresource's label selector (an HPA on pod metrics reads it)."""
+    return ",".join(f"{key}={value}" for key, value in _labels(pool, role).items())
+
+
+def _role_spec(pool: Mapping[str, Any], role: Role) -> Mapping[str, Any]:
+    return (pool.get("spec") or {}).get(str(role)) or {}
+
+
+def _replicas(pool: Mapping[str, Any], role: Role) -> int:
+    return int(_role_spec(pool, role).get("replicas", DEFAULT_REPLICAS))
+
+
+def _counts(pool: Mapping[str, Any], role: Role) -> tuple[int, int]:
+    status = pool.get("status") or {}
+    existing = sum(1 for group in status.get("groups") or () if group.get("role") == str(role))
+    ready = int((status.get(str(role)) or {}).get("ready", 0))
+    return existing, ready
+
+
+def desired_object(pool: Mapping[str, Any], role: Role) -> Body:
+    """A new InferencePoolRole for `role`, owned by the pool (deleted with it), at the pool's replicas."""
+    meta = pool["metadata"]
+    return {
+        "apiVersion": api_meta.API_VERSION,
+        "kind": role_scale.KIND,
+        "metadata": {
+            "name": role_scale.object_name(meta["name"], role),
+            "namespace": meta["namespace"],
+            "labels": _labels(meta["name"], role),
+            "ownerReferences": [{"apiVersion": api_meta.API_VERSION, "kind": api_meta.KIND, "name": meta["name"],
+                                 "uid": meta["uid"], "controller": True}],
+        },
+        "spec": {"pool": meta["name"], "role": str(role), "replicas": _replicas(pool, role)},
+    }
+
+
+def _status(pool: Mapping[str, Any], role: Role, message: str | None) -> Body:
+    existing, ready = _counts(pool, role)
+    out: Body = {"replicas": existing, "readyReplicas": ready, "selector": selector(pool["metadata"]["name"], role)}
+    if message:
+        out["message"] = message
+    return out
+
+
+def _refusal(pool: Mapping[str, Any], role: Role, replicas: int) -> str | None:
+    if replicas == 0 and not (pool.get("spec") or {}).get("paused", False):
+        return (f"replicas 0 is not mirrored into the pool: {role}.replicas must be at least 1 unless the pool is "
+                f"paused (a PD pool needs both roles)")
+    return None
+
+
+def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleScalePlan:
+    """The steps for `pool` (as last seen, status included) given its InferencePoolRoles (as last seen)."""
+    pool_name = pool["metadata"]["name"]
+    by_role = {str((o.get("spec") or {}).get("role")): o for o in objects}
+    steps: list[RoleStep] = []
+    events: list[Event] = []
+    mirrored: dict[tuple[str, ...], Any] = {}
+    for role in Role:
+        name = role_scale.object_name(pool_name, role)
+        current = by_role.get(str(role))
+        if not _role_spec(pool, role).get("scaleTarget", False):
+            if current is not None:
+                steps.append(RoleStep(role, name, delete_uid=current["metadata"].get("uid")))
+            continue
+        if current is None:
+            steps.append(RoleStep(role, name, create=desired_object(pool, role), status=_status(pool, role, None)))
+            continue
+        step, event, into_pool = _mirror(pool, role, current)
+        if step.writes:
+            steps.append(step)
+        if event is not None:
+            events.append(event)
+        if into_pool is not None:
+            mirrored[("spec", str(role), "replicas")] = into_pool
+    change = None
+    if mirrored:
+        scaled = ", ".join(f"{path[1]} {_replicas(pool, Role(path[1]))} -> {value}" for path, value in mirrored.items())
+        change = patch(pool, mirrored, why=f"scaled through InferencePoolRole: {scaled}")
+    return RoleScalePlan(steps=tuple(steps), pool_change=change, events=tuple(events))
+
+
+def _mirror(pool: Mapping[str, Any], role: Role,
+            current: Mapping[str, Any]) -> tuple[RoleStep, Event | None, int | None]:
+    """One existing InferencePoolRole: its step, an Event for the pool, and the replicas to write into the pool."""
+    meta, spec = current["metadata"], current.get("spec") or {}
+    status = current.get("status") or {}
+    name = meta["name"]
+    generation, observed = meta.get("generation"), status.get("observedGeneration")
+    wanted, held = int(spec.get("replicas", 0)), _replicas(pool, role)
+    if wanted != held and observed != generation:
+        refusal = _refusal(pool, role, wanted)
+        if refusal is not None:
+            new = _status(pool, role, refusal)
+            if observed is not None:
+                new["observedGeneration"] = observed
+            event = Event("Warning", "ScaleRefused", f"InferencePoolRole {name}: {refusal}") \
+                if status.get("message") != refusal else None
+            return _changed(role, name, status, new), event, None
+        event = Event("Normal", "RoleScaled", f"{role} replicas {held} -> {wanted}: InferencePoolRole {name} was "
+                                              "scaled (kubectl scale, an autoscaler)")
+        new = _status(pool, role, None) | {"observedGeneration": generation}
+        return _changed(role, name, status, new), event, wanted
+    if wanted != held:  # the pool's replicas changed since the last mirror
+        return RoleStep(role, name, replicas=held, resource_version=meta.get("resourceVersion"),
+                        status=_status(pool, role, None)), None, None
+    return _changed(role, name, status, _status(pool, role, None) | {"observedGeneration": generation}), None, None
+
+
+def _changed(role: Role, name: str, current: Mapping[str, Any], new: Body) -> RoleStep:
+    """A status step when `new` differs from what the InferencePoolRole says; an empty step otherwise."""
+    if all(current.get(k) == v for k, v in new.items()) and set(current) <= set(new):
+        return RoleStep(role, name)
+    observed = new.pop("observedGeneration", None)
+    return RoleStep(role, name, status=new, observed_generation=observed)

@@ -1,0 +1,136 @@
+"""InferencePoolRole mirroring (`planning.role_scale`), pure: which side moved, what is written where, and that
+the two sides settle after one round of writes."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pdfleet.operator.api.role_scale import InferencePoolRole
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.planning import role_scale, spec_change
+
+Body = dict[str, Any]
+
+
+def pool(*, prefill: int = 1, decode: int = 1, target: tuple[Role, ...] = (Role.DECODE,), paused: bool = False,
+         generation: int = 4) -> Body:
+    return {
+        "apiVersion": "pdfleet.dev/v1alpha1", "kind": "InferencePool",
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-1", "generation": generation},
+        "spec": {"paused": paused,
+                 "prefill": {"replicas": prefill, "scaleTarget": Role.PREFILL in target},
+                 "decode": {"replicas": decode, "scaleTarget": Role.DECODE in target}},
+        "status": {"groups": [{"name": "p-decode-0", "role": "decode"}, {"name": "p-prefill-0", "role": "prefill"},
+                              {"name": "p-decode-1", "role": "decode"}],
+                   "decode": {"ready": 1}, "prefill": {"ready": 1}},
+    }
+
+
+def role_object(replicas: int, *, generation: int, observed: int | None, role: Role = Role.DECODE,
+                **status: Any) -> Body:
+    body = role_scale.desired_object(pool(), role)
+    body["metadata"].update(generation=generation, resourceVersion="77", uid="r-1")
+    body["spec"]["replicas"] = replicas
+    body["status"] = {"replicas": 2, "readyReplicas": 1, "selector": role_scale.selector("p", role), **status}
+    if observed is not None:
+        body["status"]["observedGeneration"] = observed
+    return body
+
+
+def test_a_role_that_is_no_scale_target_gets_nothing() -> None:
+    assert role_scale.plan(pool(target=()), []) == role_scale.RoleScalePlan()
+
+
+def test_a_scale_target_gets_an_inference_pool_role_owned_by_the_pool_at_its_replicas() -> None:
+    plan = role_scale.plan(pool(decode=3), [])
+    [step] = plan.steps
+    assert step.role is Role.DECODE and step.name == "p-decode"
+    created = InferencePoolRole.model_validate(step.create)  # the API model accepts what is created
+    assert created.spec.replicas == 3 and created.spec.pool == "p"
+    [owner] = step.create["metadata"]["ownerReferences"]  # type: ignore[index]
+    assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == ("InferencePool", "p", "u-1", True)
+    selector = "app.kubernetes.io/managed-by=pdfleet,pdfleet.dev/pool=p,pdfleet.dev/role=decode"
+    assert step.status == {"replicas": 2, "readyReplicas": 1, "selector": selector}
+    assert plan.pool_change is None
+
+
+def test_a_scaled_inference_pool_role_moves_the_pools_replicas_guarded_by_its_generation() -> None:
+    plan = role_scale.plan(pool(decode=1), [role_object(3, generation=2, observed=1)])
+    assert plan.pool_change is not None
+    assert plan.pool_change.ops[0] == {"op": "test", "path": "/metadata/generation", "value": 4}
+    assert spec_change.apply(pool(decode=1), plan.pool_change)["spec"]["decode"]["replicas"] == 3
+    [step] = plan.steps
+    assert step.observed_generation == 2 and step.replicas is None
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Normal", "RoleScaled") and "decode replicas 1 -> 3" in event.message
+
+
+def test_an_edit_of_the_pools_replicas_is_written_into_the_inference_pool_role() -> None:
+    plan = role_scale.plan(pool(decode=4), [role_object(2, generation=2, observed=2)])
+    assert plan.pool_change is None and not plan.events
+    [step] = plan.steps
+    assert (step.replicas, step.resource_version, step.observed_generation) == (4, "77", None)
+
+
+def test_when_both_moved_the_scale_wins() -> None:
+    plan = role_scale.plan(pool(decode=4), [role_object(2, generation=3, observed=2)])
+    assert plan.pool_change is not None
+    assert spec_change.apply(pool(decode=4), plan.pool_change)["spec"]["decode"]["replicas"] == 2
+
+
+def test_in_step_and_reported_writes_nothing() -> None:
+    plan = role_scale.plan(pool(decode=2), [role_object(2, generation=2, observed=2)])
+    assert plan == role_scale.RoleScalePlan()
+
+
+def test_the_status_follows_the_pools_group_counts() -> None:
+    stale = role_object(2, generation=2, observed=2)
+    stale["status"]["replicas"] = 1  # before the second decode group appeared
+    [step] = role_scale.plan(pool(decode=2), [stale]).steps
+    assert step.status is not None and step.status["replicas"] == 2 and step.observed_generation == 2
+
+
+def test_zero_replicas_on_a_running_pool_is_refused_once_and_said() -> None:
+    plan = role_scale.plan(pool(decode=1), [role_object(0, generation=2, observed=1)])
+    assert plan.pool_change is None
+    [step] = plan.steps
+    assert "at least 1 unless the pool is paused" in step.status["message"]  # type: ignore[index]
+    assert step.observed_generation == 1  # the scale is still ahead of what the pool holds
+    [event] = plan.events
+    assert (event.type, event.reason) == ("Warning", "ScaleRefused")
+    said = role_object(0, generation=2, observed=1, message=step.status["message"])  # type: ignore[index]
+    again = role_scale.plan(pool(decode=1), [said])
+    assert not again.events and not again.steps and again.pool_change is None
+
+
+def test_zero_replicas_on_a_paused_pool_is_mirrored() -> None:
+    plan = role_scale.plan(pool(decode=1, paused=True), [role_object(0, generation=2, observed=1)])
+    assert plan.pool_change is not None
+
+
+def test_a_role_that_stops_being_a_scale_target_loses_its_inference_pool_role() -> None:
+    [step] = role_scale.plan(pool(target=()), [role_object(1, generation=1, observed=1)]).steps
+    assert step.delete_uid == "r-1"
+
+
+def test_one_round_of_writes_settles_both_sides() -> None:
+    """Write what the plan says, as the apiserver would store it, and plan again: nothing left to do."""
+    current_pool = pool(prefill=1, decode=1, target=(Role.PREFILL, Role.DECODE))
+    objects = [role_object(3, generation=2, observed=1),
+               role_object(2, generation=5, observed=5, role=Role.PREFILL)]
+    plan = role_scale.plan(current_pool, objects)
+    assert plan.pool_change is not None
+    current_pool = spec_change.apply(current_pool, plan.pool_change)
+    current_pool["metadata"]["generation"] += 1
+    stored = {o["metadata"]["name"]: copy.deepcopy(o) for o in objects}
+    for step in plan.steps:
+        body = stored[step.name]
+        if step.replicas is not None:
+            body["spec"]["replicas"] = step.replicas
+            body["metadata"]["generation"] += 1
+        if step.status is not None:
+            body["status"] = {**step.status, "observedGeneration": step.observed_generation
+                              or body["metadata"]["generation"]}
+    assert current_pool["spec"]["decode"]["replicas"] == 3
+    assert role_scale.plan(current_pool, list(stored.values())) == role_scale.RoleScalePlan()
