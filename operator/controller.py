@@ -66,7 +66,7 @@ class Controller:
                  health: HealthView = _no_health, agents: EngineClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
                  engines: EnginesView = _no_engines, background_events: bool = False,
-                 router_keys: RouterKeys | None = None) -> None:
+                 router_keys: RouterKeys | None = None, renders: Renders | None = None) -> None:
         self._client = client
         self.router_keys = router_keys or RouterKeys(client)
         self._cache = cache
@@ -87,7 +87,8 @@ class Controller:
         self._written: dict[PoolKey, tuple[str, dict[str, Any]]] = {}
         # What plans derived from each pool's spec and status (validation, every rendered object, the parsed
         # status), reused while they are unchanged: most reconciles see a spec they have seen before.
-        self._renders = Renders()
+        # (Shared with the health monitor, whose polls read the same specs and statuses.)
+        self._renders = renders if renders is not None else Renders()
         # background_events: a reconcile's Events are posted after it, so the worker is free for the next pool
         # sooner (in a burst of new pools, a tenth of a first reconcile was waiting for its Events).
         self._events = Detached(EVENTS_IN_FLIGHT) if background_events else None

@@ -24,6 +24,7 @@ from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import client as engine_client
 from pdfleet.operator.engines import membership, monitor
 from pdfleet.operator.kube import client as kube_client
+from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
 from pdfleet.operator.role_scaler import RoleScaler
@@ -99,13 +100,15 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.client = kube_client.KubeClient(cfg)
     # One door to engines and routers: health polls, evidence, verification, canaries, probes and router writes.
     state.engines = engine_client.EngineClient()
+    # What reconciles and health polls derive from each pool's spec and status, derived once for both.
+    renders = Renders()
     state.health = monitor.HealthMonitor(cache=state.cache, engines=state.engines,
-                                         poke=lambda key: _poke_known(state, key))
+                                         poke=lambda key: _poke_known(state, key), renders=renders)
     state.controller = controller_mod.Controller(client=state.client, cache=state.cache,
                                                  settings=state.options.render,
                                                  health=state.health.health, agents=state.engines,
                                                  requeue=state.queue.add_after, engines=state.health.facts,
-                                                 background_events=True)
+                                                 background_events=True, renders=renders)
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
     state.membership = membership.RouterMembership(routers=state.engines,
                                                    key=state.controller.router_keys.for_pod,
@@ -186,10 +189,20 @@ def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
     async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         pool = cache_mod.owning_pool(event["object"].get("metadata", {}))
         if pool:
-            memo["state"].poke_soon((event["object"]["metadata"]["namespace"], pool))
+            memo["state"].poke_soon((event["object"]["metadata"]["namespace"], pool),
+                                    health=kind == "Pod" and _pod_news_for_health(event))
 
     kopf.index(group, version, plural, labels=MANAGED, id=f"owned_{plural}")(index)
     kopf.on.event(group, version, plural, labels=MANAGED, id=f"{plural}_event")(on_event)
+
+
+def _pod_news_for_health(event: kopf.RawEvent) -> bool:
+    """Whether a pod's event can change what the health monitor judges now: the pod has an address to ask (its
+    agent answers only there), is going or is gone. The events before a pod has an IP (created, scheduled) and
+    every other kind's events poll nothing that could answer; each poll asks every agent of the pool."""
+    pod = event["object"]
+    return event["type"] == "DELETED" or bool((pod.get("status") or {}).get("podIP")) or \
+        bool((pod.get("metadata") or {}).get("deletionTimestamp"))
 
 
 for _group, _version, _plural, _kind in OWNED_KINDS:

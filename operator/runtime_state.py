@@ -62,12 +62,13 @@ class OperatorState:
         if self.health:
             self.health.watch(key)
 
-    def poke_soon(self, key: PoolKey) -> None:
+    def poke_soon(self, key: PoolKey, *, health: bool = True) -> None:
         """A change to something the pool owns: reconcile shortly, so that the burst of pod events a new
-        group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write."""
+        group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write. `health`:
+        the change may change a verdict too (a pod with an address, or going): poll the pool's agents now."""
         if key in self.seen:
             self.queue.add_after(key, self.options.owned_event_delay)
-            if self.health:
+            if self.health and health:
                 self.health.nudge(key)
 
     def echo(self, key: PoolKey) -> None:

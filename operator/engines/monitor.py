@@ -31,7 +31,6 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from pdfleet.operator import metrics
-from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -41,10 +40,11 @@ from pdfleet.operator.engines import canary_gate
 from pdfleet.operator.engines.bake_probes import BakeProber, Pair, probe
 from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import bake, rank_health, router_membership, status
+from pdfleet.operator.planning import bake, rank_health, router_membership
 from pdfleet.operator.planning import canary_gate as planning_canary
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import labels, revision
 
@@ -63,8 +63,12 @@ AfterPoll = Callable[[PoolKey, InferencePoolSpec, Observed, Mapping[str, GroupHe
 class HealthMonitor:
     def __init__(self, *, cache: Cache, engines: EngineClient, poke: Callable[[PoolKey], None],
                  after_poll: AfterPoll | None = None, canary: CanaryRunner | None = None,
-                 prober: BakeProber | None = None) -> None:
+                 prober: BakeProber | None = None, renders: Renders | None = None) -> None:
         self._cache = cache
+        # The spec validated and the status parsed once per generation and status, shared with the planner's
+        # reconciles: a poll of every pool each heartbeat validated its spec again (and a new spec object missed
+        # the revision memo: most of a poll's CPU in the operator benchmark).
+        self._renders = renders if renders is not None else Renders()
         self._engines = engines  # not ours to close: the operator's one client, shared
         self._canary = canary  # made on first use, inside the event loop
         self._prober = prober  # the same
@@ -154,11 +158,11 @@ class HealthMonitor:
         pool = observed.pool
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             return None
-        spec, problems = checks.validate_spec(pool.get("spec") or {})
+        spec, problems = self._renders.validated(pool)
         if spec is None or problems:
             return IDLE_PERIOD
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
-        last = status.parse_status(pool.get("status"))  # what the planner last wrote: read once per poll
+        last = self._renders.previous(pool)  # what the planner last wrote: read once per poll
         judged, judged_pods = await self._judge(key, spec, observed, last, timeout=min(MAX_AGENT_TIMEOUT, period))
         facts = await self._engine_facts(key, spec, judged_pods, last, routers=observed.routers)
         before = self._judged.get(key)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+import pytest
+
 from pdfleet.operator import handlers
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.runtime_state import OperatorState, Options
@@ -50,3 +52,15 @@ async def test_an_echo_of_our_status_write_waits_to_be_coalesced_and_news_does_n
 async def _until(condition: Any) -> None:
     while not condition():
         await asyncio.sleep(0.01)
+
+
+@pytest.mark.parametrize(("type_", "pod", "polls"), [
+    ("ADDED", {"metadata": {"name": "p"}, "status": {"phase": "Pending"}}, False),  # no address: no agent to ask
+    ("MODIFIED", {"metadata": {"name": "p"}, "spec": {"nodeName": "n"}, "status": {"phase": "Pending"}}, False),
+    ("MODIFIED", {"metadata": {"name": "p"}, "status": {"phase": "Running", "podIP": "127.1.0.2"}}, True),
+    ("MODIFIED", {"metadata": {"name": "p", "deletionTimestamp": "2026-12-03T12:00:00Z"}, "status": {}}, True),
+    ("DELETED", {"metadata": {"name": "p"}, "status": {}}, True),
+])
+def test_only_pod_events_that_can_change_a_verdict_poll_the_agents_at_once(type_: str, pod: dict[str, Any],
+                                                                          polls: bool) -> None:
+    assert handlers._pod_news_for_health({"type": type_, "object": pod}) is polls
