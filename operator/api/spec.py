@@ -12,6 +12,7 @@ from pdfleet.operator.api.network import NetworkPolicySpec
 from pdfleet.operator.api.roles import DEFAULT_ENGINE_PORT, DecodeSpec, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.rollout import RolloutSpec
 from pdfleet.operator.api.router import RouterSpec
+from pdfleet.operator.api.scaling import ScalingSpec, hundredths_cel, in_band
 from pdfleet.operator.api.transfer import TransferSpec
 
 
@@ -50,11 +51,29 @@ _CANARY_NEEDS_A_PARSER = Rule(
 )
 
 
+def _replicas_cel(role: Role) -> str:
+    return f"(has(self.{role}.replicas) ? self.{role}.replicas : 1)"
+
+
+_BAND = "self.scaling.ratio"
+_IN_THE_RATIO_BAND = Rule(
+    cel=f"self.paused || !has(self.scaling) || !has({_BAND}) || "
+        f"({_replicas_cel(Role.DECODE)} * 100 >= {hundredths_cel(_BAND + '.minDecodePerPrefill')} * "
+        f"{_replicas_cel(Role.PREFILL)} && {_replicas_cel(Role.DECODE)} * 100 <= "
+        f"{hundredths_cel(_BAND + '.maxDecodePerPrefill')} * {_replicas_cel(Role.PREFILL)})",
+    holds=lambda s: s.paused or s.scaling.ratio is None or in_band(s.scaling.ratio, prefill=s.prefill.replicas,
+                                                                     decode=s.decode.replicas),
+    message="decode.replicas per prefill.replicas must lie within scaling.ratio (minDecodePerPrefill to "
+            "maxDecodePerPrefill) unless the pool is paused: change both roles together, or the band",
+    field=".decode.replicas",
+)
+
+
 class InferencePoolSpec(ApiModel):
     """The desired state of a prefill/decode disaggregated SGLang pool."""
 
     RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE), _ONE_PORT_FOR_THE_ROUTER,
-             _CANARY_NEEDS_A_PARSER)
+             _CANARY_NEEDS_A_PARSER, _IN_THE_RATIO_BAND)
 
     model: ModelSpec = Field(description="The served model and its chat format.")
     engine: EngineSpec = Field(description="The SGLang engine every group runs: image, version, patches, args.")
@@ -64,6 +83,8 @@ class InferencePoolSpec(ApiModel):
     transfer: TransferSpec = Field(default_factory=TransferSpec, description="KV-cache transfer backend.")
     health: HealthSpec = Field(default_factory=HealthSpec, description="Rank-health detection and restarts.")
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How new revisions roll out.")
+    scaling: ScalingSpec = Field(default_factory=ScalingSpec,
+                                 description="How the roles' sizes are held together when one is scaled.")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec,
                                               description="Who may reach the pool's pods (NetworkPolicies).")
     paused: bool = Field(

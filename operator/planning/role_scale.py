@@ -7,9 +7,10 @@ wrote: past it, the InferencePoolRole was scaled and its number goes into the po
 changed (a person's edit) and goes into the InferencePoolRole. Both changed before the operator saw either: the
 scale wins, as an HPA's write wins over a Deployment's applied replicas.
 
-A scale the pool cannot take (0 replicas while the pool is not paused: a PD pool needs both roles) is not
-written; the InferencePoolRole's status says why and its observedGeneration stays behind, so a later scale is
-still seen.
+A scale is held to the pool's ratio band (`ratio_band`: the other role follows, or the scale is clamped), and the
+InferencePoolRole's status says what the band did. A scale the pool cannot take (0 replicas while the pool is not
+paused: a PD pool needs both roles; a band no whole size fits) is not written; the InferencePoolRole's status says
+why and its observedGeneration stays behind, so a later scale is still seen.
 """
 
 from __future__ import annotations
@@ -18,9 +19,13 @@ import dataclasses
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from pydantic import ValidationError
+
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.scaling import RatioBand
+from pdfleet.operator.planning import ratio_band
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.spec_change import SpecChange, patch
 from pdfleet.operator.render import labels
@@ -111,13 +116,22 @@ def _refusal(pool: Mapping[str, Any], role: Role, replicas: int) -> str | None:
     return None
 
 
+@dataclasses.dataclass(frozen=True)
+class _Scale:
+    """An InferencePoolRole scaled since the operator last mirrored it."""
+
+    role: Role
+    current: Mapping[str, Any]
+    wanted: int
+
+
 def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleScalePlan:
     """The steps for `pool` (as last seen, status included) given its InferencePoolRoles (as last seen)."""
     pool_name = pool["metadata"]["name"]
     by_role = {str((o.get("spec") or {}).get("role")): o for o in objects}
     steps: list[RoleStep] = []
     events: list[Event] = []
-    mirrored: dict[tuple[str, ...], Any] = {}
+    scales: list[_Scale] = []
     for role in Role:
         name = role_scale.object_name(pool_name, role)
         current = by_role.get(str(role))
@@ -128,45 +142,81 @@ def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleS
         if current is None:
             steps.append(RoleStep(role, name, create=desired_object(pool, role), status=_status(pool, role, None)))
             continue
-        step, event, into_pool = _mirror(pool, role, current)
+        scale = _scaled(pool, role, current)
+        if scale is None:
+            step = _mirror(pool, role, current)
+            if step.writes:
+                steps.append(step)
+        elif (refusal := _refusal(pool, role, scale.wanted)) is not None:
+            _refuse(pool, scale, refusal, steps, events)
+        else:
+            scales.append(scale)
+    sizes = {role: _replicas(pool, role) for role in Role}
+    held = ratio_band.hold(None if (pool.get("spec") or {}).get("paused") else _band(pool), sizes,
+                           {scale.role: scale.wanted for scale in scales})
+    for scale in scales:
+        if held.refusal is not None:
+            _refuse(pool, scale, held.refusal, steps, events)
+            continue
+        name, meta = scale.current["metadata"]["name"], scale.current["metadata"]
+        note = f"; {held.note}" if held.note else ""
+        events.append(Event("Normal", "RoleScaled", f"{scale.role} replicas {sizes[scale.role]} -> {scale.wanted}: "
+                                                    f"InferencePoolRole {name} was scaled (kubectl scale, an "
+                                                    f"autoscaler){note}"))
+        new = _status(pool, scale.role, held.note) | {"observedGeneration": meta.get("generation")}
+        step = _changed(scale.role, name, scale.current.get("status") or {}, new)
         if step.writes:
             steps.append(step)
-        if event is not None:
-            events.append(event)
-        if into_pool is not None:
-            mirrored[("spec", str(role), "replicas")] = into_pool
     change = None
+    mirrored = {("spec", str(role), "replicas"): held.replicas[role] for role in Role
+                if held.refusal is None and held.replicas[role] != sizes[role]}
     if mirrored:
-        scaled = ", ".join(f"{path[1]} {_replicas(pool, Role(path[1]))} -> {value}" for path, value in mirrored.items())
-        change = patch(pool, mirrored, why=f"scaled through InferencePoolRole: {scaled}")
+        said = ", ".join(f"{path[1]} {sizes[Role(path[1])]} -> {value}" for path, value in mirrored.items())
+        change = patch(pool, mirrored, why=f"scaled through InferencePoolRole: {said}")
     return RoleScalePlan(steps=tuple(steps), pool_change=change, events=tuple(events))
 
 
-def _mirror(pool: Mapping[str, Any], role: Role,
-            current: Mapping[str, Any]) -> tuple[RoleStep, Event | None, int | None]:
-    """One existing InferencePoolRole: its step, an Event for the pool, and the replicas to write into the pool."""
-    meta, spec = current["metadata"], current.get("spec") or {}
-    status = current.get("status") or {}
-    name = meta["name"]
-    generation, observed = meta.get("generation"), status.get("observedGeneration")
-    wanted, held = int(spec.get("replicas", 0)), _replicas(pool, role)
-    if wanted != held and observed != generation:
-        refusal = _refusal(pool, role, wanted)
-        if refusal is not None:
-            new = _status(pool, role, refusal)
-            if observed is not None:
-                new["observedGeneration"] = observed
-            event = Event("Warning", "ScaleRefused", f"InferencePoolRole {name}: {refusal}") \
-                if status.get("message") != refusal else None
-            return _changed(role, name, status, new), event, None
-        event = Event("Normal", "RoleScaled", f"{role} replicas {held} -> {wanted}: InferencePoolRole {name} was "
-                                              "scaled (kubectl scale, an autoscaler)")
-        new = _status(pool, role, None) | {"observedGeneration": generation}
-        return _changed(role, name, status, new), event, wanted
-    if wanted != held:  # the pool's replicas changed since the last mirror
-        return RoleStep(role, name, replicas=held, resource_version=meta.get("resourceVersion"),
-                        status=_status(pool, role, None)), None, None
-    return _changed(role, name, status, _status(pool, role, None) | {"observedGeneration": generation}), None, None
+def _band(pool: Mapping[str, Any]) -> RatioBand | None:
+    raw = ((pool.get("spec") or {}).get("scaling") or {}).get("ratio")
+    try:
+        return RatioBand.model_validate(raw) if raw else None
+    except ValidationError:
+        return None  # the apiserver admitted it, so this pdfleet is older than the pool's API: hold no band
+
+
+def _scaled(pool: Mapping[str, Any], role: Role, current: Mapping[str, Any]) -> _Scale | None:
+    meta, status = current["metadata"], current.get("status") or {}
+    wanted = int((current.get("spec") or {}).get("replicas", 0))
+    if wanted != _replicas(pool, role) and status.get("observedGeneration") != meta.get("generation"):
+        return _Scale(role, current, wanted)
+    return None
+
+
+def _refuse(pool: Mapping[str, Any], scale: _Scale, refusal: str, steps: list[RoleStep],
+            events: list[Event]) -> None:
+    """A scale not taken: said in the status (once as an Event), its observedGeneration left behind."""
+    status = scale.current.get("status") or {}
+    name = scale.current["metadata"]["name"]
+    new = _status(pool, scale.role, refusal)
+    if status.get("observedGeneration") is not None:
+        new["observedGeneration"] = status["observedGeneration"]
+    if status.get("message") != refusal:
+        events.append(Event("Warning", "ScaleRefused", f"InferencePoolRole {name}: {refusal}"))
+    step = _changed(scale.role, name, status, new)
+    if step.writes:
+        steps.append(step)
+
+
+def _mirror(pool: Mapping[str, Any], role: Role, current: Mapping[str, Any]) -> RoleStep:
+    """An InferencePoolRole not scaled since the last mirror: the pool's replicas (when a person changed them)
+    and the status."""
+    meta, status = current["metadata"], current.get("status") or {}
+    held = _replicas(pool, role)
+    if int((current.get("spec") or {}).get("replicas", 0)) != held:
+        return RoleStep(role, meta["name"], replicas=held, resource_version=meta.get("resourceVersion"),
+                        status=_status(pool, role, None))
+    return _changed(role, meta["name"], status, _status(pool, role, None) | {"observedGeneration":
+                                                                            meta.get("generation")})
 
 
 def _changed(role: Role, name: str, current: Mapping[str, Any], new: Body) -> RoleStep:

@@ -18,7 +18,7 @@ import yaml
 from pdfleet.operator.api import InferencePool, InferencePoolStatus, Phase, RoleStatus, crd, meta, names
 from pdfleet.operator.api.conditions import Condition, ConditionStatus
 from tests.support.cluster import Cluster, wait_for
-from tests.unit.test_api_rejections import INVALID_SPECS, Case, minimal_spec
+from tests.unit.test_api_rejections import EDGE_SPECS, INVALID_SPECS, Case, merged, minimal_spec
 
 pytestmark = pytest.mark.cluster
 
@@ -108,6 +108,12 @@ def test_a_name_at_the_limit_is_accepted_and_the_pool_stays_updatable(installed:
 
 def test_the_minimal_spec_of_the_table_is_accepted(installed: Cluster, namespace: str) -> None:
     installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=manifest("ok", minimal_spec()))
+
+
+@pytest.mark.parametrize(("what", "patch"), EDGE_SPECS, ids=[what for what, _ in EDGE_SPECS])
+def test_an_edge_spec_is_accepted(installed: Cluster, namespace: str, what: str, patch: dict[str, Any]) -> None:
+    installed.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-",
+                      input=manifest("edge", merged(minimal_spec(), patch)))
 
 
 def test_kubectl_explain_prints_the_field_descriptions(installed: Cluster) -> None:

@@ -89,6 +89,23 @@ INVALID_SPECS: tuple[Case, ...] = (
     Case("no prefill groups in a running pool",
          {"prefill": {"replicas": 0}},
          "spec.prefill.replicas", "prefill.replicas must be at least 1 unless the pool is paused"),
+    Case("decode outside the ratio band",
+         {"prefill": {"replicas": 4}, "decode": {"replicas": 1},
+          "scaling": {"ratio": {"minDecodePerPrefill": "0.5", "maxDecodePerPrefill": "2"}}},
+         "spec.decode.replicas", "decode.replicas per prefill.replicas must lie within scaling.ratio"),
+    Case("decode a tenth short of the band",
+         {"prefill": {"replicas": 10}, "decode": {"replicas": 2},
+          "scaling": {"ratio": {"minDecodePerPrefill": "0.21", "maxDecodePerPrefill": "2"}}},
+         "spec.decode.replicas", "decode.replicas per prefill.replicas must lie within scaling.ratio"),
+    Case("a ratio band upside down",
+         {"scaling": {"ratio": {"minDecodePerPrefill": "3", "maxDecodePerPrefill": "2"}}},
+         "spec.scaling.ratio.maxDecodePerPrefill", "minDecodePerPrefill must not exceed maxDecodePerPrefill"),
+    Case("a ratio band from zero",
+         {"scaling": {"ratio": {"minDecodePerPrefill": "0", "maxDecodePerPrefill": "2"}}},
+         "spec.scaling.ratio.minDecodePerPrefill", "minDecodePerPrefill must be above 0"),
+    Case("a ratio as a fraction",
+         {"scaling": {"ratio": {"minDecodePerPrefill": "1/2", "maxDecodePerPrefill": "2"}}},
+         "spec.scaling.ratio.minDecodePerPrefill", "should match"),
     Case("bootstrap port above 65535",
          {"prefill": {"bootstrapPort": 70000}},
          "spec.prefill.bootstrapPort", "less than or equal to 65535"),
@@ -209,6 +226,24 @@ def test_every_other_sglang_parser_leaves_the_chat_template_in_charge() -> None:
                      if chat_encoding.resolve_chat_encoding_spec(
                          hf_config=llama, tokenizer=templated, tool_call_parser=parser) is not None}
     assert with_encoding == set(BUILT_IN_ENCODING_OF_PARSER)
+
+
+# Specs at the edge of a rule that a careless check would refuse: every one must be accepted by both sides.
+EDGE_SPECS: tuple[tuple[str, dict[str, Any]], ...] = (
+    # 0.3 * 10 is 3.0000000000000004 in floating point: the band's CEL compares whole hundredths.
+    ("decode exactly at a band of 0.3 per prefill", {"prefill": {"replicas": 10}, "decode": {"replicas": 3},
+                                                      "scaling": {"ratio": {"minDecodePerPrefill": "0.3",
+                                                                            "maxDecodePerPrefill": "0.3"}}}),
+    ("outside the band while paused", {"paused": True, "prefill": {"replicas": 4}, "decode": {"replicas": 0},
+                                       "scaling": {"ratio": {"minDecodePerPrefill": "1",
+                                                             "maxDecodePerPrefill": "2"}}}),
+)
+
+
+@pytest.mark.parametrize(("what", "patch"), EDGE_SPECS, ids=[what for what, _ in EDGE_SPECS])
+def test_an_edge_spec_is_accepted(what: str, patch: dict[str, Any]) -> None:
+    assert validate({"apiVersion": "pdfleet.dev/v1alpha1", "kind": "InferencePool", "metadata": {"name": "p"},
+                     "spec": merged(minimal_spec(), patch)}) == []
 
 
 def test_the_table_has_at_least_twenty_distinct_cases() -> None:

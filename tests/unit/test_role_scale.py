@@ -134,3 +134,41 @@ def test_one_round_of_writes_settles_both_sides() -> None:
                               or body["metadata"]["generation"]}
     assert current_pool["spec"]["decode"]["replicas"] == 3
     assert role_scale.plan(current_pool, list(stored.values())) == role_scale.RoleScalePlan()
+
+
+def banded(on_scale: str, **kwargs: Any) -> Body:
+    body = pool(**kwargs)
+    body["spec"]["scaling"] = {"ratio": {"minDecodePerPrefill": "1", "maxDecodePerPrefill": "2", "onScale": on_scale}}
+    return body
+
+
+def test_a_scale_out_of_the_ratio_band_moves_the_other_role_with_it_and_says_so() -> None:
+    plan = role_scale.plan(banded("Follow", prefill=1, decode=2), [role_object(6, generation=2, observed=1)])
+    assert plan.pool_change is not None
+    stored = spec_change.apply(banded("Follow", prefill=1, decode=2), plan.pool_change)["spec"]
+    assert (stored["prefill"]["replicas"], stored["decode"]["replicas"]) == (3, 6)
+    [step] = plan.steps
+    assert "prefill follows decode to 3" in step.status["message"]  # type: ignore[index]
+    [event] = plan.events
+    assert "prefill follows decode to 3" in event.message
+
+
+def test_a_clamped_scale_is_cut_to_the_band_and_written_back_to_the_inference_pool_role() -> None:
+    before = banded("Clamp", prefill=2, decode=2)
+    plan = role_scale.plan(before, [role_object(6, generation=2, observed=1)])
+    assert plan.pool_change is not None
+    after = spec_change.apply(before, plan.pool_change)
+    assert (after["spec"]["prefill"]["replicas"], after["spec"]["decode"]["replicas"]) == (2, 4)
+    [step] = plan.steps
+    assert "decode clamped to 4" in step.status["message"]  # type: ignore[index]
+    # The InferencePoolRole still asks for 6; its scale was seen, so the next plan writes the pool's 4 back.
+    [step] = role_scale.plan(after, [role_object(6, generation=2, observed=2)]).steps
+    assert step.replicas == 4
+
+
+def test_a_paused_pool_holds_no_band() -> None:
+    plan = role_scale.plan(banded("Follow", prefill=1, decode=2, paused=True),
+                           [role_object(9, generation=2, observed=1)])
+    assert plan.pool_change is not None
+    stored = spec_change.apply(banded("Follow", prefill=1, decode=2, paused=True), plan.pool_change)["spec"]
+    assert (stored["prefill"]["replicas"], stored["decode"]["replicas"]) == (1, 9)
