@@ -1,6 +1,7 @@
 """A role as a scale target, on the real control plane: `kubectl scale` on an InferencePoolRole, a change to the
 pool's replicas written back, a HorizontalPodAutoscaler run by the real kube-controller-manager moving a role
-through the scale subresource, and a scale the pool cannot take refused and said."""
+through the scale subresource, a scale the pool cannot take refused and said, and a role scaled down and up under
+client load through the real router without a failed request."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.test_rollout_under_load_e2e import client_load
+from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.pools import example
@@ -106,3 +109,46 @@ def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool
                     "-p", '{"spec": {"decode": {"scaleTarget": false}}}')
     wait_for("the InferencePoolRole removed", lambda: _role(cluster, namespace) is None or None, timeout=60)
     assert _pool(cluster, namespace)["spec"]["decode"]["replicas"] == 2
+
+
+LOADED = "scaledload"
+
+
+def _settled(cluster: Cluster, namespace: str, decode: int, url: str, key: str) -> bool:
+    """`decode` decode groups, every engine pod Ready, and the router sending to exactly those engines."""
+    status = fleet.pool(cluster, namespace, LOADED).get("status") or {}
+    pods = fleet.engine_pods(cluster, namespace, LOADED)
+    if status.get("decode", {}).get("desired") != decode or len(pods) != 2 + decode \
+            or not all(fleet.is_ready(p) for p in pods):
+        return False
+    port = fleet.pool(cluster, namespace, LOADED)["spec"]["decode"]["port"]
+    engines = {f"http://{p['status']['podIP']}:{port}" for p in pods}
+    return {w["url"] for w in fleet.workers(url, key) or []} == engines
+
+
+def test_a_role_scaled_down_and_up_under_load_fails_no_request(
+    cluster: Cluster, operator: OperatorProcess, namespace: str
+) -> None:
+    """The decode role of a 2+2 pool serving short and long requests (seconds each, so the group that goes holds
+    some) through the real router is scaled to 1 and back to 2 through its InferencePoolRole."""
+    fleet.apply_pool(cluster, namespace, LOADED, decode={"scaleTarget": True})
+    fleet.wait_ready(cluster, namespace, LOADED, timeout=240)
+    url = fleet.router_url(cluster, namespace, LOADED, workers=4)
+    key = fleet.router_key(cluster, namespace, LOADED)
+    role = f"{LOADED}-decode"
+    with client_load(url) as (load, long):
+        wait_for("the load flowing", lambda: load.tally.ok >= 40 and long.tally.ok >= 2, timeout=60)
+        cluster.kubectl("scale", "inferencepoolrole", role, "-n", namespace, "--replicas=1")
+        wait_for("one decode group left, and the router sending only to what is left",
+                 lambda: _settled(cluster, namespace, 1, url, key), timeout=180, interval=0.5)
+        after_down = load.tally.ok
+        cluster.kubectl("scale", "inferencepoolrole", role, "-n", namespace, "--replicas=2")
+        wait_for("two decode groups again, both in the router's rotation",
+                 lambda: _settled(cluster, namespace, 2, url, key), timeout=180, interval=0.5)
+        wait_for("requests served after the scale-up", lambda: load.tally.ok >= after_down + 40, timeout=60)
+    summary = (load.tally.summary(), long.tally.summary(), fleet.event_lines(cluster, namespace))
+    assert load.tally.failed == 0 and long.tally.failed == 0, summary
+    assert load.tally.in_flight == long.tally.in_flight == 0, summary
+    assert long.tally.ok >= 4, summary
+    scaled = [e["message"] for e in fleet.events(cluster, namespace, LOADED, "Scaled")]
+    assert any("decode from 2 to 1" in m for m in scaled) and any("decode from 1 to 2" in m for m in scaled), scaled
