@@ -25,8 +25,9 @@ from pdfleet.operator.kube.detached import Detached
 from pdfleet.operator.kube.router_keys import RouterKeys
 from pdfleet.operator.kube.slots import Slots
 from pdfleet.operator.planning import reconcile, refusals, restarts
+from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.groups import Expectations
-from pdfleet.operator.planning.plan import Event, ObjectRef
+from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.spec_change import SpecChange
@@ -43,6 +44,11 @@ MAX_IN_FLIGHT = 32  # concurrent API writes of one operator, across all pools
 EVENTS_IN_FLIGHT = 8  # Events posted at once in the background, across all pools
 
 EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then never will (client-go: 5 min)
+
+# Seconds between a pool's status writes that only say progress (`status.news`: no phase, condition or revision
+# moves; a group Ready, then the next): a new pool's groups become Ready one by one within a second or two, and
+# each was a status write, an echo and a reconcile. Anything else is written at once.
+STATUS_PAUSE = 1.0
 
 
 # What the operator last judged of a pool's engine groups' ranks, by group name (`engines.monitor`).
@@ -66,7 +72,8 @@ class Controller:
                  health: HealthView = _no_health, agents: EngineClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
                  engines: EnginesView = _no_engines, background_events: bool = False,
-                 router_keys: RouterKeys | None = None, renders: Renders | None = None) -> None:
+                 router_keys: RouterKeys | None = None, renders: Renders | None = None,
+                 status_pause: float = 0.0) -> None:
         self._client = client
         self.router_keys = router_keys or RouterKeys(client)
         self._cache = cache
@@ -89,6 +96,9 @@ class Controller:
         # status), reused while they are unchanged: most reconciles see a spec they have seen before.
         # (Shared with the health monitor, whose polls read the same specs and statuses.)
         self._renders = renders if renders is not None else Renders()
+        # Progress-only status writes wait until `status_pause` seconds after the pool's last (needs `requeue`).
+        self._status_pause = status_pause
+        self._status_at: dict[PoolKey, float] = {}
         # background_events: a reconcile's Events are posted after it, so the worker is free for the next pool
         # sooner (in a burst of new pools, a tenth of a first reconcile was waiting for its Events).
         self._events = Detached(EVENTS_IN_FLIGHT) if background_events else None
@@ -98,6 +108,7 @@ class Controller:
         self._applied.pop(key, None)
         self._deleting.pop(key, None)
         self._summaries.pop(key, None)
+        self._status_at.pop(key, None)
         self._renders.forget(*key)
         self.router_keys.forget(*key)
         self._export_summaries()
@@ -229,6 +240,7 @@ class Controller:
         for request in plan.capture:
             error = error or await _all(self._capture(pool, observed, request, apply))
         error = error or await _apply_tiers(plan.apply, apply, failed)
+        written = time.perf_counter()
         error = error or await _all(*(delete(ref) for ref in plan.delete))
         key_events: tuple[Event, ...] = ()
         if secret is not None:
@@ -257,10 +269,11 @@ class Controller:
         elif error is not None:
             await self._post_events(pool, events)
             raise error
-        if status is not None:
+        deferred = status is not None and not refused and self._deferred(key, pool, plan)
+        if status is not None and not deferred:
             await self._write_status(pool, status)
         events = await self._change_pool(key, pool, plan.pool_changes, events)
-        self._record_summary(key, status if status is not None else pool.get("status"))
+        self._record_summary(key, status if status is not None and not deferred else pool.get("status"))
         await self._post_events(pool, events)
         if error is not None:
             raise error  # what may pass on its own is retried with backoff, refusals or not
@@ -268,9 +281,12 @@ class Controller:
             self._requeue(key, plan.requeue_after)  # a restart backoff ends then; no event will say so
         if not plan.empty:
             done = time.perf_counter()
-            log.info("reconciled %s/%s: %d applied, %d deleted, status %s in %.0f ms (planning %.0f ms)", key[0],
-                     key[1], len(plan.apply), len(plan.delete), "written" if plan.status is not None else "unchanged",
-                     1000 * (done - started), 1000 * (planned - started), extra={"pool": key[1], "namespace": key[0]})
+            log.info("reconciled %s/%s: %d applied, %d deleted, status %s in %.0f ms (planning %.0f ms, objects "
+                     "%.0f ms)", key[0], key[1], len(plan.apply), len(plan.delete),
+                     "deferred" if deferred else "written" if plan.status is not None else "unchanged",
+                     1000 * (done - started),
+                     1000 * (planned - started), 1000 * (written - planned),
+                     extra={"pool": key[1], "namespace": key[0]})
         return "rejected" if plan.rejected else "refused" if refused else "success"
 
     async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
@@ -294,6 +310,19 @@ class Controller:
                                            f"captured evidence of group {request.group} ({request.verdict}) from "
                                            f"{len(pods)} pod(s) before restarting it: ConfigMap {name}"))
 
+    def _deferred(self, key: PoolKey, pool: Mapping[str, Any], plan: Plan) -> bool:
+        """Whether the plan's status waits: it only says progress, nothing else is to be done, and the pool's status
+        was written less than `status_pause` ago. The pool is then reconciled again when the pause ends, and that
+        reconcile writes what is true then."""
+        if not self._status_pause or self._requeue is None or plan.status is None or not plan.status_only or \
+                status_mod.news(pool.get("status"), plan.status):
+            return False
+        wait = self._status_at.get(key, -self._status_pause) + self._status_pause - time.monotonic()
+        if wait <= 0:
+            return False
+        self._requeue(key, wait)
+        return True
+
     async def _write_status(self, pool: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         meta = pool["metadata"]
         path = resources.object_path(pool) + "/status"
@@ -301,6 +330,7 @@ class Controller:
         # computed from a stale pool is refused (409) and recomputed, never written over newer news.
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
         stored = await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        self._status_at[(meta["namespace"], meta["name"])] = time.monotonic()
         if isinstance(stored, dict) and stored.get("metadata", {}).get("resourceVersion"):
             self._written[(meta["namespace"], meta["name"])] = (meta["resourceVersion"], stored)
 

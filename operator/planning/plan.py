@@ -68,6 +68,12 @@ class Plan:
     analyses: tuple[Analysis, ...] = ()
 
     @property
+    def status_only(self) -> bool:
+        """Nothing to do but write the status: no object, no Event, no restart, no change to the pool."""
+        return not (self.apply or self.delete or self.events or self.capture or self.pool_changes or self.restarted
+                    or self.analyses or self.rejected)
+
+    @property
     def empty(self) -> bool:
         return not (self.apply or self.delete or self.status is not None or self.events or self.capture
                     or self.pool_changes)

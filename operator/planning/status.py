@@ -71,3 +71,17 @@ def wire(status: InferencePoolStatus) -> Body:
 def changed(new: InferencePoolStatus, raw_previous: Mapping[str, Any] | None) -> bool:
     """Compares in the wire form the apiserver stores, so defaults and ordering cannot cause a write."""
     return wire(new) != wire(parse_status(raw_previous)) or raw_previous is None
+
+
+def news(raw_previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether a new status (wire form) says something a reader waits for, beyond progress: its phase, the
+    generation or revisions it speaks of, or any condition's status or reason. Counts, messages and the groups'
+    details alone are progress (a group Ready, then the next): the executor may coalesce those writes."""
+    before = raw_previous or {}
+    if any(before.get(k) != new.get(k) for k in ("phase", "observedGeneration", "currentRevision", "updateRevision")):
+        return True
+
+    def said(status: Mapping[str, Any]) -> set[tuple[Any, Any, Any]]:
+        return {(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []}
+
+    return said(before) != said(new)

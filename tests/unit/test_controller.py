@@ -382,3 +382,46 @@ async def test_a_new_pools_pods_do_not_wait_for_its_router_key_but_its_router_do
     assert [(w.verb, w.code) for w in kube.take_writes() if w.kind == "Secret"] == [("create", 409)]
     await fresh.reconcile(KEY)
     assert kube.get("Secret", "ns", "tiny-router-key")["data"] == kept["data"]  # type: ignore[index]
+
+
+async def test_progress_alone_is_written_at_most_once_a_pause_and_news_at_once() -> None:
+    """With a status pause, a status that only says progress (one more group Ready) waits until the pause after
+    the pool's last status write ends, and the pool is queued again then; a status that says news (a phase or a
+    condition moves) is written at once."""
+    kube = FakeKube()
+    kube.seed(pool_body(decode=2))
+    requeued: list[tuple[tuple[str, str], float]] = []
+    controller = Controller(client=kube, cache=kube.cache(), requeue=lambda k, d: requeued.append((k, d)),
+                            status_pause=30.0)
+    await controller.reconcile(KEY)  # the first status: news (observedGeneration, Accepted)
+    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
+    await controller.reconcile(KEY)  # its pods now seen: Progressing, news
+    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
+    before = pool(kube)["status"]
+
+    kube.run_pod("ns", "tiny-decode-0-0", ip="127.1.0.2")  # one group Ready of three: progress only
+    await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "status") == [], "progress waits for the pause"
+    assert requeued and requeued[-1][0] == KEY and 0 < requeued[-1][1] <= 30.0
+    assert pool(kube)["status"] == before
+
+    kubelet_runs_everything(kube)  # every group Ready and the router available: Ready, news
+    await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
+    assert pool(kube)["status"]["phase"] == "Ready"
+    assert pool(kube)["status"]["decode"]["ready"] == 2
+
+
+def test_news_is_a_phase_a_generation_a_revision_or_a_condition_moving() -> None:
+    from pdfleet.operator.planning.status import news
+    base = {"phase": "Progressing", "observedGeneration": 1, "updateRevision": "a",
+            "conditions": [{"type": "Ready", "status": "False", "reason": "GroupsNotReady", "message": "1/4"}],
+            "decode": {"ready": 1}}
+    assert not news(base, {**base, "decode": {"ready": 2}})
+    assert not news(base, {**base, "conditions": [{**base["conditions"][0], "message": "2/4"}]})
+    assert news(base, {**base, "phase": "Ready"})
+    assert news(base, {**base, "observedGeneration": 2})
+    assert news(base, {**base, "updateRevision": "b"})
+    assert news(base, {**base, "conditions": [{**base["conditions"][0], "status": "True"}]})
+    assert news(base, {**base, "conditions": [*base["conditions"], {"type": "Degraded", "status": "False"}]})
+    assert news(None, base)
