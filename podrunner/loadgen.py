@@ -163,8 +163,9 @@ class Phase:
         ms = ("-" if s["p50_ms"] is None else f"{s['p50_ms']:.0f}ms", "-" if s["p99_ms"] is None
               else f"{s['p99_ms']:.0f}ms")
         reasons = ", ".join(f"{k} x{n}" for k, n in self.tally.failures.most_common(3))
-        return (f"{self.step!s:>16}  sent {s['sent']} ({s['sent_per_s']}/s)  ok {s['ok']}  failed {s['failed']}  "
-                f"p50 {ms[0]}  p99 {ms[1]}" + (f"  ({reasons})" if reasons else ""))
+        waiting = f"  in flight {s['in_flight']}" if s["in_flight"] else ""
+        return (f"{self.step!s:>16}  sent {s['sent']} ({s['sent_per_s']}/s)  ok {s['ok']}  failed {s['failed']}"
+                f"{waiting}  p50 {ms[0]}  p99 {ms[1]}" + (f"  ({reasons})" if reasons else ""))
 
 
 class BadAnswer(Exception):

@@ -90,6 +90,10 @@ class PrefillBatches:
 
     async def _run(self) -> None:
         while self._waiting:
+            # A waiter cancelled a moment ago may not have taken itself out yet: it is no part of a batch.
+            self._waiting = collections.deque(p for p in self._waiting if not p.done.done())
+            if not self._waiting:
+                break
             n = take_batch([p.tokens for p in self._waiting], self._max_tokens)
             self._batch = [self._waiting.popleft() for _ in range(n)]
             for prompt in self._batch:

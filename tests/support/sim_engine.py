@@ -7,7 +7,9 @@ import dataclasses
 import os
 import signal
 import subprocess
+import sys
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -106,16 +108,74 @@ def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
 
 
 @contextlib.contextmanager
-def pd_pair(tmp: Path) -> Iterator[tuple[SimEngine, SimEngine]]:
-    """A simulated prefill and decode engine (TP 1 each), healthy, stopped on exit."""
-    engines = (start(tmp, "prefill", tp=1), start(tmp, "decode", tp=1))
+def serving(engines: dict[str, SimEngine]) -> Iterator[dict[str, SimEngine]]:
+    """`engines` (started at once: each pays SGLang's import in parallel), once every one is healthy; all stopped
+    on exit, SIGTERM to all first (each exit takes seconds)."""
     try:
         deadline = time.monotonic() + STARTUP_S
-        for engine in engines:
+        for engine in engines.values():
             engine.wait_healthy(deadline)
         yield engines
     finally:
-        for engine in engines:
+        for engine in engines.values():
             engine.terminate()
-        for engine in engines:
+        for engine in engines.values():
             engine.stop()
+
+
+@contextlib.contextmanager
+def pd_pair(tmp: Path) -> Iterator[tuple[SimEngine, SimEngine]]:
+    """A simulated prefill and decode engine (TP 1 each), healthy, stopped on exit."""
+    with serving({"prefill": start(tmp, "prefill", tp=1), "decode": start(tmp, "decode", tp=1)}) as engines:
+        yield engines["prefill"], engines["decode"]
+
+
+ROUTER_STARTUP_S = 60.0
+
+
+@dataclasses.dataclass
+class Router:
+    port: int
+    metrics_port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _router_health(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return int(r.status) == 200
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def router(tmp: Path, prefill: SimEngine, decode: SimEngine) -> Iterator[Router]:
+    """The real sglang-router in PD mode on 127.0.0.1 in front of `prefill` and `decode`, answering /health;
+    stopped on exit."""
+    port, metrics = free_port(), free_port()
+    log_path = tmp / f"router-{port}.log"
+    with log_path.open("w") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+             "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
+             "--host", "127.0.0.1", "--port", str(port),
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)],
+            stdout=log, stderr=subprocess.STDOUT)
+        try:
+            def up() -> bool:
+                assert process.poll() is None, f"sglang-router exited: {log_path.read_text()[-2000:]}"
+                return _router_health(port)
+            until(up, time.monotonic() + ROUTER_STARTUP_S, "sglang-router answers /health", interval=0.2)
+            yield Router(port, metrics)
+        finally:
+            # The router drains on SIGTERM and has been seen to take over 10 s on a loaded machine; what is
+            # under test has been read by then, so a router that lingers is killed rather than failing teardown.
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(timeout=10)

@@ -5,9 +5,6 @@ engine on 127.0.0.1, requests sent through it, and its Prometheus port read thro
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 
@@ -16,16 +13,9 @@ import pytest
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.render.router import METRICS_PORT
 from tests.support import sim_engine
-from tests.support.operator_process import free_port
 from tests.support.sim_engine import SimEngine
 
-STARTUP_S = 60
 REQUESTS = 4
-
-
-def _get(url: str, timeout: float = 2.0) -> int:
-    with urllib.request.urlopen(url, timeout=timeout) as r:
-        return int(r.status)
 
 
 def _chat(port: int) -> None:
@@ -41,39 +31,10 @@ def routed_pair(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SimE
     """A PD pair behind a real router that has served REQUESTS chat requests; yields (prefill, decode, the
     router's metrics port)."""
     tmp = tmp_path_factory.mktemp("routed")
-    with sim_engine.pd_pair(tmp) as (prefill, decode):
-        port, metrics = free_port(), free_port()
-        log = (tmp / "router.log").open("w")
-        router = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-             "--prefill", f"http://127.0.0.1:{prefill.port}", str(prefill.bootstrap_port),
-             "--decode", f"http://127.0.0.1:{decode.port}", "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)],
-            stdout=log, stderr=subprocess.STDOUT)
-        try:
-            deadline = time.monotonic() + STARTUP_S
-            while True:
-                try:
-                    if _get(f"http://127.0.0.1:{port}/health") == 200:
-                        break
-                except OSError:
-                    pass
-                assert router.poll() is None, f"sglang-router exited: {(tmp / 'router.log').read_text()[-2000:]}"
-                assert time.monotonic() < deadline, "sglang-router did not answer /health"
-                time.sleep(0.2)
-            for _ in range(REQUESTS):
-                _chat(port)
-            yield prefill, decode, metrics
-        finally:
-            # The router drains on SIGTERM and has been seen to take over 10 s on a loaded machine; what is
-            # under test has been read by then, so a router that lingers is killed rather than failing teardown.
-            router.terminate()
-            try:
-                router.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                router.kill()
-                router.wait(timeout=10)
-            log.close()
+    with sim_engine.pd_pair(tmp) as (prefill, decode), sim_engine.router(tmp, prefill, decode) as router:
+        for _ in range(REQUESTS):
+            _chat(router.port)
+        yield prefill, decode, router.metrics_port
 
 
 async def test_the_router_says_what_it_saw_of_each_engine(routed_pair: tuple[SimEngine, SimEngine, int]) -> None:

@@ -61,16 +61,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimE
         "crash-later": sim_engine.start(tmp, "null", tp=1, env={"PDFLEET_SIM_FAULT": "crash",
                                                                  "PDFLEET_SIM_FAULT_AFTER_REQUESTS": "2"}),
     }
-    try:
-        deadline = time.monotonic() + sim_engine.STARTUP_S
-        for engine in started.values():
-            engine.wait_healthy(deadline)
+    with sim_engine.serving(started):
         yield started
-    finally:
-        for engine in started.values():
-            engine.terminate()
-        for engine in started.values():
-            engine.stop()
 
 
 def generate(engine: SimEngine, n: int, tokens: int = 4) -> httpx.Response:
