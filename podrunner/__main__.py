@@ -2,6 +2,7 @@
 
     python -m pdfleet.podrunner [--cluster-dir DIR] [--port N]
     pdfleet-sim load --url http://<router pod IP>:<port> ...     a client load through a pool's router
+    pdfleet-sim load --url ... --ramp 5:60:5 --ramp-seconds 180   ... on a schedule of rates, reported per phase
 """
 
 from __future__ import annotations

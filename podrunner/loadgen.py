@@ -32,6 +32,7 @@ import contextvars
 import dataclasses
 import itertools
 import json
+import math
 import os
 import signal
 import statistics
@@ -156,7 +157,8 @@ class Phase:
 
     def summary(self) -> dict[str, object]:
         per_s = round(self.tally.sent / self.elapsed_s, 2) if self.elapsed_s else None
-        return {"rate": self.step.rate, "seconds": self.step.seconds, "sent_per_s": per_s, **self.tally.summary()}
+        seconds = None if math.isinf(self.step.seconds) else self.step.seconds  # --rate without --duration
+        return {"rate": self.step.rate, "seconds": seconds, "sent_per_s": per_s, **self.tally.summary()}
 
     def line(self) -> str:
         s = self.summary()

@@ -153,6 +153,14 @@ def test_a_ramp_is_a_staircase_from_start_to_peak_and_down_to_end() -> None:
         loadgen.parse_ramp("5:60", 180, 15)
 
 
+def test_the_cli_refuses_a_bad_schedule_before_sending_anything(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in (["--steps", "5"], ["--ramp", "5:60"], ["--rate", "0"], ["--rate", "5", "--steps", "5x1"]):
+        with pytest.raises(SystemExit) as exited:
+            loadgen.main(["--url", "http://127.0.0.1:9", *bad])
+        assert exited.value.code == 2, bad
+    assert "RATExSECONDS" in capsys.readouterr().err
+
+
 @pytest.fixture
 async def server() -> AsyncIterator[str]:
     """A router stand-in with a capacity: requests beyond its SLOTS wait for one."""
