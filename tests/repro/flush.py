@@ -63,6 +63,7 @@ AGAIN_AT = 7
 # under the verdict's desyncAfter (2 s), so the straggle itself is never judged a Desync.
 TIMEOUT_S = 0.8
 SLOW_S = 1.2
+POLL_S = 1.0
 SLOW = "slow"  # the marker rank 0 broadcasts at SLOW_AT; the last rank's handler of it is the late work
 
 
@@ -93,7 +94,10 @@ def grammar_manager(scheduler: Any, group: Any, world: int) -> Any:
         scheduler=scheduler, server_args=None, grammar_queue=[], grammar_backend=grammar_backend(),
         _enable_strict_thinking=False, grammar_sync_group=group, grammar_sync_size=world,
         grammar_sync_entry=0, is_grammar_sync_entry=scheduler.tp_rank == 0, pp_rank=0, pp_size=1, pp_group=None,
-        grammar_pp_sync_work_list=[], SGLANG_GRAMMAR_POLL_INTERVAL=envs.SGLANG_GRAMMAR_POLL_INTERVAL.get(),
+        # SGLang polls a compiling grammar for up to this long before the all-gather (5 ms by default). The
+        # stand-in compiles at once, but on a loaded machine its executor thread can miss 5 ms and the request
+        # would be admitted an iteration later (on every rank alike); 1 s makes the iteration deterministic.
+        grammar_pp_sync_work_list=[], SGLANG_GRAMMAR_POLL_INTERVAL=POLL_S,
         SGLANG_GRAMMAR_MAX_POLL_ITERATIONS=envs.SGLANG_GRAMMAR_MAX_POLL_ITERATIONS.get(),
     )
     return manager
