@@ -213,11 +213,12 @@ class Controller:
             key_ = (obj["kind"], obj["metadata"]["name"])
             if secret is not None and obj["kind"] in _NEEDS_ROUTER_KEY:
                 await secret  # raises what the Secret's write raised: the Deployment is then not written
+            verb = "create" if obj["kind"] in _CREATED else "apply"
             try:
                 async with self._in_flight.held(first=obj["kind"] in _GATING):
-                    await self._client.apply(obj)
+                    await (self._client.create(obj) if verb == "create" else self._client.apply(obj))
             except KubeError as e:
-                if (retried := failure("apply", *key_, e)) is not None:
+                if (retried := failure(verb, *key_, e)) is not None:
                     raise retried from None
                 raise Refused from e
             applied[key_] = (stamp.applied_hash(obj) or "", time.monotonic())
@@ -373,6 +374,13 @@ class Controller:
             log.warning("could not post event %s for %s/%s: %s", event.reason, pool["metadata"]["namespace"],
                         pool["metadata"]["name"], e)
 
+
+# Kinds the planner only ever creates (an engine pod is never changed in place: a changed one is a new group), so
+# they are created, not applied. Server-side apply costs the apiserver far more (the managed-fields merge): a pool's
+# 18 objects, 30 pools at 2 a second, took 3.6 s applied against 0.6 s created on the loaded local cluster. A pod
+# that exists after all is refused (409) and the retry sees it. Kinds that are changed in place stay applied: a
+# field created by a plain create belongs to no apply, and a later apply that drops it would leave it behind.
+_CREATED = {"Pod"}
 
 # What a reconcile writes only once the router-key Secret holds the key it names (`RouterKeys.prepare`).
 _NEEDS_ROUTER_KEY = {"Deployment"}

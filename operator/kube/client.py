@@ -186,6 +186,7 @@ class KubeClient:
                 raise
 
     async def create(self, obj: Mapping[str, Any]) -> Body:
+        """Creates `obj`, recorded under pdfleet's field manager (a 409 when the name is taken)."""
         meta = obj["metadata"]
         path = resources.path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"))
-        return await self.request("POST", path, body=obj)
+        return await self.request("POST", path, body=obj, query={"fieldManager": FIELD_MANAGER})

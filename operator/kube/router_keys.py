@@ -39,11 +39,9 @@ class RouterKeys:
         self._new_key = new_key
         self._clock = clock
         self._known: dict[tuple[str, str], tuple[KeySet, float]] = {}  # (namespace, pool) -> keys, read at
-        self._taken: set[tuple[str, str]] = set()  # pools whose Secret a create found existing: read it first
 
     def forget(self, namespace: str, pool: str) -> None:
         self._known.pop((namespace, pool), None)
-        self._taken.discard((namespace, pool))
 
     async def ensure(self, pool: Mapping[str, Any], routers: Sequence[Body]) -> tuple[KeySet, bool]:
         """The pool's keys after making, rotating or pruning them as needed; True when a rotation began."""
@@ -56,22 +54,15 @@ class RouterKeys:
             -> tuple[KeySet, bool, Callable[[], Awaitable[None]] | None]:
         """The pool's keys as they should be, True when a rotation began, and the write that makes the Secret hold
         them (None when it does already). Nothing that refers to a new key (the router Deployment) may be written
-        before that write succeeded; the rest of a reconcile need not wait for it.
-
-        A pool no reconcile has written a status to, whose keys this process never held, has no Secret unless an
-        operator stopped between writing it and the pool's first status: its Secret is created without reading it
-        first (one request, not two, before a new pool's first router objects), and if the name is taken, it is
-        read on the next reconcile as usual."""
+        before that write succeeded; the rest of a reconcile need not wait for it. (A new pool's Secret is read
+        first all the same: one an operator stopped after writing holds the key its router pods may already have,
+        and applying over it, or creating it and applying later, would lose that or leave keys behind.)"""
         meta = pool["metadata"]
         where = (meta["namespace"], meta["name"])
         held = self._known.get(where)
         referenced = {k for p in routers if (k := router_secret.referenced_key(p, meta["name"]))}
-        create = held is None and where not in self._taken and \
-            (pool.get("status") or {}).get("observedGeneration") is None
         if held and self._clock() - held[1] < REFRESH_S:
             current: KeySet | None = held[0]
-        elif create:
-            current = None
         else:
             current = router_keys.recovered(await self._read(*where), held[0] if held else None, referenced)
         rotate = str((meta.get("annotations") or {}).get(router_keys.ROTATE_ANNOTATION, ""))
@@ -84,13 +75,7 @@ class RouterKeys:
             owner = RenderContext.of(dict(pool)).owner_reference()
             body = router_secret.secret(meta["name"], meta["namespace"], owner, keys=wanted.keys,
                                         current=wanted.current, handled=wanted.handled)
-            try:
-                await (self._client.create(body) if create else self._client.apply(body))
-            except KubeError as e:
-                if create and e.conflict:
-                    self._taken.add(where)  # it exists after all: read it next time
-                raise
-            self._taken.discard(where)
+            await self._client.apply(body)
             log.info("router keys of %s/%s: current %s, holding %s%s", *where, wanted.current,
                      ", ".join(sorted(wanted.keys)), " (rotated)" if rotated else "",
                      extra={"pool": meta["name"], "namespace": meta["namespace"]})

@@ -43,8 +43,8 @@ def what(writes: list[Write], verb: str | None = None) -> list[tuple[str, str]]:
 
 
 def objects_written(writes: list[Write]) -> list[tuple[str, str]]:
-    """The pool's objects written: applied, and its router-key Secret created (a new pool's) or applied."""
-    return [(w.kind, w.name) for w in writes if w.verb == "apply" or (w.verb, w.kind) == ("create", "Secret")]
+    """The pool's objects written: applied, or created (engine pods)."""
+    return [(w.kind, w.name) for w in writes if w.verb == "apply" or (w.verb == "create" and w.kind != "Event")]
 
 
 def pool(kube: FakeKube) -> Body:
@@ -80,18 +80,19 @@ async def test_a_new_pool_gets_exactly_the_planned_objects_then_one_status_then_
 
     writes = kube.take_writes()
     assert all(w.ok for w in writes), writes
-    # The router-key Secret is the executor's (its values are not the planner's to make): a new pool's is created
-    # (not applied over one an earlier operator may have made), alongside the planned objects.
-    assert what(writes, "create")[0] == SECRET
-    assert sorted(what(writes, "apply")) == sorted((o["kind"], o["metadata"]["name"]) for o in planned.apply)
+    # The router-key Secret is the executor's (its values are not the planner's to make), written alongside the
+    # planned objects. Engine pods are created (never changed in place), the rest applied.
+    assert sorted(objects_written(writes)) == sorted([SECRET, *((o["kind"], o["metadata"]["name"])
+                                                                for o in planned.apply)])
     assert sorted(objects_written(writes)) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
+    assert sorted(what(writes, "create")[:2]) == [("Pod", "tiny-decode-0-0"), ("Pod", "tiny-prefill-0-0")]
     # Objects, then status, then events; a RoleBinding only after the Role it binds, the router's Deployment only
     # after its ServiceAccount, RoleBinding and the Secret it takes its key from; engine pods and Services wait for
     # nothing, not even the Secret.
     verbs = [w.verb for w in writes]
-    assert sorted(verbs[:13]) == ["apply"] * 12 + ["create"]
+    assert sorted(verbs[:13]) == ["apply"] * 11 + ["create"] * 2
     assert verbs[13:] == ["status"] + ["create"] * len(planned.events)
-    order = what(writes, "apply")
+    order = objects_written(writes)
     sent = {(w.kind, w.name): w for w in writes}
     binding = sent[("RoleBinding", "tiny-router")]
     assert binding.started > max(sent[("Role", "tiny-router")].answered,
@@ -162,15 +163,17 @@ async def test_scaling_up_creates_only_the_new_groups_objects(kube: FakeKube) ->
     await controller.reconcile(KEY)
 
     writes = kube.take_writes()
-    assert sorted(what(writes, "apply")) == [("Pod", "tiny-decode-1-0")], "the role's Service already names it"
-    assert [e for e in what(writes, "create")] and all(kind == "Event" for kind, _ in what(writes, "create"))
+    assert objects_written(writes) == [("Pod", "tiny-decode-1-0")], "the role's Service already names it"
+    assert what(writes, "apply") == [], "a pod is created, not applied"
+    assert [e for e in what(writes, "create")] and \
+        [kind for kind, _ in what(writes, "create")] == ["Pod"] + ["Event"] * (len(what(writes, "create")) - 1)
 
 
 @pytest.mark.parametrize("status", [409, 500, 503])
 async def test_a_failed_write_retries_and_the_retry_writes_only_what_is_missing(kube: FakeKube,
                                                                               status: int) -> None:
     controller = executor(kube)
-    kube.fail("apply", kind="Pod", name="tiny-decode-0-0", status=status)
+    kube.fail("create", kind="Pod", name="tiny-decode-0-0", status=status)
 
     with pytest.raises(Retry):
         await controller.reconcile(KEY)
@@ -187,7 +190,7 @@ async def test_a_failed_write_retries_and_the_retry_writes_only_what_is_missing(
     await controller.reconcile(KEY)
 
     writes = kube.take_writes()
-    assert what(writes, "apply") == [("Pod", "tiny-decode-0-0")]
+    assert objects_written(writes) == [("Pod", "tiny-decode-0-0")]
     assert what(writes, "status") == [("InferencePool", "tiny")]
     assert [e["reason"] for e in kube.of_kind("Event", "ns") if "tiny-decode-0" in e["message"]] == ["GroupCreated"]
 
@@ -356,72 +359,24 @@ async def test_the_pools_echo_of_its_own_status_write_is_told_from_news(kube: Fa
 
 async def test_a_new_pools_pods_do_not_wait_for_its_router_key_but_its_router_does(kube: FakeKube) -> None:
     """The Secret's write goes out with the engine objects: when it fails, they are written anyway, the router's
-    Deployment (whose pods take their key from it) is not, and the retry reads the Secret first if it exists."""
-    kube.fail("create", kind="Secret", status=500, times=1)
+    Deployment (whose pods take their key from it) is not, and the retry writes the Secret, then the Deployment."""
+    kube.fail("apply", kind="Secret", status=500, times=1)
     controller = executor(kube)
     with pytest.raises(Retry):
         await controller.reconcile(KEY)
     writes = kube.take_writes()
-    assert set(GROUP_OBJECTS) <= set(what(writes, "apply"))
-    assert ("Deployment", "tiny-router") not in what(writes, "apply")
+    assert set(GROUP_OBJECTS) <= set(objects_written(writes))
+    assert ("Deployment", "tiny-router") not in objects_written(writes)
     assert what(writes, "status") == [], "nothing is said of a reconcile that failed"
 
     await controller.reconcile(KEY)
-    writes = kube.take_writes()
-    assert what(writes, "create")[0] == SECRET
-    assert ("Deployment", "tiny-router") in what(writes, "apply")
+    sent = {(w.kind, w.name): w for w in kube.take_writes()}
+    assert sent[SECRET].ok and sent[("Deployment", "tiny-router")].started > sent[SECRET].answered
 
-    # An operator that stopped after making the Secret, before the pool's first status: the next one's create
-    # finds the name taken, reads the Secret and keeps its key, which router pods may already hold.
+    # An operator that stopped after making the Secret, before the pool's first status: the next one reads the
+    # Secret and keeps its key, which router pods may already hold.
     kept = kube.get("Secret", "ns", "tiny-router-key")
     assert kept is not None
     kube.update("InferencePool", *KEY, lambda p: p.pop("status", None))
-    fresh = executor(kube)
-    with pytest.raises(Retry):
-        await fresh.reconcile(KEY)
-    assert [(w.verb, w.code) for w in kube.take_writes() if w.kind == "Secret"] == [("create", 409)]
-    await fresh.reconcile(KEY)
+    await executor(kube).reconcile(KEY)
     assert kube.get("Secret", "ns", "tiny-router-key")["data"] == kept["data"]  # type: ignore[index]
-
-
-async def test_progress_alone_is_written_at_most_once_a_pause_and_news_at_once() -> None:
-    """With a status pause, a status that only says progress (one more group Ready) waits until the pause after
-    the pool's last status write ends, and the pool is queued again then; a status that says news (a phase or a
-    condition moves) is written at once."""
-    kube = FakeKube()
-    kube.seed(pool_body(decode=2))
-    requeued: list[tuple[tuple[str, str], float]] = []
-    controller = Controller(client=kube, cache=kube.cache(), requeue=lambda k, d: requeued.append((k, d)),
-                            status_pause=30.0)
-    await controller.reconcile(KEY)  # the first status: news (observedGeneration, Accepted)
-    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
-    await controller.reconcile(KEY)  # its pods now seen: Progressing, news
-    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
-    before = pool(kube)["status"]
-
-    kube.run_pod("ns", "tiny-decode-0-0", ip="127.1.0.2")  # one group Ready of three: progress only
-    await controller.reconcile(KEY)
-    assert what(kube.take_writes(), "status") == [], "progress waits for the pause"
-    assert requeued and requeued[-1][0] == KEY and 0 < requeued[-1][1] <= 30.0
-    assert pool(kube)["status"] == before
-
-    kubelet_runs_everything(kube)  # every group Ready and the router available: Ready, news
-    await controller.reconcile(KEY)
-    assert what(kube.take_writes(), "status") == [("InferencePool", "tiny")]
-    assert pool(kube)["status"]["phase"] == "Ready"
-    assert pool(kube)["status"]["decode"]["ready"] == 2
-
-
-def test_news_is_a_phase_a_generation_a_revision_or_a_condition_moving() -> None:
-    from pdfleet.operator.planning.status import news
-    base = {"phase": "Progressing", "observedGeneration": 1, "updateRevision": "a",
-            "conditions": [{"type": "Ready", "status": "False", "reason": "GroupsNotReady", "message": "1/4"}],
-            "decode": {"ready": 1}}
-    assert not news(base, {**base, "decode": {"ready": 2}})
-    assert not news(base, {**base, "conditions": [{**base["conditions"][0], "message": "2/4"}]})
-    assert news(base, {**base, "phase": "Ready"})
-    assert news(base, {**base, "observedGeneration": 2})
-    assert news(base, {**base, "updateRevision": "b"})
-    assert news(base, {**base, "conditions": [{**base["conditions"][0], "status": "True"}]})
-    assert news(base, {**base, "conditions": [*base["conditions"], {"type": "Degraded", "status": "False"}]})
-    assert news(None, base)

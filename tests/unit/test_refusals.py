@@ -150,7 +150,7 @@ async def test_a_refused_write_shows_in_status_and_one_event_in_the_same_reconci
 async def test_a_refusal_with_a_retryable_failure_is_reported_and_retried(kube: FakeKube) -> None:
     controller = Controller(client=kube, cache=kube.cache())
     kube.fail("apply", kind="Service", name="tiny-router", status=403, times=5)
-    kube.fail("apply", kind="Pod", name="tiny-decode-0-0", status=503)
+    kube.fail("create", kind="Pod", name="tiny-decode-0-0", status=503)
 
     with pytest.raises(Retry):
         await controller.reconcile(KEY)
