@@ -132,9 +132,11 @@ async def change_rollout(reader: PoolReader, command: str, out: TextIO, to_revis
 
 async def show_status(reader: PoolReader, out: TextIO) -> int:
     pool = await reader.pool()
-    pods, events, evidence = await asyncio.gather(reader.pods(), reader.warnings(), reader.evidence())
+    pods, events, evidence, targets = await asyncio.gather(reader.pods(), reader.warnings(), reader.evidence(),
+                                                           reader.scale_targets())
     now = datetime.datetime.now(datetime.UTC)
-    for line in report.status_lines(pool, pods=pods, events=events, evidence=evidence, now=now):
+    for line in report.status_lines(pool, pods=pods, events=events, evidence=evidence, scale_targets=targets,
+                                    now=now):
         print(line, file=out)
     return 0
 

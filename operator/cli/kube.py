@@ -11,6 +11,7 @@ from typing import Any
 
 from kubernetes_asyncio import config as k8s_config
 
+from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.meta import API_VERSION, KIND
 from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError, load_configuration
@@ -105,6 +106,18 @@ class PoolReader:
         selector = f"{labels.POOL}={self.name},{EVIDENCE}=true"
         return (await self._get(self._list_path("v1", "ConfigMap"), "the evidence ConfigMaps",
                                 {"labelSelector": selector})).get("items") or []
+
+    async def scale_targets(self) -> list[Body]:
+        """The pool's InferencePoolRoles; none where their CRD is not installed (an older pdfleet's cluster)."""
+        selector = ",".join(f"{k}={v}" for k, v in labels.selector(self.name).items())
+        try:
+            found = await self.client.request("GET", self._list_path(API_VERSION, role_scale.KIND),
+                                              query={"labelSelector": selector}, timeout=REQUEST_TIMEOUT)
+        except KubeError as e:
+            if e.status == 404:
+                return []
+            raise self._error(e, "the InferencePoolRoles") from None
+        return found.get("items") or []
 
     async def change(self, pool: Body, change: SpecChange) -> Body | None:
         """Patches the pool as read (guarded by its generation): the pool as stored, or None when its spec

@@ -240,10 +240,33 @@ def _table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
     return [indent + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
+def scale_target_line(pool: Mapping[str, Any], role: Role, targets: Sequence[Mapping[str, Any]]) -> str | None:
+    """A role's InferencePoolRole, when the role is a scale target: what it asks and what the operator said."""
+    if not ((pool.get("spec") or {}).get(str(role)) or {}).get("scaleTarget"):
+        return None
+    found = next((t for t in targets if (t.get("spec") or {}).get("role") == str(role)), None)
+    if found is None:
+        return "  scale target: its InferencePoolRole is not there yet"
+    status = found.get("status") or {}
+    said = f"; {status['message']}" if status.get("message") else ""
+    return (f"  scale target: InferencePoolRole {found['metadata']['name']} asks {found['spec']['replicas']} "
+            f"group(s){said}")
+
+
+def band_line(pool: Mapping[str, Any]) -> str | None:
+    ratio = ((pool.get("spec") or {}).get("scaling") or {}).get("ratio")
+    if not ratio:
+        return None
+    return (f"Ratio band: {ratio['minDecodePerPrefill']} to {ratio['maxDecodePerPrefill']} decode group(s) per "
+            f"prefill group, a scale outside it: {ratio.get('onScale', 'Follow')}")
+
+
 def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: Sequence[Mapping[str, Any]] = (),
-                 evidence: Sequence[Mapping[str, Any]] = (), now: datetime.datetime) -> list[str]:
-    """`pdfleet status`: phase, revisions, per role its groups, the conditions that are not fine, and the last
-    incident. `pods` give each group's Ready pods (the status has no per-group readiness)."""
+                 evidence: Sequence[Mapping[str, Any]] = (), scale_targets: Sequence[Mapping[str, Any]] = (),
+                 now: datetime.datetime) -> list[str]:
+    """`pdfleet status`: phase, revisions, per role its groups (and its InferencePoolRole when it is a scale
+    target), the conditions that are not fine, and the last incident. `pods` give each group's Ready pods (the
+    status has no per-group readiness)."""
     status = read_status(pool)
     state = rollout(pool)
     current = status.current_revision or "-"
@@ -256,11 +279,15 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
                      f"{back.to_revision} ({back.cause}: {back.message})")
     by_group = pods_by_group(list(pods))
     wanted = role_revisions(pool, status)
+    if (band := band_line(pool)) is not None:
+        lines.append(band)
     for role in Role:
         counts = status.prefill if role is Role.PREFILL else status.decode
         extra = f", {counts.surge} surge group(s) above replicas (maxSurge)" if counts.surge else ""
         lines.append(f"{role.capitalize()}: {counts.ready}/{counts.desired} ready, {counts.updated} updated "
                      f"(verified at the update revision){extra}")
+        if (target := scale_target_line(pool, role, scale_targets)) is not None:
+            lines.append(target)
         groups = [g for g in status.groups if g.role is role]
         if not groups:
             lines.append("  (no groups)")

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.integration.test_cli_e2e import pdfleet
 from tests.integration.test_rollout_under_load_e2e import client_load
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
@@ -71,6 +72,8 @@ def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool
     reasons = [e["reason"] for e in cluster.get("events", "-n", namespace, "--field-selector",
                                                 "involvedObject.kind=InferencePool")["items"]]
     assert "RoleScaled" in reasons and "Scaled" in reasons
+    shown = pdfleet(cluster, "status", POOL, "-n", namespace)
+    assert f"  scale target: InferencePoolRole {ROLE} asks 2 group(s)" in shown.stdout.splitlines(), shown.stdout
 
     # A person's edit of the pool's replicas is written back into the InferencePoolRole.
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge",
@@ -85,8 +88,12 @@ def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool
     hpa["spec"]["scaleTargetRef"]["name"] = ROLE
     assert hpa["spec"]["minReplicas"] == 2
     cluster.kubectl("apply", "-f", "-", input=json.dumps(hpa))
-    wait_for("the HPA's minimum reached through the scale subresource", lambda: _serving(cluster, namespace, 2),
-             timeout=150)
+    try:
+        wait_for("the HPA's minimum reached through the scale subresource", lambda: _serving(cluster, namespace, 2),
+                 timeout=240)
+    except AssertionError as e:
+        raise AssertionError(f"{e}\nHPA: {cluster.get('hpa', ROLE, '-n', namespace).get('status')}\npool: "
+                             f"{_pool(cluster, namespace).get('status')}\nrole: {_role(cluster, namespace)}") from None
     seen = cluster.get("hpa", ROLE, "-n", namespace).get("status") or {}
     assert seen.get("desiredReplicas") == 2, seen
     cluster.kubectl("delete", "hpa", ROLE, "-n", namespace)

@@ -209,3 +209,21 @@ def test_the_newest_evidence_configmap_is_named() -> None:
 @pytest.mark.parametrize(("seconds", "text"), [(5, "5s"), (90, "1m"), (7200, "2h"), (3 * 86400, "3d")])
 def test_ages_read_like_kubectl(seconds: int, text: str) -> None:
     assert report.age(NOW - datetime.timedelta(seconds=seconds), NOW) == text
+
+
+def test_status_shows_a_roles_inference_pool_role_and_the_ratio_band() -> None:
+    pool = recorded(verifying_cluster())
+    pool["spec"]["decode"]["scaleTarget"] = True
+    pool["spec"]["prefill"]["scaleTarget"] = True
+    pool["spec"]["scaling"] = {"ratio": {"minDecodePerPrefill": "1", "maxDecodePerPrefill": "2", "onScale": "Clamp"}}
+    target = {"metadata": {"name": "tiny-decode"}, "spec": {"pool": "tiny", "role": "decode", "replicas": 3},
+              "status": {"message": "decode clamped to 2 group(s) beside prefill at 1"}}
+    lines = report.status_lines(pool, scale_targets=[target], now=NOW)
+    assert "Ratio band: 1 to 2 decode group(s) per prefill group, a scale outside it: Clamp" in lines
+    decode = lines.index(next(line for line in lines if line.startswith("Decode: ")))
+    assert lines[decode + 1] == ("  scale target: InferencePoolRole tiny-decode asks 3 group(s); decode clamped to 2 "
+                                 "group(s) beside prefill at 1")
+    prefill = lines.index(next(line for line in lines if line.startswith("Prefill: ")))
+    assert lines[prefill + 1] == "  scale target: its InferencePoolRole is not there yet"
+    plain = report.status_lines(recorded(verifying_cluster()), now=NOW)
+    assert not any("scale target" in line or line.startswith("Ratio band") for line in plain)
