@@ -270,12 +270,13 @@ class Load:
         if not done or not chunks:
             raise BadAnswer("truncated stream")
 
-    async def _request(self, kind: str, tallies: Sequence[Tally]) -> bool:
-        """Send one request of `kind`, counted in each of `tallies`; whether it succeeded."""
+    async def _request(self, kind: str, tallies: Sequence[Tally], *, counted: bool = False) -> bool:
+        """Send one request of `kind`, counted in each of `tallies` (as sent already, if `counted`); whether it
+        succeeded."""
         senders: dict[str, Callable[[int], object]] = {
             "generate": self._generate, "chat": self._chat, "chat-stream": self._chat_stream}
         n = next(self._counter)
-        for tally in tallies:
+        for tally in () if counted else tallies:
             tally.sent += 1
         started = time.monotonic()
         try:
@@ -351,7 +352,10 @@ class Load:
                         with contextlib.suppress(TimeoutError):
                             await asyncio.wait_for(self._stop.wait(), due - time.monotonic())
                         continue
-                    task = asyncio.create_task(self._request(next(kinds), (self.tally, phase.tally)))
+                    # Counted as sent now: its task may start only after the phase was reported.
+                    self.tally.sent += 1
+                    phase.tally.sent += 1
+                    task = asyncio.create_task(self._request(next(kinds), (self.tally, phase.tally), counted=True))
                     in_flight.add(task)
                     task.add_done_callback(in_flight.discard)
                     k += 1

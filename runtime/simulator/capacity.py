@@ -8,6 +8,9 @@ takes longer, and time to first token grows with them.
 `decode_step_s`: one decode iteration makes a token for every running request; it takes the rank iteration, or
 longer once the batch is more than the decode throughput makes in one: inter-token latency grows with the batch.
 
+`Admission`: a request runs once a running-request slot is free and the KV pool has room for its prompt and the
+tokens it may generate, first come first served; until then it waits (SGLang's waiting queue), never refused.
+
 `Rate`: the tokens made per second over the last seconds, as SGLang's `gen_throughput` reports what its last
 decode batches made (not what a formula says they could).
 """
@@ -105,6 +108,62 @@ class PrefillBatches:
                 if not prompt.done.done():
                     prompt.done.set_result(None)
             self._batch, self._forward = [], None
+
+
+class Admission:
+    """`slots` running requests at most, holding `kv_tokens` of KV at most between them, granted in arrival order.
+
+    A request asks for its prompt plus its `max_new_tokens`: SGLang reserves room for the output it expects before
+    it admits a request (an estimate it adjusts; this reserves all of it, so a request once running always fits).
+    The first in line waits for room rather than letting later, smaller requests overtake it. A request larger
+    than the whole pool is admitted alone.
+    """
+
+    def __init__(self, slots: int, kv_tokens: int) -> None:
+        self.slots = max(1, slots)
+        self.kv_tokens = max(1, kv_tokens)
+        self.running = 0
+        self.reserved = 0
+        self._waiters: collections.deque[tuple[int, asyncio.Future[None]]] = collections.deque()
+
+    def _size(self, tokens: int) -> int:
+        return min(max(1, tokens), self.kv_tokens)
+
+    def _fits(self, size: int) -> bool:
+        return self.running < self.slots and self.reserved + size <= self.kv_tokens
+
+    async def acquire(self, tokens: int) -> None:
+        size = self._size(tokens)
+        if not self._waiters and self._fits(size):
+            self._take(size)
+            return
+        granted = asyncio.get_running_loop().create_future()
+        self._waiters.append((size, granted))
+        try:
+            await granted
+        except asyncio.CancelledError:
+            if granted.done() and not granted.cancelled():  # granted, but its request went away meanwhile
+                self.release(tokens)
+            else:
+                self._waiters = collections.deque(w for w in self._waiters if w[1] is not granted)
+                self._grant()  # it may have held back smaller requests behind it
+            raise
+
+    def release(self, tokens: int) -> None:
+        self.running -= 1
+        self.reserved -= self._size(tokens)
+        self._grant()
+
+    def _take(self, size: int) -> None:
+        self.running += 1
+        self.reserved += size
+
+    def _grant(self) -> None:
+        while self._waiters and self._fits(self._waiters[0][0]):
+            size, granted = self._waiters.popleft()
+            if not granted.done():
+                self._take(size)
+                granted.set_result(None)
 
 
 class Rate:

@@ -13,7 +13,8 @@ Timing knobs, all optional (`PDFLEET_SIM_*`):
     PDFLEET_SIM_IDLE_MS              one idle rank iteration                     (default 30)
     PDFLEET_SIM_MAX_RUNNING          running requests at most; more queue (FIFO) (default: the
                                      --max-running-requests given, else 64)
-    PDFLEET_SIM_MAX_TOTAL_TOKENS     the KV pool size it reports                 (default 262144)
+    PDFLEET_SIM_MAX_TOTAL_TOKENS     the KV pool: a request runs once it has room (default 262144)
+                                     for its prompt and output; token_usage is a share of it
     PDFLEET_SIM_CONTEXT_LEN          context length, when --context-length is unset (default 32768)
     PDFLEET_SIM_KV_WAIT_S            how long either side of a PD transfer waits for the other (default 30)
     PDFLEET_SIM_DRAIN_S              on SIGTERM, how long in-flight requests may take (default 60)

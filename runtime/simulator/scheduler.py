@@ -1,13 +1,14 @@
 """The request side of the simulated engine: admission, queues, the capacity model, PD hand-off.
 
-A request waits for one of `max_running` slots (FIFO; SGLang's waiting queue, a PD decode's prealloc queue), then
-runs: its prompt is prefilled in a batch with the others waiting (`capacity.PrefillBatches`: a forward of at most
-`max_prefill_tokens` prompt tokens costs `prefill_s(its tokens)`), plus one rank iteration; each decode token is
-one rank iteration (a busy iteration lasts `decode_step_s`), longer when the running batch is more than
-`decode_tokens_per_s` makes in a step, or under the `slow-requests` fault. Every running request decodes in the
-same iterations: continuous batching. So under load requests queue, time to first token grows with the prefill
-batches and inter-token latency with the decode batch. Rank iterations come from the rank processes (`ticks`),
-so nothing advances while the ranks are stuck.
+A request waits for one of `max_running` slots and KV room for its prompt and output (`capacity.Admission`, first
+come first served; SGLang's waiting queue, a PD decode's prealloc queue), then runs: its prompt is prefilled in a
+batch with the others waiting (`capacity.PrefillBatches`: a forward of at most `max_prefill_tokens` prompt tokens
+costs `prefill_s(its tokens)`), plus one rank iteration; each decode token is one rank iteration (a busy
+iteration lasts `decode_step_s`), longer when the running batch is more than `decode_tokens_per_s` makes in a
+step, or under the `slow-requests` fault. Every running request decodes in the same iterations: continuous
+batching. So under load requests queue, time to first token grows with the prefill batches and inter-token
+latency with the decode batch. Rank iterations come from the rank processes (`ticks`), so nothing advances while
+the ranks are stuck.
 
 PD: the prefill side answers after its KV was taken by the decode side (its inflight queue until then, its KV
 counted in `used_tokens`); the decode side fetches the KV (its transfer queue) and continues from the prefill's
@@ -90,7 +91,7 @@ class Scheduler:
         self.prefills = capacity.PrefillBatches(lambda tokens: timing.prefill_s(tokens) * control.latency_factor,
                                                 timing.max_prefill_tokens)
         self.generated = capacity.Rate()
-        self._slots = asyncio.Semaphore(timing.max_running)  # its waiters are woken first come, first served
+        self.admission = capacity.Admission(timing.max_running, timing.max_total_tokens)
         self._idle = asyncio.Event()
         self._idle.set()
 
@@ -181,7 +182,8 @@ class Scheduler:
             # No transfer engine to meet: the bootstrap handshake is immediate, and the request waits in SGLang's
             # waiting queue for a slot and a prefill forward.
             place.go("waiting")
-            await self._slots.acquire()
+            need = len(req.input_ids) + 1  # the prompt and the one token a prefill makes
+            await self.admission.acquire(need)
             try:
                 def forward_started() -> None:
                     nonlocal kv_held
@@ -191,7 +193,7 @@ class Scheduler:
 
                 await self._forward_prefill(len(req.input_ids), forward_started)
             finally:
-                self._slots.release()
+                self.admission.release(need)
             place.go("prefill_inflight")
             first = tokenizer.output_token(key, 0)
             ttft = time.monotonic() - started  # observed once the request succeeded
@@ -226,8 +228,9 @@ class Scheduler:
             kv_held = len(req.input_ids)
             self.used_tokens += kv_held
 
+        need = len(req.input_ids) + req.max_new_tokens
         try:
-            await self._slots.acquire()
+            await self.admission.acquire(need)
             slot = True
             if decode:
                 place.go("decode_transfer")
@@ -250,7 +253,7 @@ class Scheduler:
             self.used_tokens -= kv_held
             place.go(None)
             if slot:
-                self._slots.release()
+                self.admission.release(need)
 
     async def _forward_prefill(self, prompt_tokens: int, started: Callable[[], None]) -> None:
         """The prompt's prefill forward, batched with the others waiting (`capacity.PrefillBatches`), then the

@@ -81,3 +81,44 @@ def test_the_generation_rate_is_what_was_made_over_the_window() -> None:
     assert rate.per_s() == 100  # 200 tokens over 2 s
     now[0] += 3
     assert rate.per_s() == 0  # nothing made lately: it decays, as SGLang's does
+
+
+async def test_admission_grants_a_slot_and_kv_room_first_come_first_served() -> None:
+    admission = capacity.Admission(slots=3, kv_tokens=100)
+    await admission.acquire(60)
+    order: list[str] = []
+
+    async def ask(name: str, tokens: int) -> None:
+        await admission.acquire(tokens)
+        order.append(name)
+
+    big = asyncio.create_task(ask("big", 50))  # 60 + 50 > 100: waits
+    small = asyncio.create_task(ask("small", 10))  # would fit, but does not overtake the big one
+    await asyncio.sleep(0.01)
+    assert order == [] and (admission.running, admission.reserved) == (1, 60)
+    admission.release(60)
+    await asyncio.gather(big, small)
+    assert order == ["big", "small"] and (admission.running, admission.reserved) == (2, 60)
+    await admission.acquire(5)  # the third slot
+    fourth = asyncio.create_task(ask("fourth", 1))
+    await asyncio.sleep(0.01)
+    assert order == ["big", "small"], "every slot taken: it waits though the KV has room"
+    admission.release(5)
+    await fourth
+    huge = asyncio.create_task(ask("huge", 1000))  # more than the whole pool: admitted alone, once it is empty
+    for tokens in (50, 10, 1):
+        admission.release(tokens)
+    await huge
+    assert (admission.running, admission.reserved) == (1, 100)
+
+
+async def test_a_request_that_gives_up_waiting_lets_the_next_one_in() -> None:
+    admission = capacity.Admission(slots=4, kv_tokens=100)
+    await admission.acquire(90)
+    blocked = asyncio.create_task(admission.acquire(50))
+    behind = asyncio.create_task(admission.acquire(10))
+    await asyncio.sleep(0.01)
+    assert not behind.done()
+    blocked.cancel()  # its client went away: the one behind it fits now
+    await asyncio.wait_for(behind, 1)
+    assert (admission.running, admission.reserved) == (2, 100)

@@ -35,6 +35,8 @@ UNIFIED = {"PDFLEET_SIM_DECODE_TOKENS_PER_S": "100", "PDFLEET_SIM_PREFILL_TOKENS
 PREFILL = {"PDFLEET_SIM_PREFILL_TOKENS_PER_S": "150", "PDFLEET_SIM_PREFILL_BASE_MS": "20"}
 DECODE = {"PDFLEET_SIM_DECODE_TOKENS_PER_S": "200"}
 CAPACITY = ["--max-running-requests", str(SLOTS)]
+# A KV pool of 200 tokens: two of the burst's requests (50 prompt + 20 output tokens each) fit, not three.
+SMALL_KV = {**UNIFIED, "PDFLEET_SIM_MAX_TOTAL_TOKENS": "200"}
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +44,8 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimE
     tmp = tmp_path_factory.mktemp("load")
     started = {"unified": sim_engine.start(tmp, "null", tp=1, extra=CAPACITY, env=UNIFIED),
                "prefill": sim_engine.start(tmp, "prefill", tp=1, extra=CAPACITY, env=PREFILL),
-               "decode": sim_engine.start(tmp, "decode", tp=1, extra=CAPACITY, env=DECODE)}
+               "decode": sim_engine.start(tmp, "decode", tp=1, extra=CAPACITY, env=DECODE),
+               "small-kv": sim_engine.start(tmp, "null", tp=1, extra=CAPACITY, env=SMALL_KV)}
     with sim_engine.serving(started):
         yield started
 
@@ -142,6 +145,26 @@ def test_a_burst_beyond_the_slots_queues_and_ttft_itl_and_the_metrics_grow(engin
         return all(gauge(fams, n) == 0 for n in ("sglang:num_queue_reqs", "sglang:num_running_reqs",
                                                   "sglang:token_usage"))
     until(idle, time.monotonic() + 10, "queues and KV usage back to 0 after the burst")
+
+
+def test_requests_wait_for_kv_room_and_token_usage_stays_within_the_pool(engines: dict[str, SimEngine]) -> None:
+    engine = engines["small-kv"]
+    seen: dict[str, float] = {}
+
+    def watch() -> bool:
+        fams = families(engine)
+        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
+            seen[name] = max(seen.get(name, 0.0), gauge(fams, name))
+        return seen["sglang:num_queue_reqs"] >= 3
+
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(generate, engine, n) for n in range(6)]
+        until(watch, time.monotonic() + 30, f"requests queued for KV room: {seen}", interval=0.05)
+        assert all(a.result().status_code == 200 for a in answers)
+        watch()
+    # Four slots, but room for two: the others waited; the two running hold 100-140 of the 200 tokens.
+    assert seen["sglang:num_running_reqs"] == 2, seen
+    assert 0.5 <= seen["sglang:token_usage"] <= 1, seen
 
 
 def test_requests_beyond_the_slots_wait_first_come_first_served(engines: dict[str, SimEngine]) -> None:
