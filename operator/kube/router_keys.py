@@ -52,36 +52,57 @@ class RouterKeys:
 
     async def prepare(self, pool: Mapping[str, Any], routers: Sequence[Body]) \
             -> tuple[KeySet, bool, Callable[[], Awaitable[None]] | None]:
-        """The pool's keys as they should be, True when a rotation began, and the write that makes the Secret hold
-        them (None when it does already). Nothing that refers to a new key (the router Deployment) may be written
-        before that write succeeded; the rest of a reconcile need not wait for it. (A new pool's Secret is read
-        first all the same: one an operator stopped after writing holds the key its router pods may already have,
-        and applying over it, or creating it and applying later, would lose that or leave keys behind.)"""
+        """The pool's keys as they should be (what the router Deployment is rendered with: the current key's
+        name), True when a rotation began, and the write that makes the Secret hold them (None when it does
+        already). Nothing that refers to the keys (the router Deployment) may be written before that write
+        succeeded; the rest of a reconcile need not wait for it.
+
+        A pool nothing was said of yet (no status) whose keys this process never held has no Secret, unless an
+        operator stopped between writing it and the pool's first status. Its Secret is read inside the write, so
+        that its engine pods do not wait a read's round trip: the keys returned are the name a pool without a
+        Secret gets; a Secret found there is kept (its key may be in router pods already) and, if its current key
+        has another name, the write fails with a conflict after remembering it, so that the Deployment is not
+        written with the wrong name and the retry renders the right one."""
         meta = pool["metadata"]
         where = (meta["namespace"], meta["name"])
         held = self._known.get(where)
         referenced = {k for p in routers if (k := router_secret.referenced_key(p, meta["name"]))}
+        rotate = str((meta.get("annotations") or {}).get(router_keys.ROTATE_ANNOTATION, ""))
+        if held is None and (pool.get("status") or {}).get("observedGeneration") is None:
+            named, _ = router_keys.decide(None, rotate=rotate, referenced=referenced, new_key=lambda: "")
+
+            async def read_then_write() -> None:
+                current = router_keys.recovered(await self._read(*where), None, referenced)
+                wanted, rotated = router_keys.decide(current, rotate=rotate, referenced=referenced,
+                                                     new_key=self._new_key)
+                if wanted != current:
+                    await self._write(pool, wanted, rotated)
+                self._known[where] = (wanted, self._clock())
+                if wanted.current != named.current:
+                    raise KubeError(409, "Conflict", f"the router-key Secret of {where[0]}/{where[1]} names its "
+                                                     f"current key {wanted.current}, not {named.current}")
+
+            return named, False, read_then_write
         if held and self._clock() - held[1] < REFRESH_S:
             current: KeySet | None = held[0]
         else:
             current = router_keys.recovered(await self._read(*where), held[0] if held else None, referenced)
-        rotate = str((meta.get("annotations") or {}).get(router_keys.ROTATE_ANNOTATION, ""))
         wanted, rotated = router_keys.decide(current, rotate=rotate, referenced=referenced, new_key=self._new_key)
         if wanted == current:
             self._known[where] = (wanted, self._clock())
             return wanted, rotated, None
+        return wanted, rotated, lambda: self._write(pool, wanted, rotated)
 
-        async def write() -> None:
-            owner = RenderContext.of(dict(pool)).owner_reference()
-            body = router_secret.secret(meta["name"], meta["namespace"], owner, keys=wanted.keys,
-                                        current=wanted.current, handled=wanted.handled)
-            await self._client.apply(body)
-            log.info("router keys of %s/%s: current %s, holding %s%s", *where, wanted.current,
-                     ", ".join(sorted(wanted.keys)), " (rotated)" if rotated else "",
-                     extra={"pool": meta["name"], "namespace": meta["namespace"]})
-            self._known[where] = (wanted, self._clock())
-
-        return wanted, rotated, write
+    async def _write(self, pool: Mapping[str, Any], wanted: KeySet, rotated: bool) -> None:
+        meta = pool["metadata"]
+        where = (meta["namespace"], meta["name"])
+        owner = RenderContext.of(dict(pool)).owner_reference()
+        await self._client.apply(router_secret.secret(meta["name"], meta["namespace"], owner, keys=wanted.keys,
+                                                      current=wanted.current, handled=wanted.handled))
+        log.info("router keys of %s/%s: current %s, holding %s%s", *where, wanted.current,
+                 ", ".join(sorted(wanted.keys)), " (rotated)" if rotated else "",
+                 extra={"pool": meta["name"], "namespace": meta["namespace"]})
+        self._known[where] = (wanted, self._clock())
 
     def for_pod(self, pod: Mapping[str, Any]) -> str | None:
         """The key a router pod started with, if the operator holds it."""

@@ -380,3 +380,30 @@ async def test_a_new_pools_pods_do_not_wait_for_its_router_key_but_its_router_do
     kube.update("InferencePool", *KEY, lambda p: p.pop("status", None))
     await executor(kube).reconcile(KEY)
     assert kube.get("Secret", "ns", "tiny-router-key")["data"] == kept["data"]  # type: ignore[index]
+
+
+async def test_a_new_pools_secret_is_read_with_its_first_objects_and_a_key_found_there_is_kept(
+        kube: FakeKube) -> None:
+    """A pool with no status has its Secret read inside the Secret's write, not before its pods. A Secret an earlier
+    operator left whose current key has another name than a new pool's first stops the router Deployment (it
+    would name the wrong key) and the retry renders it with the Secret's key."""
+    controller = executor(kube)
+    await settle(kube, controller)
+    kube.update("InferencePool", *KEY, lambda p: p["metadata"].setdefault("annotations", {}).update(
+        {"pdfleet.dev/rotate-router-key": "2026-12-03T03:00:00Z"}))
+    await settle(kube, controller)
+    rotated = kube.get("Secret", "ns", "tiny-router-key")
+    assert rotated is not None and "key-2" in rotated["data"]
+
+    kube.remove("Deployment", "ns", "tiny-router")
+    kube.update("InferencePool", *KEY, lambda p: p.pop("status", None))
+    fresh = executor(kube)
+    with pytest.raises(Retry):
+        await fresh.reconcile(KEY)
+    writes = kube.take_writes()
+    assert ("Deployment", "tiny-router") not in objects_written(writes)
+    assert [w.verb for w in writes if w.kind == "Secret"] == [], "the Secret found is kept as it is"
+    await fresh.reconcile(KEY)
+    deployment = kube.get("Deployment", "ns", "tiny-router")
+    assert deployment is not None and "key-2" in str(deployment["spec"]["template"])
+    assert kube.get("Secret", "ns", "tiny-router-key")["data"] == rotated["data"]  # type: ignore[index]
