@@ -48,6 +48,7 @@ def _serving(cluster: Cluster, namespace: str, decode: int) -> dict[str, Any] | 
     return role if seen.get("observedGeneration") == role["metadata"]["generation"] else None
 
 
+@pytest.mark.effect("spec.decode.scaleTarget")
 def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool_role(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+import pytest
+
 from pdfleet.operator.api.role_scale import InferencePoolRole
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.planning import role_scale, spec_change
@@ -114,6 +116,7 @@ def test_a_role_that_stops_being_a_scale_target_loses_its_inference_pool_role() 
     assert step.delete_uid == "r-1"
 
 
+@pytest.mark.effect("spec.*.scaleTarget")
 def test_one_round_of_writes_settles_both_sides() -> None:
     """Write what the plan says, as the apiserver would store it, and plan again: nothing left to do."""
     current_pool = pool(prefill=1, decode=1, target=(Role.PREFILL, Role.DECODE))
@@ -142,6 +145,8 @@ def banded(on_scale: str, **kwargs: Any) -> Body:
     return body
 
 
+@pytest.mark.effect("spec.scaling.ratio.minDecodePerPrefill", "spec.scaling.ratio.maxDecodePerPrefill",
+                    "spec.scaling.ratio.onScale")
 def test_a_scale_out_of_the_ratio_band_moves_the_other_role_with_it_and_says_so() -> None:
     plan = role_scale.plan(banded("Follow", prefill=1, decode=2), [role_object(6, generation=2, observed=1)])
     assert plan.pool_change is not None
@@ -153,6 +158,7 @@ def test_a_scale_out_of_the_ratio_band_moves_the_other_role_with_it_and_says_so(
     assert "prefill follows decode to 3" in event.message
 
 
+@pytest.mark.effect("spec.scaling.ratio.onScale")
 def test_a_clamped_scale_is_cut_to_the_band_and_written_back_to_the_inference_pool_role() -> None:
     before = banded("Clamp", prefill=2, decode=2)
     plan = role_scale.plan(before, [role_object(6, generation=2, observed=1)])
