@@ -52,6 +52,13 @@ TOOLCALL_CANARY_RUNS = Counter(
     "retried).",
     ["result"], registry=REGISTRY,
 )
+ROLE_SCALES = Counter(
+    "pdfleet_role_scales_total",
+    "Scales of a role through its InferencePoolRole (kubectl scale, an HPA, KEDA) the operator acted on, by role "
+    "and result (taken; followed: the other role moved into the ratio band with it; clamped: cut to the band; "
+    "refused).",
+    ["role", "result"], registry=REGISTRY,
+)
 ROLLOUT_ANALYSES = Counter(
     "pdfleet_rollout_analysis_total",
     "Bakes of new engine groups judged (rollout.verification.bake and analysis), by result (passed, failed, "

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from pdfleet.operator import metrics
 from pdfleet.operator.cache import IndexView, PoolKey
 from pdfleet.operator.kube import role_scale as kube_role_scale
 from pdfleet.operator.kube.client import KubeClient, KubeError
@@ -98,6 +99,9 @@ class RoleScaler:
                 log.warning("could not sync the InferencePoolRoles of %s/%s (retrying): %s", key[0], key[1], e)
                 self._retry_later(key)
                 return
+            if plan.pool_change is None or written.pool is not None:  # a scale not written is decided again
+                for role, result in plan.results:
+                    metrics.ROLE_SCALES.labels(role=str(role), result=result).inc()
             if written.pool is not None:
                 self._pools[key] = written.pool
             for name, generation in written.observed.items():

@@ -53,11 +53,21 @@ class RoleStep:
         return bool(self.create or self.delete_uid or self.replicas is not None or self.status is not None)
 
 
+class Result:
+    """What became of a scale, as `pdfleet_role_scales_total` counts it."""
+
+    TAKEN = "taken"
+    FOLLOWED = "followed"  # the other role moved into the ratio band with it
+    CLAMPED = "clamped"
+    REFUSED = "refused"
+
+
 @dataclasses.dataclass(frozen=True)
 class RoleScalePlan:
     steps: tuple[RoleStep, ...] = ()
     pool_change: SpecChange | None = None
     events: tuple[Event, ...] = ()
+    results: tuple[tuple[Role, str], ...] = ()  # each scale acted on, once: (role, Result)
 
 
 def _labels(pool: str, role: Role) -> dict[str, str]:
@@ -132,6 +142,7 @@ def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleS
     steps: list[RoleStep] = []
     events: list[Event] = []
     scales: list[_Scale] = []
+    results: list[tuple[Role, str]] = []
     for role in Role:
         name = role_scale.object_name(pool_name, role)
         current = by_role.get(str(role))
@@ -148,7 +159,7 @@ def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleS
             if step.writes:
                 steps.append(step)
         elif (refusal := _refusal(pool, role, scale.wanted)) is not None:
-            _refuse(pool, scale, refusal, steps, events)
+            _refuse(pool, scale, refusal, steps, events, results)
         else:
             scales.append(scale)
     sizes = {role: _replicas(pool, role) for role in Role}
@@ -156,8 +167,10 @@ def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleS
                            {scale.role: scale.wanted for scale in scales})
     for scale in scales:
         if held.refusal is not None:
-            _refuse(pool, scale, held.refusal, steps, events)
+            _refuse(pool, scale, held.refusal, steps, events, results)
             continue
+        results.append((scale.role, Result.TAKEN if held.note is None else Result.CLAMPED
+                        if held.replicas[scale.role] != scale.wanted else Result.FOLLOWED))
         name, meta = scale.current["metadata"]["name"], scale.current["metadata"]
         note = f"; {held.note}" if held.note else ""
         events.append(Event("Normal", "RoleScaled", f"{scale.role} replicas {sizes[scale.role]} -> {scale.wanted}: "
@@ -173,7 +186,7 @@ def plan(pool: Mapping[str, Any], objects: Iterable[Mapping[str, Any]]) -> RoleS
     if mirrored:
         said = ", ".join(f"{path[1]} {sizes[Role(path[1])]} -> {value}" for path, value in mirrored.items())
         change = patch(pool, mirrored, why=f"scaled through InferencePoolRole: {said}")
-    return RoleScalePlan(steps=tuple(steps), pool_change=change, events=tuple(events))
+    return RoleScalePlan(steps=tuple(steps), pool_change=change, events=tuple(events), results=tuple(results))
 
 
 def _band(pool: Mapping[str, Any]) -> RatioBand | None:
@@ -192,16 +205,17 @@ def _scaled(pool: Mapping[str, Any], role: Role, current: Mapping[str, Any]) -> 
     return None
 
 
-def _refuse(pool: Mapping[str, Any], scale: _Scale, refusal: str, steps: list[RoleStep],
-            events: list[Event]) -> None:
+def _refuse(pool: Mapping[str, Any], scale: _Scale, refusal: str, steps: list[RoleStep], events: list[Event],
+            results: list[tuple[Role, str]]) -> None:
     """A scale not taken: said in the status (once as an Event), its observedGeneration left behind."""
     status = scale.current.get("status") or {}
     name = scale.current["metadata"]["name"]
     new = _status(pool, scale.role, refusal)
     if status.get("observedGeneration") is not None:
         new["observedGeneration"] = status["observedGeneration"]
-    if status.get("message") != refusal:
+    if status.get("message") != refusal:  # said, and counted, once per refused scale
         events.append(Event("Warning", "ScaleRefused", f"InferencePoolRole {name}: {refusal}"))
+        results.append((scale.role, Result.REFUSED))
     step = _changed(scale.role, name, status, new)
     if step.writes:
         steps.append(step)

@@ -73,6 +73,7 @@ def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool
     reasons = [e["reason"] for e in cluster.get("events", "-n", namespace, "--field-selector",
                                                 "involvedObject.kind=InferencePool")["items"]]
     assert "RoleScaled" in reasons and "Scaled" in reasons
+    assert operator.metric("pdfleet_role_scales_total", role="decode", result="taken") >= 1
     shown = pdfleet(cluster, "status", POOL, "-n", namespace)
     assert f"  scale target: InferencePoolRole {ROLE} asks 2 group(s)" in shown.stdout.splitlines(), shown.stdout
 
@@ -111,6 +112,7 @@ def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool
     warnings = [e for e in cluster.get("events", "-n", namespace, "--field-selector",
                                        "involvedObject.kind=InferencePool")["items"] if e["reason"] == "ScaleRefused"]
     assert warnings and warnings[0]["type"] == "Warning"
+    assert operator.metric("pdfleet_role_scales_total", role="decode", result="refused") >= 1
 
     # No longer a scale target: the InferencePoolRole goes, the pool keeps its replicas.
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge",

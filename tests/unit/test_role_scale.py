@@ -66,6 +66,7 @@ def test_a_scaled_inference_pool_role_moves_the_pools_replicas_guarded_by_its_ge
     assert step.observed_generation == 2 and step.replicas is None
     [event] = plan.events
     assert (event.type, event.reason) == ("Normal", "RoleScaled") and "decode replicas 1 -> 3" in event.message
+    assert plan.results == ((Role.DECODE, "taken"),)
 
 
 def test_an_edit_of_the_pools_replicas_is_written_into_the_inference_pool_role() -> None:
@@ -101,9 +102,10 @@ def test_zero_replicas_on_a_running_pool_is_refused_once_and_said() -> None:
     assert step.observed_generation == 1  # the scale is still ahead of what the pool holds
     [event] = plan.events
     assert (event.type, event.reason) == ("Warning", "ScaleRefused")
+    assert plan.results == ((Role.DECODE, "refused"),)
     said = role_object(0, generation=2, observed=1, message=step.status["message"])  # type: ignore[index]
     again = role_scale.plan(pool(decode=1), [said])
-    assert not again.events and not again.steps and again.pool_change is None
+    assert not again.events and not again.steps and again.pool_change is None and not again.results
 
 
 def test_zero_replicas_on_a_paused_pool_is_mirrored() -> None:
@@ -156,6 +158,7 @@ def test_a_scale_out_of_the_ratio_band_moves_the_other_role_with_it_and_says_so(
     assert "prefill follows decode to 3" in step.status["message"]  # type: ignore[index]
     [event] = plan.events
     assert "prefill follows decode to 3" in event.message
+    assert plan.results == ((Role.DECODE, "followed"),)
 
 
 @pytest.mark.effect("spec.scaling.ratio.onScale")
@@ -167,6 +170,7 @@ def test_a_clamped_scale_is_cut_to_the_band_and_written_back_to_the_inference_po
     assert (after["spec"]["prefill"]["replicas"], after["spec"]["decode"]["replicas"]) == (2, 4)
     [step] = plan.steps
     assert "decode clamped to 4" in step.status["message"]  # type: ignore[index]
+    assert plan.results == ((Role.DECODE, "clamped"),)
     # The InferencePoolRole still asks for 6; its scale was seen, so the next plan writes the pool's 4 back.
     [step] = role_scale.plan(after, [role_object(6, generation=2, observed=2)]).steps
     assert step.replicas == 4
