@@ -35,7 +35,7 @@ UNIFIED = {"PDFLEET_SIM_DECODE_TOKENS_PER_S": "100", "PDFLEET_SIM_PREFILL_TOKENS
 PREFILL = {"PDFLEET_SIM_PREFILL_TOKENS_PER_S": "150", "PDFLEET_SIM_PREFILL_BASE_MS": "20"}
 DECODE = {"PDFLEET_SIM_DECODE_TOKENS_PER_S": "200"}
 CAPACITY = ["--max-running-requests", str(SLOTS)]
-# A KV pool of 200 tokens: two of the burst's requests (50 prompt + 20 output tokens each) fit, not three.
+# A KV pool of 200 tokens: two of the burst's requests (50 prompt + 40 output tokens each) fit, not three.
 SMALL_KV = {**UNIFIED, "PDFLEET_SIM_MAX_TOTAL_TOKENS": "200"}
 
 
@@ -86,6 +86,32 @@ def generate(engine: SimEngine, n: int, tokens: int = 20, stream: bool = False) 
     return httpx.post(engine.url + "/generate", timeout=60, json={
         "text": " ".join(["word"] * 49 + [str(n)]), "stream": stream,
         "sampling_params": {"max_new_tokens": tokens}})
+
+
+class Watch:
+    """The highest value of each gauge on each engine while a load runs (read every 100 ms in a thread)."""
+
+    def __init__(self, engines: dict[str, SimEngine], names: tuple[str, ...]) -> None:
+        self.high: dict[tuple[str, str], float] = {}
+        self._engines, self._names = engines, names
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            for role, engine in self._engines.items():
+                fams = families(engine)
+                for name in self._names:
+                    key = (role, name)
+                    self.high[key] = max(self.high.get(key, 0.0), gauge(fams, name))
+
+    def __enter__(self) -> Watch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(10)
 
 
 def test_what_the_engines_serve_on_metrics_is_what_sglangs_collectors_declare(
@@ -149,22 +175,16 @@ def test_a_burst_beyond_the_slots_queues_and_ttft_itl_and_the_metrics_grow(engin
 
 def test_requests_wait_for_kv_room_and_token_usage_stays_within_the_pool(engines: dict[str, SimEngine]) -> None:
     engine = engines["small-kv"]
-    seen: dict[str, float] = {}
-
-    def watch() -> bool:
-        fams = families(engine)
-        for name in ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"):
-            seen[name] = max(seen.get(name, 0.0), gauge(fams, name))
-        return seen["sglang:num_queue_reqs"] >= 3
-
-    with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        answers = [pool.submit(generate, engine, n) for n in range(6)]
-        until(watch, time.monotonic() + 30, f"requests queued for KV room: {seen}", interval=0.05)
+    names = ("sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage")
+    with Watch({"kv": engine}, names) as watch, concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = [pool.submit(generate, engine, n, 40) for n in range(6)]
         assert all(a.result().status_code == 200 for a in answers)
-        watch()
-    # Four slots, but room for two: the others waited; the two running hold 100-140 of the 200 tokens.
-    assert seen["sglang:num_running_reqs"] == 2, seen
-    assert 0.5 <= seen["sglang:token_usage"] <= 1, seen
+    high = {name: watch.high["kv", name] for name in names}
+    # Four slots, but room for two (50 + 40 tokens each of the 200): the others waited; the two running hold
+    # 100-180 tokens.
+    assert high["sglang:num_running_reqs"] == 2, high
+    assert high["sglang:num_queue_reqs"] >= 3, high
+    assert 0.5 <= high["sglang:token_usage"] <= 1, high
 
 
 def test_requests_beyond_the_slots_wait_first_come_first_served(engines: dict[str, SimEngine]) -> None:
@@ -198,32 +218,6 @@ def test_requests_beyond_the_slots_wait_first_come_first_served(engines: dict[st
     # share a prefill forward: a few ms apart at most).
     starts = [first_token[n] for n in shorts]
     assert all(a <= b + 0.02 for a, b in itertools.pairwise(starts)), starts
-
-
-class Watch:
-    """The highest value of each gauge on each engine while a load runs (read every 100 ms in a thread)."""
-
-    def __init__(self, engines: dict[str, SimEngine], names: tuple[str, ...]) -> None:
-        self.high: dict[tuple[str, str], float] = {}
-        self._engines, self._names = engines, names
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.1):
-            for role, engine in self._engines.items():
-                fams = families(engine)
-                for name in self._names:
-                    key = (role, name)
-                    self.high[key] = max(self.high.get(key, 0.0), gauge(fams, name))
-
-    def __enter__(self) -> Watch:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(10)
 
 
 def test_a_ramp_through_the_router_queues_on_both_roles_and_each_phase_says_what_clients_saw(
