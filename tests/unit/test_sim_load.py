@@ -144,23 +144,15 @@ def test_a_burst_beyond_the_slots_queues_and_ttft_itl_and_the_metrics_grow(engin
     assert generate(engine, 0).status_code == 200
     alone = means(before, families(engine))
 
-    seen: dict[str, float] = {}
-
-    def loaded() -> bool:
-        fams = families(engine)
-        for name in ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage",
-                     "sglang:gen_throughput"):
-            seen[name] = max(seen.get(name, 0.0), gauge(fams, name))
-        return seen["sglang:num_queue_reqs"] >= 4 and seen["sglang:gen_throughput"] > 0
-
+    names = ("sglang:num_queue_reqs", "sglang:num_running_reqs", "sglang:token_usage", "sglang:gen_throughput")
     start = families(engine)
-    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+    with Watch({"unified": engine}, names) as watch, concurrent.futures.ThreadPoolExecutor(16) as pool:
         answers = [pool.submit(generate, engine, n) for n in range(1, 17)]
-        until(loaded, time.monotonic() + 30, f"the burst queued on {engine.url}: {seen}", interval=0.05)
         assert all(a.result().status_code == 200 for a in answers), "requests beyond the slots wait, not refused"
     burst = means(start, families(engine))
-    assert seen["sglang:num_running_reqs"] == SLOTS, seen
-    assert 0 < seen["sglang:token_usage"] < 1, seen
+    seen = {name: watch.high["unified", name] for name in names}
+    assert seen["sglang:num_queue_reqs"] >= 4 and seen["sglang:num_running_reqs"] == SLOTS, seen
+    assert 0 < seen["sglang:token_usage"] < 1 and seen["sglang:gen_throughput"] > 0, seen
     # Twelve wait behind four that each decode 20 tokens: time to first token is the wait; the batch of four
     # runs at 100 tokens a second, 40 ms a step against a lone request's 10.
     assert burst[TTFT] >= 3 * alone[TTFT], (alone, burst)
@@ -215,9 +207,9 @@ def test_requests_beyond_the_slots_wait_first_come_first_served(engines: dict[st
         for f in futures:
             f.result()
     # Each short one got a slot, and so its first token, in the order it came (those given a slot together
-    # share a prefill forward: a few ms apart at most).
+    # share a prefill forward, or forwards a few ms apart: the streams' threads may read them in either order).
     starts = [first_token[n] for n in shorts]
-    assert all(a <= b + 0.02 for a, b in itertools.pairwise(starts)), starts
+    assert all(a <= b + 0.05 for a, b in itertools.pairwise(starts)), starts
 
 
 def test_a_ramp_through_the_router_queues_on_both_roles_and_each_phase_says_what_clients_saw(
