@@ -31,6 +31,10 @@ class ManagedFlag:
 
 ALIAS = "an alias the renderer never writes"
 NO_PP = "refused: pipeline parallelism is not supported"
+# SGLang's PD role switch decides per rank (idle, free-memory headroom, caught exceptions) and re-dispatches the
+# other role's event loop with no agreement across the TP group: a rank that switches alone hangs the group
+# (docs/desync-audit.md). pdfleet never renders it and refuses it in extraArgs; a role is the pool's to set.
+NO_ROLE_SWITCH = "refused: a PD role switch is decided per TP rank, with no agreement (docs/desync-audit.md)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -59,6 +63,8 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--node-rank": ManagedFlag("the operator (one per pod of a group)", "node_rank", int),
     "--dist-init-addr": ManagedFlag("the operator (rank 0's pod of a group)", "dist_init_addr"),
     "--disaggregation-mode": ManagedFlag("the role (prefill or decode)", "disaggregation_mode"),
+    "--enable-pd-role-switch": ManagedFlag("the operator (a role switch is refused: the pool's roles are fixed)",
+                                           unchecked=NO_ROLE_SWITCH),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),

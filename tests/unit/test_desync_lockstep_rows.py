@@ -66,3 +66,36 @@ def test_the_role_switch_reads_this_ranks_free_memory_without_a_collective(monke
     assert inspect.signature(common.get_available_gpu_memory).parameters["distributed"].default is False
     assert "get_available_gpu_memory(\n                scheduler.device, get_device().gpu_id\n            )" in \
         inspect.getsource(role_switch.handle_pd_role_switch)
+
+
+def test_the_role_switch_is_off_on_every_pdfleet_engine_so_no_rank_decides_one() -> None:
+    """The role switch's own decision (idle, the headroom above, caught exceptions) is taken per rank with no
+    agreement, and a rank that switches alone runs the other role's loop. pdfleet refuses
+    `--enable-pd-role-switch` in extraArgs (and any abbreviation SGLang's parser would take for it) and never
+    renders it; without it SGLang's own handler rejects every switch request before any per-rank check."""
+    requires.installed("sglang")
+    from sglang.srt.disaggregation import role_switch
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+    from sglang.srt.managers.io_struct import PdRoleSwitchReqInput
+    from sglang.srt.server_args import prepare_server_args
+
+    from pdfleet.operator.api import validate
+    from tests.unit.test_api_rejections import merged, minimal_spec
+
+    base = ["--model-path", "/models/tiny", "--disaggregation-mode", "decode"]
+    assert prepare_server_args(base).enable_pd_role_switch is False  # SGLang's default
+    for spelling in ("--enable-pd-role-switch", "--enable-pd-role"):  # argparse takes the prefix for the flag
+        assert prepare_server_args([*base, spelling]).enable_pd_role_switch is True
+        problems = validate({"spec": merged(minimal_spec(), {"engine": {"extraArgs": [spelling]}})})
+        assert [(p.path, "--enable-pd-role-switch" in p.message) for p in problems] == \
+            [("spec.engine.extraArgs[0]", True)], problems
+
+    def not_reached() -> bool:
+        raise AssertionError("a per-rank role-switch check ran without --enable-pd-role-switch")
+
+    scheduler = SimpleNamespace(
+        disaggregation_mode=DisaggregationMode.DECODE, server_args=SimpleNamespace(enable_pd_role_switch=False),
+        _pd_role_switch_unhealthy=False, _pd_role_switch_in_progress=False, disagg_decode_prealloc_queue=None,
+        is_fully_idle=not_reached)
+    refused = role_switch.handle_pd_role_switch(scheduler, PdRoleSwitchReqInput(new_role="prefill"))
+    assert (refused.success, refused.message) == (False, "--enable-pd-role-switch is not set on this instance")
