@@ -112,16 +112,21 @@ CATALOGUE: tuple[Patch, ...] = (
     Patch(
         id="abort-consensus",
         summary=(
-            "Rank 0 alone decides which requests to abort (client aborts and timeouts) and broadcasts the list, "
-            "so per-rank clocks and per-rank state cannot make ranks take different branches."
+            "Rank 0 alone decides which requests to abort (client aborts and timeouts) and which sessions to "
+            "reap (timed out on its clock), and broadcasts the list, so per-rank clocks and per-rank state "
+            "cannot make ranks take different branches."
         ),
         applies_to=VersionRange(min="0.5.0", below="0.6.0"),
-        # Checked against 0.5.23: where aborts take effect, where the broadcast is applied, and the deciding
-        # rank's hook into the broadcast (0.5.23 already sends timeout aborts that way).
+        # Checked against 0.5.23: where aborts take effect, where the broadcast is applied, the deciding rank's
+        # hook into the broadcast (0.5.23 already sends timeout aborts that way), the session reaper every rank
+        # runs on its own clock, and close_session, through which a broadcast reap is applied (fingerprinted).
+        # Cost: none per iteration (the decisions ride the request broadcast); a CloseSessionReqInput per reap.
         targets=(
             "sglang.srt.managers.scheduler.Scheduler.process_input_requests",
             "sglang.srt.managers.scheduler.Scheduler.abort_request",
             "sglang.srt.managers.scheduler.Scheduler._poll_timeout_aborts",
+            "sglang.srt.session.session_controller.SessionController.maybe_reap",
+            "sglang.srt.managers.scheduler.Scheduler.close_session",
         ),
         upstream=("sgl-project/sglang#27221", "sgl-project/sglang#27164", "sgl-project/sglang#28039"),
     ),

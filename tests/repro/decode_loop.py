@@ -157,6 +157,20 @@ def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
     log.close()
 
 
+def run_story(sc: scenario_mod.Scenario, rank: int,
+              story_loop: Callable[[scenario_mod.Scenario, int, Any, Any], dict[str, Any]]) -> None:
+    """One rank of a story module (flush, session): group, ledger, patches, `story_loop`, result file."""
+    import torch.distributed as dist
+
+    rank_writer = join(sc, rank)
+    applied = _apply_patches(sc.patches)
+    log = instrument(rank_writer)
+    result = story_loop(sc, rank, dist.group.WORLD, log)
+    result.update(applied=applied, collectives_entered=log.labels())
+    sc.result_path(rank).write_text(json.dumps(result))
+    log.close()
+
+
 def _die_with_parent() -> None:
     """Linux: be killed when the parent dies, so a killed test run leaves no rank behind (best effort; the
     test also kills the whole session)."""

@@ -41,7 +41,6 @@ collectives entered.
 from __future__ import annotations
 
 import array
-import json
 import sys
 import time
 from types import SimpleNamespace
@@ -190,15 +189,7 @@ def run_loop(sc: scenario_mod.Scenario, rank: int, group: Any, rank_writer: seam
 
 
 def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
-    import torch.distributed as dist
-
-    rank_writer = decode_loop.join(sc, rank)
-    applied = decode_loop._apply_patches(sc.patches)
-    log = decode_loop.instrument(rank_writer)
-    result = run_loop(sc, rank, dist.group.WORLD, log)
-    result.update(applied=applied, collectives_entered=log.labels())
-    sc.result_path(rank).write_text(json.dumps(result))
-    log.close()
+    decode_loop.run_story(sc, rank, run_loop)
 
 
 if __name__ == "__main__":

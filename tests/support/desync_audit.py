@@ -49,6 +49,10 @@ AUDITED: dict[str, str] = {
         "6beac392af7ce66b",
     "sglang.srt.managers.scheduler.Scheduler.flush_cache":
         "145fbc1e3e65e012",
+    "sglang.srt.session.session_controller.SessionController.maybe_reap":
+        "9069a43fa5edd66d",
+    "sglang.srt.managers.scheduler.Scheduler.close_session":
+        "bbbfbc1c84bdb786",
     "sglang.srt.managers.scheduler.Scheduler.handle_rpc_request":
         "87835738d2bdb0b9",
     "sglang.srt.managers.scheduler.Scheduler.abort_request":

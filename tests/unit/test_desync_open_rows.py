@@ -1,10 +1,10 @@
-"""Why a row of docs/desync-audit.md's "Reachable collectives" stays OPEN, shown on SGLang 0.5.23's own code (the
-mechanism only: no fix exists yet, so there is no patched run to compare).
+"""The mechanism behind rows of docs/desync-audit.md's "Reachable collectives", shown on SGLang 0.5.23's own code.
 
 - The multimodal `broadcast_object_list` (`Scheduler._process_and_broadcast_mm_inputs`): `_handle_generate_request`
   returns early for a session the rank's `SessionController` no longer holds, and each rank reaps timed-out
   sessions on its own clock (`maybe_reap`'s interval, `Session.is_timed_out`, `last_active_time`). Two ranks that
   opened the same session from the same broadcast, reading their clocks a millisecond apart, disagree about it.
+  Fixed by `abort-consensus` (reproduced and checked patched in tests/unit/test_session_reap_consensus.py).
 - HiCache's all-reduce (`UnifiedRadixCache._all_reduce_attn_groups`), one of its entries settled: the
   `is_terminated()` flag `check_prefetch_progress` branches on is set off the scheduler thread only by the PP
   ticket thread (PP refused by pdfleet), shown on SGLang's source. The row's other entries stay open.

@@ -19,6 +19,16 @@ How, with three targets on `Scheduler`:
 - `_poll_timeout_aborts`: the deciding rank's hook into the broadcast (`ingest_requests` passes its result to
   `recv_requests(local_reqs=...)`); it now also carries the queued decisions.
 
+Session reaping is the same kind of decision and takes the same route (a fourth target,
+`SessionController.maybe_reap`). SGLang closes timed-out sessions (and sessions whose deferred close is due) on
+every rank from `process_input_requests`, each on its own `time.monotonic()` (`maybe_reap`'s one-second interval,
+`Session.is_timed_out`): a rank that reaps a session a moment before its peers aborts the next request for it
+while they build it and enter `_process_and_broadcast_mm_inputs`' broadcast (or batch it) without that rank.
+Patched, only the deciding rank runs SGLang's own selection, on its own clock; the sessions it picks are not
+closed there but queued as `CloseSessionReqInput`s for its next broadcast, so every rank closes them through
+SGLang's `Scheduler.close_session` (fingerprinted) at the same point of the same iteration; any other rank reaps
+nothing itself. No collective is added: the decision rides the broadcast every iteration already has.
+
 A consequence worth knowing: SGLang's own deterministic re-dispatch (`process_pending_chunked_abort`, prefill)
 calls `abort_request` outside the broadcast on every rank; it is now applied one broadcast later, on every
 rank together.
@@ -38,18 +48,27 @@ PATCH_ID = "abort-consensus"
 PROCESS_INPUT_REQUESTS = "sglang.srt.managers.scheduler.Scheduler.process_input_requests"
 ABORT_REQUEST = "sglang.srt.managers.scheduler.Scheduler.abort_request"
 POLL_TIMEOUT_ABORTS = "sglang.srt.managers.scheduler.Scheduler._poll_timeout_aborts"
-TARGETS = (PROCESS_INPUT_REQUESTS, ABORT_REQUEST, POLL_TIMEOUT_ABORTS)
+MAYBE_REAP = "sglang.srt.session.session_controller.SessionController.maybe_reap"
+CLOSE_SESSION = "sglang.srt.managers.scheduler.Scheduler.close_session"  # fingerprinted: how a reap is applied
+TARGETS = (PROCESS_INPUT_REQUESTS, ABORT_REQUEST, POLL_TIMEOUT_ABORTS, MAYBE_REAP, CLOSE_SESSION)
+FINGERPRINTED_ONLY = (CLOSE_SESSION,)  # verified at install, left as SGLang's
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
         PROCESS_INPUT_REQUESTS: "4abf9f52a087f303",
         ABORT_REQUEST: "e19c6b7a87fec58e",
         POLL_TIMEOUT_ABORTS: "2852859c0464edb9",
+        MAYBE_REAP: "9069a43fa5edd66d",
+        CLOSE_SESSION: "bbbfbc1c84bdb786",
     },
 }
 
 _DEPTH = "_pdfleet_broadcast_depth"  # > 0 while the broadcast's requests are being applied
 _PENDING = "_pdfleet_pending_aborts"  # the deciding rank's aborts waiting for its next broadcast
+# On a SessionController (the deciding rank's): sessions picked for reaping, waiting for the next broadcast, and
+# those that left in this iteration's broadcast (applied after this iteration's maybe_reap, so not picked again).
+_REAPS_QUEUED = "_pdfleet_reaps_queued"
+_REAPS_SENT = "_pdfleet_reaps_sent"
 
 
 class Route(enum.Enum):
@@ -82,13 +101,46 @@ def pending_aborts(scheduler: Any) -> list[Any]:
     return pending
 
 
+def _reaps(controller: Any, name: str) -> list[str]:
+    reaps = getattr(controller, name, None)
+    if reaps is None:
+        reaps = []
+        setattr(controller, name, reaps)
+    return reaps
+
+
+def new_reaps(picked: list[str], *, queued: list[str], sent: list[str]) -> list[str]:
+    """Pure: the sessions to queue for closing, from SGLang's pick, without those already on their way."""
+    on_the_way = set(queued) | set(sent)
+    return [sid for sid in dict.fromkeys(picked) if sid not in on_the_way]
+
+
+def pick_reaps(original_reap: Callable[..., Any], controller: Any, now: float, interval: float) -> list[str]:
+    """The sessions SGLang's own `maybe_reap` would close now, on this rank's clock, leaving them open: its
+    `_close` records instead, and the `close_on_finish` it resets before a deferred close is put back (the
+    close itself, on every rank, resets it again)."""
+    picked: list[str] = []
+    closing = {sid: session.close_on_finish for sid, session in controller.sessions.items()}
+    controller._close = picked.append  # shadows SessionController._close for this call only
+    try:
+        original_reap(controller, now, interval)
+    finally:
+        del controller._close
+        for sid, flag in closing.items():
+            if sid in controller.sessions:
+                controller.sessions[sid].close_on_finish = flag
+    return picked
+
+
 def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Callable[..., Any]]:
-    """The three replacements; `get_parallel` is bound here, when the patch is installed."""
+    """The four replacements; `get_parallel` is bound here, when the patch is installed."""
+    from sglang.srt.managers.io_struct import CloseSessionReqInput
     from sglang.srt.runtime_context import get_parallel
 
     original_process = originals[PROCESS_INPUT_REQUESTS]
     original_abort = originals[ABORT_REQUEST]
     original_poll = originals[POLL_TIMEOUT_ABORTS]
+    original_reap = originals[MAYBE_REAP]
 
     @functools.wraps(original_process)
     def process_input_requests(self: Any, recv_reqs: list[Any]) -> Any:
@@ -118,10 +170,29 @@ def replacements(originals: Mapping[str, Callable[..., Any]]) -> dict[str, Calla
         if pending:
             aborts.extend(pending)
             pending.clear()
+        controller = getattr(self, "session_controller", None)
+        if controller is not None:
+            queued = _reaps(controller, _REAPS_QUEUED)
+            aborts.extend(CloseSessionReqInput(session_id=sid) for sid in queued)
+            setattr(controller, _REAPS_SENT, list(queued))
+            queued.clear()
         return aborts
+
+    @functools.wraps(original_reap)
+    def maybe_reap(self: Any, now: float, interval: float = 1.0) -> None:
+        if not is_decider(get_parallel()):
+            return  # this rank closes what the deciding rank's broadcast says, when it says
+        queued = _reaps(self, _REAPS_QUEUED)
+        picked = new_reaps(pick_reaps(original_reap, self, now, interval), queued=queued,
+                           sent=_reaps(self, _REAPS_SENT))
+        setattr(self, _REAPS_SENT, [])  # applied by this iteration's dispatch, after this call
+        if picked:
+            logger.info("sessions %s reaped on the deciding rank's clock; closed by the next broadcast", picked)
+            queued.extend(picked)
 
     return {
         PROCESS_INPUT_REQUESTS: process_input_requests,
         ABORT_REQUEST: abort_request,
         POLL_TIMEOUT_ABORTS: _poll_timeout_aborts,
+        MAYBE_REAP: maybe_reap,
     }
