@@ -80,12 +80,19 @@ def with_routed(engine: ServingSample, routers: Iterable[Mapping[str, tuple[floa
     return engine.model_copy(update={"routed": sum(e for e, _ in seen), "routed_failed": sum(f for _, f in seen)})
 
 
+# The counter's family as the parser names it (without `_total`). SGLang labels it by `is_streaming`, so an engine
+# that has served nothing yet declares it (HELP and TYPE) with no sample: that is 0 requests, not "no metrics".
+_REQUESTS_FAMILY = "sglang:num_requests"
+
+
 def sample(pod: str, text: str) -> ServingSample | None:
     """An engine's counters from its /metrics text, summed over label sets (SGLang labels num_requests_total by
-    is_streaming, say); None when the text does not parse or shows no sglang:num_requests_total."""
+    is_streaming, say); None when the text does not parse or does not declare sglang:num_requests_total."""
     totals: dict[str, float] = {}
     try:
         for family in text_string_to_metric_families(text):
+            if family.name == _REQUESTS_FAMILY:
+                totals.setdefault("requests", 0.0)
             for s in family.samples:
                 field = _FIELDS.get(s.name)
                 if field is not None:

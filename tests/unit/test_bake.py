@@ -413,6 +413,13 @@ def test_metrics_text_is_read_as_sglang_writes_it() -> None:
     assert bake.sample("uid-1", "# TYPE other counter\nother_total 1\n") is None
 
 
+def test_an_engine_that_served_nothing_yet_reads_as_zero_requests_not_as_no_metrics() -> None:
+    """SGLang labels num_requests_total by is_streaming: until the first request it declares the counter with no
+    sample, and a bake's baseline read then must be 0, not missing."""
+    text = "# HELP sglang:num_requests_total Number of requests.\n# TYPE sglang:num_requests_total counter\n"
+    assert bake.sample("uid-1", text) == ServingSample(pod="uid-1", requests=0)
+
+
 # What sglang-router 0.3.2's Prometheus port printed for a PD pair after 10 requests, one of each retried.
 ROUTER_METRICS = "\n".join([
     "# TYPE smg_worker_cb_outcomes_total counter",
