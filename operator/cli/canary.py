@@ -77,11 +77,15 @@ def summary_lines(rep: Report, *, url: str, concurrency: int) -> Sequence[str]:
         lines.append(f"  cut inside the call by max_tokens: {rep.cut_check()}")
     elif rep.cut_requests:
         found = ", ".join(f"{c} {n}" for c, n in rep.cut.most_common())
-        lines.append(f"  cut inside the call by max_tokens {rep.cut_max_tokens}: {rep.cut_requests} answer(s) "
-                     + (f"({found})" if found else "kept to the contract"))
+        inside = rep.cut_requests - rep.cut_in_prose
+        said = f"{inside} answer(s) " + (f"({found})" if found else "kept to the contract") if inside else ""
+        prose = f"{rep.cut_in_prose} stopped in the prose before the call, testing nothing" if rep.cut_in_prose else ""
+        lines.append(f"  cut inside the call by max_tokens {rep.cut_max_tokens}: "
+                     + "; ".join(part for part in (said, prose) if part))
     if rep.passed:
         return [*lines, "PASS: every tool request got structured tool_calls; no markup in content; "
-                        + ("calls cut by max_tokens as the contract says; " if rep.cut_requests else "")
+                        + ("calls cut by max_tokens as the contract says; "
+                           if rep.cut_requests > rep.cut_in_prose else "")
                         + "no errors"]
     return [*lines, "FAIL: " + "; ".join(rep.failures()),
             *(f"  sample ({what}): {sample!r}" for what, sample in rep.samples.items())]

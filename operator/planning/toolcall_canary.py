@@ -80,7 +80,8 @@ def cuts(reference: Answer, *, index: int) -> tuple[list[Probe], str | None]:
         return [], "the reference tool request was answered without tool_calls"
     if reference.finish_reason == "length":
         return [], f"the reference tool answer did not end within {REFERENCE_MAX_TOKENS} tokens"
-    at = toolcall_cut.budget(reference.completion_tokens)
+    at = toolcall_cut.budget(reference.completion_tokens, prose=reference.content,
+                             calls=((c.name, c.arguments) for c in reference.calls))
     if at is None:
         return [], f"the reference tool answer is too short to cut ({reference.completion_tokens} token(s))"
     return [Probe(index, "auto", stream=True, cut_at=at), Probe(index + 1, "auto", stream=False, cut_at=at)], None
@@ -201,6 +202,7 @@ class Report:
     cut_max_tokens: int | None = None
     cut_not_sent: str | None = None  # why the cut check sent no probe
     cut: collections.Counter[str] = dataclasses.field(default_factory=collections.Counter)  # cause -> answers
+    cut_in_prose: int = 0  # cut answers that stopped in the reference's prose, before its call: nothing tested
 
     @property
     def passed(self) -> bool:
@@ -231,8 +233,14 @@ class Report:
             return f"no cut probe sent: {self.cut_not_sent}"
         if not self.cut_requests:
             return ""
+        inside = self.cut_requests - self.cut_in_prose
+        prose = (f"{self.cut_in_prose} answer(s) cut by max_tokens {self.cut_max_tokens} stopped in the prose "
+                 f"before the call, testing nothing") if self.cut_in_prose else ""
+        if not inside:
+            return prose
         kept = "" if self.cut else ", kept to the contract"
-        return f"{self.cut_requests} answer(s) cut inside the call by max_tokens {self.cut_max_tokens}{kept}"
+        said = f"{inside} answer(s) cut inside the call by max_tokens {self.cut_max_tokens}{kept}"
+        return f"{said}; {prose}" if prose else said
 
     def to_json(self) -> dict[str, Any]:
         return {"passed": self.passed, "model": self.model, "requests": self.requests,
@@ -241,7 +249,7 @@ class Report:
                 "answeredWithCalls": self.answered_with_calls, "leaks": dict(self.leaks),
                 "malformedCalls": self.malformed, "unanswered": self.unanswered, "errors": dict(self.errors),
                 "cutRequests": self.cut_requests, "cutMaxTokens": self.cut_max_tokens,
-                "cutNotSent": self.cut_not_sent, "cutFailures": dict(self.cut),
+                "cutNotSent": self.cut_not_sent, "cutFailures": dict(self.cut), "cutInProse": self.cut_in_prose,
                 "samples": self.samples, "failures": self.failures(), "durationSeconds": round(self.duration_s, 3)}
 
 
@@ -250,6 +258,8 @@ def report(results: Iterable[tuple[Probe, Answer]], *, parser: str | None = None
     """The findings over `results`; `cut_not_sent`: why the cut check sent no probe, if it sent none."""
     out = Report(duration_s=duration_s, cut_not_sent=cut_not_sent)
     spent: list[tuple[Probe, Answer]] = []  # the cut probes' answers that ran out of tokens
+    results = list(results)
+    reference = next((a for p, a in results if p.reference and a.error is None), None)
     for probe, answer in results:
         out.requests += 1
         out.cut_requests += probe.cut_at is not None
@@ -265,6 +275,8 @@ def report(results: Iterable[tuple[Probe, Answer]], *, parser: str | None = None
             out.answered_with_calls += bool(answer.calls)
         elif toolcall_cut.spent(answer.completion_tokens, probe.cut_at):
             spent.append((probe, answer))
+            out.cut_in_prose += (reference is not None and not answer.calls
+                                 and toolcall_cut.in_prose(answer.content, reference.content))
         for cause in verdict.leaks:
             out.leaks[cause.value] += 1
             out.samples.setdefault(cause.value, verdict.sample)

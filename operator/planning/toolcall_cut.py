@@ -29,19 +29,31 @@ WHAT = {
 Calls = Iterable[tuple[str, str]]  # (name, arguments) as the client received them
 
 
-def budget(reference_tokens: int | None) -> int | None:
+def budget(reference_tokens: int | None, *, prose: str = "", calls: Calls = ()) -> int | None:
     """The cut probes' `max_tokens`, from the completion tokens of a whole tool answer written greedily (None: the
-    answer is too short to cut).
+    answer is too short to cut); `prose` and `calls`: the reference's content and calls, to step over its prose.
 
-    Half of it, not "all of it less a few": the canary knows neither the model nor its tokenizer, but a tool
-    answer is mostly its call block, and the block's invoke (its name, then the arguments) spans the middle of
-    the block's tokens on every tokenizer, V3.2's or V4's, between an opener and closers of a few tokens each.
-    Less a few tokens lands in those closers, after the arguments closed, where nothing can break; half lands in
-    the arguments, where 0.5.23 alone returns a broken call. The cut probes are greedy like the reference, so
-    they write the same tokens up to the cut."""
+    Half of the call block, not "all of it less a few": the canary knows neither the model nor its tokenizer, but
+    the block's invoke (its name, then the arguments) spans the middle of the block's tokens on every tokenizer,
+    V3.2's or V4's, between an opener and closers of a few tokens each. Less a few tokens lands in those closers,
+    after the arguments closed, where nothing can break; half lands in the arguments, where 0.5.23 alone returns a
+    broken call. Prose before the block takes its share of the tokens by its share of the characters (the calls
+    counted by their name and arguments, a lower bound on the block's text, so the estimate leans late, into the
+    block); a cut that still lands in the prose is seen afterwards (`in_prose`). The cut probes are greedy like
+    the reference, so they write the same tokens up to the cut."""
     if reference_tokens is None or reference_tokens < 2:
         return None
-    return reference_tokens // 2
+    text = len(prose.strip())
+    block = sum(len(name) + len(arguments) for name, arguments in calls)
+    before = reference_tokens * text // (text + block) if text and block else 0
+    return before + max(1, (reference_tokens - before) // 2)
+
+
+def in_prose(cut_content: str, reference_content: str) -> bool:
+    """Whether an answer cut short stopped in the reference's prose, before its call block: its content is a
+    proper prefix of the reference's. Such an answer tested nothing of the contract."""
+    cut, whole = cut_content.rstrip(), reference_content.rstrip()
+    return len(cut) < len(whole) and whole.startswith(cut)
 
 
 def spent(completion_tokens: int | None, max_tokens: int) -> bool:

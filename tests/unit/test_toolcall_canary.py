@@ -9,6 +9,7 @@ import pytest
 from pdfleet.operator.cli import canary as cli_canary
 from pdfleet.operator.cli.__main__ import main
 from pdfleet.operator.planning import toolcall_canary as tc
+from pdfleet.operator.planning import toolcall_cut as tc_cut
 from pdfleet.operator.planning.toolcall_canary import Answer, Probe, ToolCall
 from pdfleet.runtime.simulator import toolcalls as sim
 from pdfleet.runtime.simulator.faults import Fault
@@ -260,3 +261,28 @@ def test_the_summary_says_when_no_cut_probe_was_sent_and_when_the_cut_answers_ke
     assert lines[-2:] == ["  cut inside the call by max_tokens 40: 2 answer(s) kept to the contract",
                           "PASS: every tool request got structured tool_calls; no markup in content; calls cut by "
                           "max_tokens as the contract says; no errors"]
+
+
+def test_the_cut_steps_over_the_references_prose_by_its_share_of_the_characters() -> None:
+    call = ToolCall("get_weather", '{"city": "Paris"}')  # 28 characters of name and arguments
+    assert tc_cut.budget(80) == 40 and tc_cut.budget(80, prose="   ", calls=[(call.name, call.arguments)]) == 40
+    # 28 characters of prose beside 28 of call: half the tokens are taken as prose, the cut is half the rest.
+    at = tc_cut.budget(80, prose="x" * 28, calls=[(call.name, call.arguments)])
+    assert at == 40 + 20
+    probes, _ = tc.cuts(Answer("x" * 28, (call,), "tool_calls", completion_tokens=80), index=8)
+    assert {p.cut_at for p in probes} == {60}
+
+
+def test_a_cut_that_stopped_in_the_prose_is_said_to_have_tested_nothing() -> None:
+    prose = "Let me check the weather for you in Paris right now."
+    reference = (Probe(0, "auto", stream=True, reference=True),
+                 Answer(prose, (GOOD,), "tool_calls", completion_tokens=81))
+    rep = tc.report([reference, (STREAMED_CUT, cut(content=prose[:20])), (CUT_PROBE, cut(content=prose[:20]))])
+    assert rep.passed and rep.cut_in_prose == 2 and rep.to_json()["cutInProse"] == 2
+    assert rep.cut_check() == "2 answer(s) cut by max_tokens 40 stopped in the prose before the call, testing nothing"
+    lines = cli_canary.summary_lines(rep, url="http://127.0.0.1:1", concurrency=4)
+    assert "  cut inside the call by max_tokens 40: 2 stopped in the prose before the call, testing nothing" in lines
+    assert "calls cut by max_tokens" not in lines[-1], "the verdict claims no cut it did not test"
+    # The whole prose and no call: the cut landed in the call, which was withheld as the contract says.
+    inside = tc.report([reference, (STREAMED_CUT, cut(content=prose)), (CUT_PROBE, cut(content=prose + "\n"))])
+    assert inside.cut_in_prose == 0 and inside.cut_check().startswith("2 answer(s) cut inside the call")
