@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
+from pdfleet.operator.api.autoscaling import SPEC_RULES as AUTOSCALING_RULES
+from pdfleet.operator.api.autoscaling import AutoscalingSpec
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.engine import EngineSpec
 from pdfleet.operator.api.health import HealthSpec
@@ -73,7 +75,7 @@ class InferencePoolSpec(ApiModel):
     """The desired state of a prefill/decode disaggregated SGLang pool."""
 
     RULES = (_replicas_rule(Role.PREFILL), _replicas_rule(Role.DECODE), _ONE_PORT_FOR_THE_ROUTER,
-             _CANARY_NEEDS_A_PARSER, _IN_THE_RATIO_BAND)
+             _CANARY_NEEDS_A_PARSER, _IN_THE_RATIO_BAND, *AUTOSCALING_RULES)
 
     model: ModelSpec = Field(description="The served model and its chat format.")
     engine: EngineSpec = Field(description="The SGLang engine every group runs: image, version, patches, args.")
@@ -85,6 +87,9 @@ class InferencePoolSpec(ApiModel):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="How new revisions roll out.")
     scaling: ScalingSpec = Field(default_factory=ScalingSpec,
                                  description="How the roles' sizes are held together when one is scaled.")
+    autoscaling: AutoscalingSpec = Field(
+        default_factory=AutoscalingSpec,
+        description="pdfleet's own autoscaler per role, on the load SGLang publishes; off for a role left out.")
     network_policy: NetworkPolicySpec = Field(default_factory=NetworkPolicySpec,
                                               description="Who may reach the pool's pods (NetworkPolicies).")
     paused: bool = Field(

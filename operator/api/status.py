@@ -7,6 +7,7 @@ from typing import Annotated
 
 from pydantic import Field
 
+from pdfleet.operator.api.autoscaling import AutoscalingStatus
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.conditions import Condition, Timestamp
 from pdfleet.operator.api.roles import Role
@@ -250,6 +251,9 @@ class InferencePoolStatus(ApiModel):
         default=None, description="How the last new revision rolled out fared, during its rollout and its "
                                   "postRolloutWatch.",
     )
+    autoscaling: AutoscalingStatus | None = Field(
+        default=None, description="What spec.autoscaling last decided per role, and why (written by the autoscaler "
+                                  "when its decision or recommendation changes, not at every poll).")
     conditions: tuple[Condition, ...] = Field(
         default=(), max_length=32, description="Accepted, Ready, Progressing, Degraded, RolloutVerified.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},

@@ -515,6 +515,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         decode=counts[Role.DECODE],
         groups=groups,
         watch=watched.watch,
+        autoscaling=previous.autoscaling,  # the autoscaler's to write (operator/autoscaler.py): carried as it is
         conditions=status_mod.merge_conditions(prev_conds, conds),
     )
 
