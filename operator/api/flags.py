@@ -35,6 +35,11 @@ NO_PP = "refused: pipeline parallelism is not supported"
 # other role's event loop with no agreement across the TP group: a rank that switches alone hangs the group
 # (docs/desync-audit.md). pdfleet never renders it and refuses it in extraArgs; a role is the pool's to set.
 NO_ROLE_SWITCH = "refused: a PD role switch is decided per TP rank, with no agreement (docs/desync-audit.md)"
+# SGLang's LoRA serving decides per TP rank what the group must agree: an adapter load's outcome (only the TP
+# leader's reply reaches the tokenizer), whether an adapter copied asynchronously is ready (this rank's CUDA
+# event) and whether a starving adapter is drained (this rank's clock), both inside batch admission. These two
+# flags are the only ones that turn LoRA on: without them SGLang builds no LoRA manager (docs/desync-audit.md).
+NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no agreement (docs/desync-audit.md)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -65,6 +70,8 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--disaggregation-mode": ManagedFlag("the role (prefill or decode)", "disaggregation_mode"),
     "--enable-pd-role-switch": ManagedFlag("the operator (a role switch is refused: the pool's roles are fixed)",
                                            unchecked=NO_ROLE_SWITCH),
+    "--enable-lora": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
+    "--lora-paths": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),
