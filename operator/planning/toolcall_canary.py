@@ -95,13 +95,16 @@ def plain(requests: int) -> list[Probe]:
 def body(probe: Probe, *, model: str, max_tokens: int) -> dict[str, Any]:
     """The `chat.completions.create` keyword arguments of a probe."""
     prompt = TOOL_PROMPT if probe.tools else PLAIN_PROMPT
-    own = REFERENCE_MAX_TOKENS if probe.reference else probe.cut_at
+    # A tool request that is not cut on purpose gets the reference's room: a whole DSML call with a real
+    # tokenizer is tens of tokens, and one cut by a short budget is withheld by the contract, which would read
+    # as a request answered without calls. `max_tokens` bounds the plain requests only.
+    own = probe.cut_at if probe.cut_at is not None else REFERENCE_MAX_TOKENS if probe.tools else None
     # max_completion_tokens, not max_tokens: OpenAI's and SGLang's (0.5.x) current name; max_tokens is deprecated.
     kwargs: dict[str, Any] = {"model": model, "max_completion_tokens": own or max_tokens, "stream": probe.stream,
                               "messages": [{"role": "user", "content": prompt}]}
     if probe.tools:
         kwargs.update(tools=TOOLS, tool_choice=probe.tool_choice)
-    if own is not None:
+    if probe.reference or probe.cut_at is not None:
         # Greedy, so that a cut probe writes the reference's tokens up to its cut; and its length counted, streamed
         # too, to know it ran out of tokens.
         kwargs["temperature"] = 0

@@ -37,9 +37,11 @@ def test_the_plan_interleaves_tool_and_plain_requests_streamed_and_not_auto_and_
                      (None, False)}
     body = tc.body(probes[4], model="m", max_tokens=8)
     assert body["tools"] == tc.TOOLS and body["tool_choice"] == "required" and body["stream"] is True
-    assert body["max_completion_tokens"] == 8 and "max_tokens" not in body
+    assert body["max_completion_tokens"] == tc.REFERENCE_MAX_TOKENS and "max_tokens" not in body, \
+        "a tool request not cut on purpose has room for a whole call, whatever the plain requests' budget"
     assert "temperature" not in body and "stream_options" not in body
-    assert "tools" not in tc.body(probes[1], model="m", max_tokens=8)
+    plain = tc.body(probes[1], model="m", max_tokens=8)
+    assert "tools" not in plain and plain["max_completion_tokens"] == 8
 
 
 def test_a_structured_call_and_plain_text_pass() -> None:
