@@ -40,6 +40,11 @@ NO_ROLE_SWITCH = "refused: a PD role switch is decided per TP rank, with no agre
 # event) and whether a starving adapter is drained (this rank's clock), both inside batch admission. These two
 # flags are the only ones that turn LoRA on: without them SGLang builds no LoRA manager (docs/desync-audit.md).
 NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no agreement (docs/desync-audit.md)"
+# FlexKV's radix cache fans its leader's answers out to the TP ranks by point-to-point sends the followers receive
+# in call order, unmatched to the call: a call one rank makes alone (an eviction its own free KV asks for drains
+# store completions) mis-pairs every later message. `--radix-cache-backend` picks a cache by a registered name, and
+# in SGLang 0.5.23 only FlexKV registers one (docs/desync-audit.md).
+NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call order (docs/desync-audit.md)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -72,6 +77,9 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
                                            unchecked=NO_ROLE_SWITCH),
     "--enable-lora": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
     "--lora-paths": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
+    "--enable-flexkv": ManagedFlag("the operator (the FlexKV cache is refused)", unchecked=NO_FLEXKV),
+    "--radix-cache-backend": ManagedFlag("the operator (a registered radix-cache back-end is refused)",
+                                         unchecked=NO_FLEXKV),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),

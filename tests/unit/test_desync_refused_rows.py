@@ -6,12 +6,17 @@ and that pdfleet refuses each spelling SGLang's parser takes for them.
   is the row the scan reaches; the per-rank decisions are around it: a starving adapter's drain decided on each
   rank's own clock, an asynchronously copied adapter's readiness read from this rank's CUDA event (both inside
   batch admission, prefill and decode), and an adapter load's outcome, which only the TP leader reports.
+- FlexKV (`--enable-flexkv`, `--radix-cache-backend`): the rows the scan reaches (`FlexKVComm._isend` / `_recv`)
+  are its TP fan-out, not only PP: the leader's answers go out by isends that each follower receives in call
+  order, and an eviction one rank's own free KV asks for drains store completions through it (on the installed
+  source, and SGLang's own FlexKVComm on real gloo ranks: tests/repro/flexkv.py).
 """
 
 from __future__ import annotations
 
 import ast
 import inspect
+import pathlib
 import textwrap
 from types import SimpleNamespace
 from typing import Any
@@ -142,3 +147,139 @@ def test_lora_admission_reads_this_ranks_cuda_event_and_a_load_reports_this_rank
     assert "success=False" in ast.unparse(handlers[0])
     senders = inspect.getsource(ipc_channels)
     assert senders.count("send_to_tokenizer = SenderWrapper(None)") == 1
+
+
+# --- FlexKV (`--enable-flexkv`, `--radix-cache-backend`) ---
+
+def _method(owner: Any, name: str) -> ast.FunctionDef:
+    tree = ast.parse(textwrap.dedent(inspect.getsource(getattr(owner, name))))
+    fn = tree.body[0]
+    assert isinstance(fn, ast.FunctionDef)
+    return fn
+
+
+def _flexkv_methods(module: str, cls: str) -> dict[str, ast.FunctionDef]:
+    """A FlexKV class's methods, read from the installed source: importing it needs the FlexKV package."""
+    import sglang
+
+    path = pathlib.Path(sglang.__file__).parent / "srt" / "mem_cache" / "storage" / "flexkv" / f"{module}.py"
+    body = next(n for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    return {n.name: n for n in body if isinstance(n, ast.FunctionDef)}
+
+
+def _called(fn: ast.FunctionDef) -> set[str]:
+    return {ast.unparse(n.func) for n in ast.walk(fn) if isinstance(n, ast.Call)}
+
+
+def _guards_of(fn: ast.FunctionDef, call: str) -> list[list[str]]:
+    """For each call of `call` in `fn`, the tests of the `if`s around it, outermost first."""
+    found: list[list[str]] = []
+
+    def walk(node: ast.AST, tests: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.Call) and ast.unparse(child.func) == call:
+                found.append(tests)
+            inner = [*tests, ast.unparse(child.test)] if isinstance(child, ast.If) else tests
+            walk(child, inner)
+
+    walk(fn, [])
+    return found
+
+
+def test_flexkv_fans_out_over_tp_without_pp_and_a_rank_local_eviction_enters_it() -> None:
+    """The scan's FlexKV rows (`FlexKVComm._isend` / `_recv`) are not PP-only: `scatter` sends the sync leader's
+    payload to the TP ranks whenever attention TP is larger than one, the leader by non-blocking isends, each
+    follower by a blocking receive of the next message with the TP tag, whatever call it is in. The connector's
+    lookup, store-completion drain and prefetch steps all go through it (`needs_sync`: TP > 1), and the radix
+    cache drains store completions from `evict`, which its load-back calls on this rank's own free KV."""
+    requires.installed("sglang")
+    comm = _flexkv_methods("flexkv_comm", "FlexKVComm")
+    connector = _flexkv_methods("flexkv_connector", "FlexKVConnector")
+    cache = _flexkv_methods("flexkv_radix_cache", "FlexKVRadixCache")
+
+    assert _guards_of(comm["scatter"], "self._scatter_group") == [
+        ["self.pp_size > 1 and self.is_pp_stage_leader"], ["self._cp_leader_ranks"], ["self._tp_group_ranks"]]
+    init = ast.unparse(comm["__init__"])
+    assert "if self.attn_tp_size > 1:" in init and "self._tp_group_ranks = [dist.get_global_rank(" in init
+    assert "self.needs_sync = self.pp_size > 1 or self.attn_tp_size > 1 or self.attn_cp_size > 1" in init
+    group = ast.unparse(comm["_scatter_group"])
+    assert "works.extend(self._isend(dst, data, tag, self._world_cpu_group))" in group
+    assert "return self._recv(group_ranks[0], tag, self._world_cpu_group)" in group
+    assert "dist.irecv(t_size, src=src, tag=tag, group=group).wait()" in ast.unparse(comm["_recv"])
+    for step in ("lookup_kv", "check_completed_stores", "prefetch_async", "check_prefetch_progress"):
+        assert _guards_of(connector[step], "self._sync_ctx.scatter") == [["self._sync_ctx.needs_sync"]], step
+    assert "self._drain_completed_stores" in _called(cache["evict"])
+    assert "self.flexkv_connector.check_completed_stores" in _called(cache["_drain_completed_stores"])
+    assert _guards_of(cache["_allocate_and_load"], "self.evict") == [
+        ["self.token_to_kv_pool_allocator.available_size() < uncached_len"]]
+
+
+def test_flexkv_is_turned_on_only_by_the_flags_pdfleet_refuses() -> None:
+    """SGLang builds FlexKV's radix cache from `--enable-flexkv` (the default factory chain) or from a name given
+    to `--radix-cache-backend` (the registry), and the only name SGLang 0.5.23 registers is FlexKV's."""
+    requires.installed("sglang")
+    import sglang
+    from sglang.srt.mem_cache import registry
+    from sglang.srt.server_args import prepare_server_args
+
+    default = prepare_server_args(_BASE)
+    assert (default.enable_flexkv, default.radix_cache_backend) == (False, None)  # SGLang's defaults
+    for spelling in ("--enable-flexkv", "--enable-flex"):  # argparse takes the prefix for the flag
+        assert prepare_server_args([*_BASE, spelling]).enable_flexkv is True
+        assert [(path, "extraArgs may not set --enable-flexkv" in message)
+                for path, message in _refusals([spelling])] == [("spec.engine.extraArgs[0]", True)], spelling
+    for spelling in ("--radix-cache-backend=flexkv", "--radix-cache-b=flexkv"):
+        assert prepare_server_args([*_BASE, spelling]).radix_cache_backend == "flexkv"
+        assert [(path, "extraArgs may not set --radix-cache-backend" in message)
+                for path, message in _refusals([spelling])] == [("spec.engine.extraArgs[0]", True)], spelling
+
+    chain = ast.unparse(_method(registry, "default_radix_cache_factory"))
+    assert chain.count("_flexkv_factory") == 2 and "if get_memory().enable_flexkv:" in chain
+    assert "if name:\n        factory = get_radix_cache_factory(name)" in ast.unparse(
+        _method(registry, "create_tree_cache"))
+    srt = pathlib.Path(sglang.__file__).parent / "srt"
+    registering = {str(path.relative_to(srt)) for path in srt.rglob("*.py")
+                   if "register_radix_cache_backend(" in (text := path.read_text())
+                   and any(isinstance(n, ast.Call) and ast.unparse(n.func) == "register_radix_cache_backend"
+                           for n in ast.walk(ast.parse(text)))}
+    assert registering == {"mem_cache/storage/flexkv/__init__.py"}
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_flexkv_fan_out_one_rank_enters_alone_mis_pairs_the_next_answer(launch: Any, world: int) -> None:
+    """SGLang's own FlexKVComm on a real gloo group (tests/repro/flexkv.py). When every rank is short of free KV
+    for a load-back, all drain the store completions and every later answer reaches its call. When only the last
+    rank is, its drain receives the leader's next lookup answer (a dict where a list of handles belongs) and its
+    own next lookup waits for a send the leader never makes; no error is raised where the pairing went wrong."""
+    requires.installed("sglang")
+    import json
+
+    from tests.repro import flexkv
+    from tests.repro.group import wait_for
+    from tests.unit.test_desync_reproduction import _log
+
+    sc, proc = launch((), world, module="tests.repro.flexkv", local_aborts={},
+                      kv_free={rank: flexkv.LOAD_BACK // 2 for rank in range(world)})
+    assert proc.wait(timeout=180) == 0, f"a rank hung or failed:\n{_log(sc)}"
+    agreed = [json.loads(sc.result_path(rank).read_text()) for rank in range(world)]
+    assert [(r["lookup"], r["drained"], r["next_lookup"]) for r in agreed] == \
+        [(flexkv.FIRST_LOOKUP, flexkv.COMPLETED, flexkv.NEXT_LOOKUP)] * world
+
+    sc, proc = launch((), world, module="tests.repro.flexkv", local_aborts={},
+                      kv_free={world - 1: flexkv.LOAD_BACK // 2})
+
+    def records() -> list[dict[str, Any]]:
+        return [json.loads(path.read_text()) if (path := sc.result_path(rank)).exists() else {}
+                for rank in range(world)]
+
+    def settled() -> bool:
+        *peers, last = records()
+        return all(r.get("in") == "done" for r in peers) and last.get("in") == "next_lookup"
+
+    assert wait_for(settled, timeout_s=120), f"the ranks did not reach their steps: {records()}\n{_log(sc)}"
+    *peers, last = records()
+    assert [(r["evicted"], r["lookup"], r["next_lookup"]) for r in peers] == \
+        [(False, flexkv.FIRST_LOOKUP, flexkv.NEXT_LOOKUP)] * (world - 1)
+    assert (last["evicted"], last["lookup"], last["drained"]) == (True, flexkv.FIRST_LOOKUP, flexkv.NEXT_LOOKUP), \
+        "the last rank's store drain took the leader's next lookup answer"
+    assert "next_lookup" not in last, "its own next lookup has no answer coming"
