@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import gc
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import kopf
@@ -20,10 +20,13 @@ from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.api import role_scale as role_scale_api
+from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import client as engine_client
 from pdfleet.operator.engines import membership, monitor
 from pdfleet.operator.kube import client as kube_client
+from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
@@ -114,7 +117,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.membership = membership.RouterMembership(routers=state.engines,
                                                    key=state.controller.router_keys.for_pod,
                                                    post_event=state.controller.post_event)
-    state.health.after_poll = state.membership.sync
+    # pdfleet's own autoscaler (spec.autoscaling) reads the load the same poll read, and writes the replicas.
+    state.autoscaler = Autoscaler(client=state.client, loads=state.health.loads,
+                                  post_event=state.controller.post_event, renders=renders)
+    state.health.after_poll = _after_poll(state.membership.sync, state.autoscaler.after_poll)
     pools = kwargs["pool_index"]
     state.role_scaler = RoleScaler(client=state.client, pool=lambda key: next(iter(pools.get(key, ())), None),
                                    objects=kwargs["role_objects"])
@@ -122,6 +128,22 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
     state.tasks.append(asyncio.create_task(_resync(state)))
     state.ready.set()
+
+
+def _after_poll(*steps: monitor.AfterPoll) -> monitor.AfterPoll:
+    """Each step after a health poll, in order; one that fails does not keep the next from running."""
+
+    async def run(key: PoolKey, spec: InferencePoolSpec, observed: cache_mod.Observed,
+                  judged: Mapping[str, GroupHealth]) -> None:
+        for step in steps:
+            try:
+                await step(key, spec, observed, judged)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("after the health poll of %s/%s", *key)
+
+    return run
 
 
 def _poke_known(state: OperatorState, key: PoolKey) -> None:

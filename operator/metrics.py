@@ -59,6 +59,30 @@ ROLE_SCALES = Counter(
     "refused).",
     ["role", "result"], registry=REGISTRY,
 )
+AUTOSCALER_DESIRED = Gauge(
+    "pdfleet_autoscaler_desired_groups",
+    "Engine groups spec.autoscaling's last decision wants for a role of a pool (its replicas once written).",
+    ["namespace", "pool", "role"], registry=REGISTRY,
+)
+AUTOSCALER_SERVING = Gauge(
+    "pdfleet_autoscaler_serving_groups",
+    "Groups of a role the autoscaler counted as capacity at its last decision (Ready, Healthy, verified at the "
+    "role's revision).",
+    ["namespace", "pool", "role"], registry=REGISTRY,
+)
+AUTOSCALER_METRIC = Gauge(
+    "pdfleet_autoscaler_metric_value",
+    "What the autoscaler last read for a target of a role, per engine (queue and running requests, KV cache usage "
+    "0-1) or over the poll's window (time to first token and inter-token latency, in seconds), by metric "
+    "(QueuePerEngine, RunningPerEngine, KVCacheUsage, TimeToFirstToken, InterTokenLatency).",
+    ["namespace", "pool", "role", "metric"], registry=REGISTRY,
+)
+AUTOSCALER_DECISIONS = Counter(
+    "pdfleet_autoscaler_decisions_total",
+    "Scales spec.autoscaling wrote into a pool's spec, by role, direction (up, down) and the rule that set the "
+    "number (a target such as KVCacheUsage, StepLimit, MinReplicas, MaxReplicas, RatioFollow, RatioClamp).",
+    ["role", "direction", "rule"], registry=REGISTRY,
+)
 ROLLOUT_ANALYSES = Counter(
     "pdfleet_rollout_analysis_total",
     "Bakes of new engine groups judged (rollout.verification.bake and analysis), by result (passed, failed, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 
+from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import Cache, PoolKey
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines.client import EngineClient
@@ -52,6 +53,7 @@ class OperatorState:
     membership: RouterMembership | None = None  # keeps the routers' workers to what the operator judged
     engines: EngineClient | None = None  # the one client to engines and routers, shared by all of the above
     role_scaler: RoleScaler | None = None  # mirrors InferencePoolRoles' scale and the pools' replicas
+    autoscaler: Autoscaler | None = None  # spec.autoscaling, after each health poll
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -89,3 +91,5 @@ class OperatorState:
             self.controller.forget(key)
         if self.role_scaler:
             self.role_scaler.forget(key)
+        if self.autoscaler:
+            self.autoscaler.forget(key)

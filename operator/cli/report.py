@@ -253,6 +253,21 @@ def scale_target_line(pool: Mapping[str, Any], role: Role, targets: Sequence[Map
             f"group(s){said}")
 
 
+def autoscaling_line(pool: Mapping[str, Any], role: Role, status: InferencePoolStatus,
+                     now: datetime.datetime) -> str | None:
+    """A role spec.autoscaling sizes: its bounds, what the autoscaler last decided and why, when it last scaled."""
+    spec = (((pool.get("spec") or {}).get("autoscaling") or {}).get(str(role))) or None
+    if spec is None:
+        return None
+    bounds = f"{spec.get('minReplicas', 1)} to {spec['maxReplicas']} group(s)"
+    decided = status.autoscaling.role(role) if status.autoscaling is not None else None
+    if decided is None:
+        return f"  autoscaling: {bounds}; no decision yet"
+    scaled = f", last scaled {age(decided.last_scale_time, now)} ago" if decided.last_scale_time else ""
+    said = decided.message or f"wants {decided.desired} ({decided.rule})"  # the message starts with the numbers
+    return f"  autoscaling: {bounds}, {decided.current} serving{scaled}: {said}"
+
+
 def band_line(pool: Mapping[str, Any]) -> str | None:
     ratio = ((pool.get("spec") or {}).get("scaling") or {}).get("ratio")
     if not ratio:
@@ -265,8 +280,8 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
                  evidence: Sequence[Mapping[str, Any]] = (), scale_targets: Sequence[Mapping[str, Any]] = (),
                  now: datetime.datetime) -> list[str]:
     """`pdfleet status`: phase, revisions, per role its groups (and its InferencePoolRole when it is a scale
-    target), the conditions that are not fine, and the last incident. `pods` give each group's Ready pods (the
-    status has no per-group readiness)."""
+    target, its autoscaler's last decision when spec.autoscaling sizes it), the conditions that are not fine, and
+    the last incident. `pods` give each group's Ready pods (the status has no per-group readiness)."""
     status = read_status(pool)
     state = rollout(pool)
     current = status.current_revision or "-"
@@ -288,6 +303,8 @@ def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: 
                      f"(verified at the update revision){extra}")
         if (target := scale_target_line(pool, role, scale_targets)) is not None:
             lines.append(target)
+        if (autoscaled := autoscaling_line(pool, role, status, now)) is not None:
+            lines.append(autoscaled)
         groups = [g for g in status.groups if g.role is role]
         if not groups:
             lines.append("  (no groups)")

@@ -1,7 +1,7 @@
 """The operator's one door to its engines and routers: every request it sends them goes through `EngineClient`.
 
     the rank-health agent      GET /ranks, /ranks/stacks        `ranks`, `agent_json`
-    SGLang's HTTP API          GET /server_info, /metrics       `server_info`, `metrics`
+    SGLang's HTTP API          GET /server_info, /metrics       `server_info`, `metrics`, `engine_metrics`
     sglang-router's worker API GET, POST /workers; DELETE /workers/{id}   `workers`, `add_worker`, `remove_worker`
     sglang-router's metrics    GET /metrics (its metrics port)  `routed`
     OpenAI-compatible API      the tool-call canary and bake probes      `openai`
@@ -20,6 +20,7 @@ poll of a hundred groups is a hundred of them a second), and one httpx client th
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -30,7 +31,8 @@ import httpx
 import openai
 
 from pdfleet.operator.api.status import ServingSample
-from pdfleet.operator.planning import bake
+from pdfleet.operator.planning import bake, engine_load
+from pdfleet.operator.planning.engine_load import LoadSample
 from pdfleet.operator.planning.router_membership import Registered, Worker, pod_ip, worker_url
 from pdfleet.operator.planning.verification import SERVER_INFO_FIELDS
 from pdfleet.operator.render.engine_group import AGENT_PORT
@@ -48,6 +50,12 @@ MAX_CONCURRENT = 64  # control requests in flight at once, across every pool of 
 MAX_BODY = 4 * 1024 * 1024  # a rank report is a few KiB, /server_info tens, /metrics a few hundred
 OPENAI_CONNECTIONS = 256  # canary and probe requests in flight at once; each run bounds its own concurrency
 API_KEY = "pdfleet-operator"  # engines ignore it; the `openai` library insists on one
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineMetrics:
+    serving: ServingSample | None = None
+    load: LoadSample | None = None
 
 
 def pod_address(pod: Body, port: int) -> tuple[str, int] | None:
@@ -121,9 +129,17 @@ class EngineClient:
     async def metrics(self, pod: Body, port: int) -> ServingSample | None:
         """The serving counters the engine's /metrics shows, or None when it does not answer in time with SGLang's
         request counters."""
+        return (await self.engine_metrics(pod, port)).serving
+
+    async def engine_metrics(self, pod: Body, port: int) -> EngineMetrics:
+        """What one GET of the engine's /metrics shows: its serving counters (a bake's) and its load (the
+        autoscaler's), each None when the answer does not carry it (or none came in time)."""
         uid = str(pod["metadata"].get("uid") or "")
         raw = await self._get(self.url(pod, port, "/metrics")) if uid else None
-        return bake.sample(uid, raw.decode("utf-8", "replace")) if raw is not None else None
+        if raw is None:
+            return EngineMetrics()
+        text = raw.decode("utf-8", "replace")
+        return EngineMetrics(serving=bake.sample(uid, text), load=engine_load.parse(uid, text))
 
     # --- sglang-router's worker API; every call carries the router pod's control-plane key as a bearer token
 

@@ -16,7 +16,8 @@ prefill leader (`canary_gate.CanaryRunner`: once per pod, as a task; the finding
 the run's end wakes). While a new revision rolls out with a bake, it also reads `/metrics` of every group's
 leader, old revision and new, at every poll: the counters a bake compares (`EngineFacts.metrics`); a baking
 group that has served too few requests to be judged gets plain probe requests from the operator
-(`bake_probes.BakeProber`).
+(`bake_probes.BakeProber`). With `spec.autoscaling`, the same GET of an autoscaled role's leaders' /metrics gives
+their load (`loads`), which the autoscaler reads after the poll (`after_poll`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import bake, rank_health, router_membership
 from pdfleet.operator.planning import canary_gate as planning_canary
+from pdfleet.operator.planning.engine_load import LoadSample
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
@@ -74,6 +76,7 @@ class HealthMonitor:
         self._prober = prober  # the same
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
+        self._loads: dict[PoolKey, dict[str, LoadSample]] = {}  # autoscaled roles' leaders' load, by group
         self._poke = poke
         self.after_poll = after_poll
         self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
@@ -90,6 +93,11 @@ class HealthMonitor:
     def facts(self, key: PoolKey) -> Mapping[str, EngineFacts]:
         """What the last poll saw of the pool's groups' engines for verification, by group name."""
         return dict(self._facts.get(key, {}))
+
+    def loads(self, key: PoolKey) -> Mapping[str, LoadSample]:
+        """The load the last poll read from each group's leader, by group name, for the roles `spec.autoscaling`
+        sizes (kept apart from the facts: a load changes at every poll and must not wake the reconcile)."""
+        return dict(self._loads.get(key, {}))
 
     def watch(self, key: PoolKey) -> None:
         """Polls the pool from now on, if it is not polled already."""
@@ -113,7 +121,8 @@ class HealthMonitor:
 
     def _drop(self, key: PoolKey) -> None:
         """Everything kept about the pool's groups and pods."""
-        for kept in (self._judged, self._answered, self._warned, self._foreign, self._facts, self._infos):
+        for kept in (self._judged, self._answered, self._warned, self._foreign, self._facts, self._infos,
+                     self._loads):
             kept.pop(key, None)
         if self._canary is not None:
             self._canary.forget(key)
@@ -202,6 +211,8 @@ class HealthMonitor:
         foreign = self._foreign.get(key, set())
         wanted: list[tuple[Body, int]] = []
         sampled: list[tuple[Body, int]] = []  # leaders whose /metrics a bake compares, old revision or new
+        loaded: dict[str, tuple[Body, int]] = {}  # group -> its leader, whose load the autoscaler reads
+        autoscaled = {role for role in Role if spec.autoscaling.role(role) is not None}
         verified = {g.name: g.verified_revision for g in last.groups if g.verified_revision is not None}
         sampling = _sampling(spec, last)
         for name, pods in judged_pods.items():
@@ -212,6 +223,8 @@ class HealthMonitor:
             head = leader_pod(live)
             if sampling and head is not None and head["metadata"].get("uid") not in foreign:
                 sampled.append((head, spec.role(role).port))
+            if role in autoscaled and head is not None and head["metadata"].get("uid") not in foreign:
+                loaded[name] = (head, spec.role(role).port)
             if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
                     {revision.role_revision(spec, role)}:
                 continue
@@ -224,21 +237,31 @@ class HealthMonitor:
                     verified.get(name) != revision.role_revision(spec, role):
                 self._start_canary(key, spec, leader, judged_pods)
         samples: dict[str, ServingSample] = {}
-        if wanted or sampled:
+        loads: dict[str, LoadSample] = {}
+        if wanted or sampled or loaded:
             engines = self._engines
             serving = [r for r in routers if sampled and not r["metadata"].get("deletionTimestamp")]
+            # One GET of /metrics per leader, whether a bake, the autoscaler or both read it.
+            read = {str(pod["metadata"]["uid"]): (pod, port) for pod, port in [*sampled, *loaded.values()]}
             got, counted, seen = await asyncio.gather(
                 asyncio.gather(*(engines.server_info(pod, port) for pod, port in wanted)),
-                asyncio.gather(*(engines.metrics(pod, port) for pod, port in sampled)),
+                asyncio.gather(*(engines.engine_metrics(pod, port) for pod, port in read.values())),
                 asyncio.gather(*(engines.routed(router) for router in serving)))
             for (pod, _), info in zip(wanted, got, strict=True):
                 if info is not None:
                     infos[pod["metadata"]["uid"]] = info
             outcomes = [s for s in seen if s is not None]
-            for (pod, port), sample in zip(sampled, counted, strict=True):
+            by_uid = dict(zip(read, counted, strict=True))
+            for pod, port in sampled:
+                sample = by_uid[str(pod["metadata"]["uid"])].serving
                 ip = router_membership.pod_ip(pod)
                 if sample is not None and ip is not None:
                     samples[sample.pod] = bake.with_routed(sample, outcomes, router_membership.worker_url(ip, port))
+            for name, (pod, _) in loaded.items():
+                load = by_uid[str(pod["metadata"]["uid"])].load
+                if load is not None:
+                    loads[name] = load
+        self._loads[key] = loads
         if sampling:
             self._probe_thin_bakes(key, spec, judged_pods, samples, last)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}

@@ -82,7 +82,9 @@ def test_the_dashboard_covers_the_operators_concerns() -> None:
                        "pdfleet_evidence_captures_total", "pdfleet_reconcile_duration_seconds_bucket",
                        "pdfleet_reconcile_total", "pdfleet_kube_requests_total",
                        "pdfleet_router_worker_changes_total", "pdfleet_rollout_analysis_total",
-                       "pdfleet_rollout_bake_duration_seconds_bucket", "pdfleet_role_scales_total"}
+                       "pdfleet_rollout_bake_duration_seconds_bucket", "pdfleet_role_scales_total",
+                       "pdfleet_autoscaler_desired_groups", "pdfleet_autoscaler_serving_groups",
+                       "pdfleet_autoscaler_decisions_total", "pdfleet_autoscaler_metric_value"}
 
 
 def test_every_query_reads_series_the_operator_declares() -> None:

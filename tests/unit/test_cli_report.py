@@ -227,3 +227,20 @@ def test_status_shows_a_roles_inference_pool_role_and_the_ratio_band() -> None:
     assert lines[prefill + 1] == "  scale target: its InferencePoolRole is not there yet"
     plain = report.status_lines(recorded(verifying_cluster()), now=NOW)
     assert not any("scale target" in line or line.startswith("Ratio band") for line in plain)
+
+
+def test_status_shows_what_the_autoscaler_decided_for_a_role() -> None:
+    pool = recorded(verifying_cluster())
+    pool["spec"]["autoscaling"] = {"decode": {"minReplicas": 1, "maxReplicas": 4,
+                                              "targets": {"kvCacheUsage": "0.5"}}}
+    lines = report.status_lines(pool, now=NOW)
+    decode = lines.index(next(line for line in lines if line.startswith("Decode: ")))
+    assert lines[decode + 1] == "  autoscaling: 1 to 4 group(s); no decision yet"
+    pool["status"]["autoscaling"] = {"decode": {
+        "desired": 2, "current": 1, "rule": "KVCacheUsage", "lastScaleTime": "2026-01-01T11:58:00Z",
+        "message": "decode 1 -> 2 (KVCacheUsage): KV cache usage 0.90 (target 0.50), over 1 serving group(s)"}}
+    lines = report.status_lines(pool, now=NOW)
+    assert lines[decode + 1].startswith("  autoscaling: 1 to 4 group(s), 1 serving, last scaled ")
+    assert lines[decode + 1].endswith(" ago: decode 1 -> 2 (KVCacheUsage): KV cache usage 0.90 (target 0.50), over "
+                                      "1 serving group(s)")
+    assert not any("autoscaling" in line for line in report.status_lines(recorded(verifying_cluster()), now=NOW))
