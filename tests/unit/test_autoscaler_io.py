@@ -18,6 +18,7 @@ from pdfleet.operator.controller import Controller
 from pdfleet.operator.planning.rank_health import GroupHealth
 from tests.support.fake_engines import FakeEngine
 from tests.support.fake_fleet import DECODE, KEY, PREFILL, Fleet, engine_servers, rendered_fleet
+from tests.unit.test_monitor_bake import baking, uid
 
 NO_DAMPING = {"scaleUp": {"stabilizationWindowSeconds": 0}, "scaleDown": {"stabilizationWindowSeconds": 0},
               "minIntervalSeconds": 0}
@@ -184,3 +185,14 @@ async def test_after_a_poll_each_step_runs_and_a_failing_one_does_not_stop_the_n
 
     await handlers._after_poll(membership, autoscaler)(KEY, None, None, {})  # type: ignore[arg-type]
     assert ran == ["membership", "autoscaler"]
+
+
+async def test_a_bake_and_the_autoscaler_read_a_leaders_metrics_in_one_get(engines: dict[str, FakeEngine]) -> None:
+    async with rendered_fleet(engines, autoscaling=DECODE_ON_KV) as fleet:
+        engines[DECODE].metrics = sglang_metrics(usage=0.5)
+        baking(fleet, DECODE, since_requests=4)
+        before = metrics_reads(engines[DECODE])
+        await fleet.monitor.poll(KEY)
+        assert metrics_reads(engines[DECODE]) == before + 1
+        assert fleet.monitor.facts(KEY)[DECODE].metrics[uid(fleet, DECODE)].requests == 10, "the bake's counters"
+        assert fleet.monitor.loads(KEY)[DECODE].token_usage == 0.5, "and the autoscaler's load, from one answer"
