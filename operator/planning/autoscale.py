@@ -170,14 +170,19 @@ def recommend(replicas: int, serving: int, found: Sequence[Reading]) -> tuple[in
 def remember(history: Sequence[Recommendation], value: int, now: datetime.datetime,
              keep: datetime.timedelta) -> tuple[Recommendation, ...]:
     """`history` with `value` recorded at `now` if it differs from the last one, trimmed to `keep` back (the one
-    entry in effect at the window's start kept) and to MAX_RECOMMENDATIONS."""
+    entry in effect at the window's start kept) and to MAX_RECOMMENDATIONS: past it the two oldest entries become
+    one holding the larger value from the older's time, so a load that keeps changing can only delay a
+    scale-down, never bring one forward (the oldest entries matter to the longer window, the scale-down's)."""
     kept = list(history)
     if not kept or kept[-1].replicas != value:
         kept.append(Recommendation(time=now, replicas=value))
     start = now - keep
     while len(kept) > 1 and kept[1].time <= start:
         kept.pop(0)
-    return tuple(kept[-MAX_RECOMMENDATIONS:])
+    while len(kept) > MAX_RECOMMENDATIONS:
+        first, second = kept.pop(0), kept.pop(0)
+        kept.insert(0, Recommendation(time=first.time, replicas=max(first.replicas, second.replicas)))
+    return tuple(kept)
 
 
 def in_window(history: Sequence[Recommendation], now: datetime.datetime, seconds: int) -> list[int]:

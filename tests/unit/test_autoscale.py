@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.api.autoscaling import (
+    MAX_RECOMMENDATIONS,
     AutoscalingRoleStatus,
     DecodeAutoscaling,
     PrefillAutoscaling,
@@ -233,6 +234,18 @@ def test_history_keeps_change_points_only_and_the_entry_in_effect_at_the_window_
     # at 5 min, the 3-min window began at 2 min, when 3 was in effect
     assert autoscale.in_window(history, T0 + 5 * minute, 180) == [5, 2, 3]
     assert autoscale.in_window(history, T0 + 5 * minute, 0) == [2]
+
+
+def test_a_history_at_its_cap_keeps_the_largest_of_what_it_folds() -> None:
+    second = datetime.timedelta(seconds=1)
+    history: tuple[Recommendation, ...] = ()
+    values = [9, *([1, 2] * 20)]  # 41 changes within the window: more than the status keeps
+    for i, value in enumerate(values):
+        history = autoscale.remember(history, value, T0 + i * second, keep=300 * second)
+    assert len(history) == MAX_RECOMMENDATIONS
+    assert history[0].time == T0 and history[0].replicas == 9, "the peak is still in the down window"
+    assert max(autoscale.in_window(history, T0 + 40 * second, 300)) == 9
+    assert [r.replicas for r in history[-4:]] == [1, 2, 1, 2], "the recent changes are as they were"
 
 
 def test_an_oscillating_load_flaps_no_more_than_the_windows_allow() -> None:
