@@ -45,6 +45,10 @@ NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no a
 # store completions) mis-pairs every later message. `--radix-cache-backend` picks a cache by a registered name, and
 # in SGLang 0.5.23 only FlexKV registers one (docs/desync-audit.md).
 NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call order (docs/desync-audit.md)"
+# SGLang serves its run-time HiCache storage attach and detach only with an admin key, and its scheduler decides
+# them per TP rank (a busy rank refuses while its idle peers create the storage process groups), so pdfleet
+# keeps the key unset and the endpoints refused by SGLang itself (docs/desync-audit.md).
+NO_ADMIN_KEY = "refused: it opens HiCache storage attach/detach, decided per TP rank (docs/desync-audit.md)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -80,6 +84,7 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--enable-flexkv": ManagedFlag("the operator (the FlexKV cache is refused)", unchecked=NO_FLEXKV),
     "--radix-cache-backend": ManagedFlag("the operator (a registered radix-cache back-end is refused)",
                                          unchecked=NO_FLEXKV),
+    "--admin-api-key": ManagedFlag("the operator (SGLang's admin-only endpoints stay shut)", unchecked=NO_ADMIN_KEY),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),

@@ -283,3 +283,72 @@ def test_a_flexkv_fan_out_one_rank_enters_alone_mis_pairs_the_next_answer(launch
     assert (last["evicted"], last["lookup"], last["drained"]) == (True, flexkv.FIRST_LOOKUP, flexkv.NEXT_LOOKUP), \
         "the last rank's store drain took the leader's next lookup answer"
     assert "next_lookup" not in last, "its own next lookup has no answer coming"
+
+
+# --- HiCache storage attached or detached at run time (`--admin-api-key`) ---
+
+def test_hicache_storage_attach_and_detach_reach_no_rank_without_an_admin_key(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """SGLang's own HTTP handlers for PUT/DELETE /hicache/storage-backend answer 400 before reaching the
+    tokenizer (so no rank) unless the server has an admin key, which only `--admin-api-key` (or an abbreviation
+    SGLang's argparse takes) sets; pdfleet refuses every such spelling."""
+    requires.installed("sglang")
+    import asyncio
+
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.managers.io_struct import AttachHiCacheStorageReqInput
+    from sglang.srt.server_args import prepare_server_args
+
+    class Unreached:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the handler reached the tokenizer manager ({name})")
+
+    monkeypatch.setattr(http_server, "get_serving", lambda: SimpleNamespace(admin_api_key=None))
+    monkeypatch.setattr(http_server, "_global_state", SimpleNamespace(tokenizer_manager=Unreached()))
+    attach = asyncio.run(http_server.attach_hicache_storage_backend(
+        AttachHiCacheStorageReqInput(hicache_storage_backend="file")))
+    detach = asyncio.run(http_server.detach_hicache_storage_backend())
+    for response in (attach, detach):
+        assert response.status_code == 400 and b"requires admin API key" in response.body
+
+    assert prepare_server_args(_BASE).admin_api_key is None  # SGLang's default
+    for spelling, argv in {"--admin-api-key": ["--admin-api-key", "k"], "--admin=k": ["--admin=k"]}.items():
+        assert prepare_server_args([*_BASE, *argv]).admin_api_key == "k", spelling
+        assert [(path, "extraArgs may not set --admin-api-key" in message)
+                for path, message in _refusals(argv)] == [("spec.engine.extraArgs[0]", True)], spelling
+
+
+def test_a_busy_rank_refuses_the_storage_attach_its_idle_peer_runs_and_the_attach_creates_groups(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a key, SGLang's own `Scheduler.attach_hicache_storage_wrapped` / `detach_..._wrapped` (dispatched from
+    the broadcast on every rank) refuse on this rank's own `is_fully_idle()`, before the tree cache's attach,
+    whose controller creates gloo groups over the TP ranks (`_create_sync_groups`: one
+    `create_custom_parallel_group` per group), and detach, which destroys them: a rank busy when its peers are
+    idle stays out of the group creation they enter."""
+    requires.installed("sglang")
+    from sglang.srt.managers import cache_controller
+    from sglang.srt.managers import scheduler as scheduler_module
+    from sglang.srt.managers.io_struct import AttachHiCacheStorageReqInput, DetachHiCacheStorageReqInput
+
+    monkeypatch.setattr(scheduler_module, "get_serving", lambda: SimpleNamespace(served_model_name="tiny"))
+    monkeypatch.setattr(scheduler_module, "get_context", lambda: SimpleNamespace(override=lambda *a, **k: None))
+    entered: dict[str, list[str]] = {}
+    for rank, idle in (("busy", False), ("idle", True)):
+        calls = entered.setdefault(rank, [])
+        tree_cache = SimpleNamespace(
+            attach_storage_backend=lambda calls=calls, **kwargs: calls.append("attach") or (True, "attached"),
+            detach_storage_backend=lambda calls=calls: calls.append("detach") or (True, "detached"))
+        scheduler = SimpleNamespace(enable_hierarchical_cache=True, is_fully_idle=lambda idle=idle: idle,
+                                    waiting_queue=[], running_batch=SimpleNamespace(reqs=[] if idle else [1]),
+                                    tree_cache=tree_cache, enable_hicache_storage=False)
+        attached = scheduler_module.Scheduler.attach_hicache_storage_wrapped(
+            scheduler, AttachHiCacheStorageReqInput(hicache_storage_backend="file"))
+        detached = scheduler_module.Scheduler.detach_hicache_storage_wrapped(scheduler, DetachHiCacheStorageReqInput())
+        assert (attached.success, detached.success) == (idle, idle), rank
+    assert entered == {"busy": [], "idle": ["attach", "detach"]}
+
+    controller = ast.parse(textwrap.dedent(inspect.getsource(cache_controller.HiCacheController)))
+    methods = {n.name: n for n in controller.body[0].body if isinstance(n, ast.FunctionDef)}
+    assert "self._create_sync_groups" in _called(methods["attach_storage_backend"])
+    assert "create_custom_parallel_group" in _called(methods["_create_sync_groups"])
+    assert "self._destroy_sync_groups" in _called(methods["detach_storage_backend"])
