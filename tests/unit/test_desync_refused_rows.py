@@ -10,6 +10,8 @@ and that pdfleet refuses each spelling SGLang's parser takes for them.
   are its TP fan-out, not only PP: the leader's answers go out by isends that each follower receives in call
   order, and an eviction one rank's own free KV asks for drains store completions through it (on the installed
   source, and SGLang's own FlexKVComm on real gloo ranks: tests/repro/flexkv.py).
+- HiCache storage attached/detached at run time (`--admin-api-key`, without which SGLang's own HTTP handlers
+  refuse): the scheduler's handlers decide on this rank's own idleness before the controller creates groups.
 """
 
 from __future__ import annotations
@@ -352,3 +354,4 @@ def test_a_busy_rank_refuses_the_storage_attach_its_idle_peer_runs_and_the_attac
     assert "self._create_sync_groups" in _called(methods["attach_storage_backend"])
     assert "create_custom_parallel_group" in _called(methods["_create_sync_groups"])
     assert "self._destroy_sync_groups" in _called(methods["detach_storage_backend"])
+
