@@ -59,9 +59,9 @@ def loads(*running: loadgen.Load) -> Iterator[None]:
         thread.join(timeout=60)
 
 
-def _decode(cluster: Cluster, namespace: str) -> tuple[int, int, dict[str, Any]]:
+def _decode(cluster: Cluster, namespace: str, name: str = POOL) -> tuple[int, int, dict[str, Any]]:
     """The spec's decode replicas, the ready decode groups and status.autoscaling.decode."""
-    pool = fleet.pool(cluster, namespace, POOL)
+    pool = fleet.pool(cluster, namespace, name)
     status = pool.get("status") or {}
     return (pool["spec"]["decode"]["replicas"], int((status.get("decode") or {}).get("ready", 0)),
             (status.get("autoscaling") or {}).get("decode") or {})
@@ -94,3 +94,41 @@ def test_a_loaded_decode_role_grows_and_shrinks_back_with_no_failed_request(
     status = _decode(cluster, namespace)[2]
     assert status.get("lastScaleTime") and status.get("desired") == 1, status
     assert own_operator.metric("pdfleet_autoscaler_decisions_total", role="decode", direction="down") >= 1
+
+
+BANDED = "banded"
+
+
+@pytest.mark.effect("spec.autoscaling.decode.maxReplicas")
+def test_prefill_follows_the_autoscaled_decode_role_within_the_band_both_ways(
+        cluster: Cluster, own_operator: OperatorProcess, namespace: str) -> None:
+    """One decode group per prefill group (a band of exactly 1, Follow): the autoscaler's scale of decode carries
+    prefill with it in the same write, up and back down, and the spec is never seen outside the band."""
+    fleet.apply_pool(cluster, namespace, BANDED, prefill={"replicas": 1}, decode={"replicas": 1},
+                     autoscaling=AUTOSCALING,
+                     scaling={"ratio": {"minDecodePerPrefill": "1", "maxDecodePerPrefill": "1"}})
+    fleet.wait_ready(cluster, namespace, BANDED, timeout=240)
+    url = fleet.router_url(cluster, namespace, BANDED, workers=2)
+    seen: list[tuple[int, int]] = []
+
+    def sizes(prefill: int, decode: int) -> bool:
+        pool = fleet.pool(cluster, namespace, BANDED)
+        status = pool.get("status") or {}
+        now = (pool["spec"]["prefill"]["replicas"], pool["spec"]["decode"]["replicas"])
+        seen.append(now)
+        assert now[0] == now[1], f"outside the band: prefill {now[0]}, decode {now[1]}"
+        return now == (prefill, decode) and status.get("phase") == "Ready"
+
+    heavy = loadgen.Load(url, model=MODEL, concurrency=8, timeout_s=60, max_tokens=LONG_TOKENS)
+    light = loadgen.Load(url, model=MODEL, concurrency=1, timeout_s=15)
+    with loads(light):
+        with loads(heavy):
+            wait_for("both roles at 2 groups, Ready", lambda: sizes(2, 2), timeout=300, interval=0.5)
+        wait_for("both roles back at 1 group, Ready", lambda: sizes(1, 1), timeout=300, interval=0.5)
+    assert (2, 2) in seen and light.tally.failed == heavy.tally.failed == 0, \
+        (light.tally.summary(), heavy.tally.summary(), fleet.event_lines(cluster, namespace))
+    assert light.tally.in_flight == heavy.tally.in_flight == 0
+    up = [e["message"] for e in fleet.events(cluster, namespace, BANDED, "ScaledUp")]
+    assert any(m.startswith("prefill 1 -> 2 (RatioFollow)") for m in up), up
+    down = [e["message"] for e in fleet.events(cluster, namespace, BANDED, "ScaledDown")]
+    assert any(m.startswith("prefill 2 -> 1 (RatioFollow)") for m in down), down
