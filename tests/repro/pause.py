@@ -13,8 +13,8 @@ and returns, having retracted what it held.
 
 Stand-ins, and why (no KV pools on a CPU): `retract_all` records the requests it is given (its release of each
 request's KV goes through the radix cache: the HiCache row of docs/desync-audit.md, settled, and FlexKV's,
-refused); the requests are the fields `pause_generation` reads; metrics and KV events are no-ops. `torch.distributed.all_reduce`
-is counted on its way to gloo.
+refused); the requests are the fields `pause_generation` reads; metrics and KV events are no-ops.
+`torch.distributed.all_reduce` is counted on its way to gloo.
 
 Each rank writes `rank{N}.json`: how many all-reduces it entered, the requests retracted and held for rebootstrap.
 """
