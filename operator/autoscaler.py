@@ -103,7 +103,7 @@ class Autoscaler:
             return  # the watch has not shown our last scale yet: deciding from the old replicas would repeat it
         now = self._clock()
         inputs = self._inputs(key, spec, pool, observed, judged)
-        decisions = autoscale.decide(inputs, None if spec.paused else spec.scaling.ratio, now)
+        decisions = autoscale.decide(inputs, spec.scaling.ratio, now)
         scaled = {role: d for role, d in decisions.items() if d.desired != d.replicas}
         wrote_scale = False
         if scaled:
@@ -111,6 +111,9 @@ class Autoscaler:
             if not wrote_scale:
                 return  # refused for a stale generation: decided again at the next poll
         statuses = self._decided.get(key) or _pool_status(pool)
+        for role in Role:
+            if spec.autoscaling.role(role) is None:  # no longer autoscaled: what was said of it is not true now
+                statuses = _with(statuses, role, None)
         for role, d in decisions.items():
             if d.status is not None:
                 status = autoscale.scaled(d.status, now) if role in scaled else d.status
@@ -223,5 +226,5 @@ def _pool_status(pool: Mapping[str, Any]) -> AutoscalingStatus:
         return AutoscalingStatus()
 
 
-def _with(statuses: AutoscalingStatus, role: Role, status: AutoscalingRoleStatus) -> AutoscalingStatus:
+def _with(statuses: AutoscalingStatus, role: Role, status: AutoscalingRoleStatus | None) -> AutoscalingStatus:
     return statuses.model_copy(update={str(role): status})

@@ -196,3 +196,20 @@ async def test_a_bake_and_the_autoscaler_read_a_leaders_metrics_in_one_get(engin
         assert metrics_reads(engines[DECODE]) == before + 1
         assert fleet.monitor.facts(KEY)[DECODE].metrics[uid(fleet, DECODE)].requests == 10, "the bake's counters"
         assert fleet.monitor.loads(KEY)[DECODE].token_usage == 0.5, "and the autoscaler's load, from one answer"
+
+
+async def test_a_role_no_longer_autoscaled_loses_its_status_and_the_other_keeps_its_own(
+        engines: dict[str, FakeEngine]) -> None:
+    clocks = Clocks()
+    both = {**DECODE_ON_KV, "prefill": {"maxReplicas": 2, "targets": {"queuePerEngine": 4}, "behavior": NO_DAMPING}}
+    async with rendered_fleet(engines, autoscaling=both) as fleet:
+        await settle(fleet)
+        wire(fleet, clocks)
+        engines[DECODE].metrics = engines[PREFILL].metrics = sglang_metrics(usage=0.5, queue=4)
+        await fleet.monitor.poll(KEY)
+        assert set(pool(fleet)["status"]["autoscaling"]) == {"prefill", "decode"}
+        fleet.kube.update("InferencePool", *KEY, lambda p: p["spec"]["autoscaling"].pop("prefill"))
+        clocks.advance(STATUS_PAUSE)
+        await fleet.monitor.poll(KEY)
+        assert set(pool(fleet)["status"]["autoscaling"]) == {"decode"}
+        assert pool(fleet)["status"]["autoscaling"]["decode"]["rule"] == "Tolerance"
