@@ -37,7 +37,7 @@ NO_PP = "refused: pipeline parallelism is not supported"
 NO_ROLE_SWITCH = "refused: a PD role switch is decided per TP rank, with no agreement (docs/desync-audit.md)"
 # SGLang's LoRA serving decides per TP rank what the group must agree: an adapter load's outcome (only the TP
 # leader's reply reaches the tokenizer), whether an adapter copied asynchronously is ready (this rank's CUDA
-# event) and whether a starving adapter is drained (this rank's clock), both inside batch admission. These two
+# event) and whether a starving adapter is drained (this rank's clock), both in admitting requests. These two
 # flags are the only ones that turn LoRA on: without them SGLang builds no LoRA manager (docs/desync-audit.md).
 NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no agreement (docs/desync-audit.md)"
 # FlexKV's radix cache fans its leader's answers out to the TP ranks by point-to-point sends the followers receive

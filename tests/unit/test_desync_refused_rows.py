@@ -4,8 +4,9 @@ and that pdfleet refuses each spelling SGLang's parser takes for them.
 
 - LoRA (`--enable-lora`, `--lora-paths`): the batch preparation's all-gather (`LoRAManager.prepare_lora_batch`)
   is the row the scan reaches; the per-rank decisions are around it: a starving adapter's drain decided on each
-  rank's own clock, an asynchronously copied adapter's readiness read from this rank's CUDA event (both inside
-  batch admission, prefill and decode), and an adapter load's outcome, which only the TP leader reports.
+  rank's own clock (prefill admission), an asynchronously copied adapter's readiness read from this rank's CUDA
+  event (prefill admission and decode preallocation), and an adapter load's outcome, which only the TP leader
+  reports.
 - FlexKV (`--enable-flexkv`, `--radix-cache-backend`): the rows the scan reaches (`FlexKVComm._isend` / `_recv`)
   are its TP fan-out, not only PP: the leader's answers go out by isends that each follower receives in call
   order, and an eviction one rank's own free KV asks for drains store completions through it (on the installed
@@ -101,8 +102,8 @@ def _waiting(lora_id: str, entered: float, max_new_tokens: int = 64) -> SimpleNa
 
 def test_two_ranks_drain_a_lora_adapter_at_different_iterations_on_their_own_clocks(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """SGLang's own LoRADrainer (`--lora-drain-wait-threshold`), as prefill admission and decode's prebuilt batch
-    run it: each rank measures a waiting request's wait with its own `time.monotonic()` against the moment it
+    """SGLang's own LoRADrainer (`--lora-drain-wait-threshold`), as prefill admission updates and
+    asks it: each rank measures a waiting request's wait with its own `time.monotonic()` against the moment it
     queued the request. Two ranks holding the same queue, reading their clocks 1 ms apart around the threshold,
     disagree whether the running adapter drains, so one admits a request for it and the other does not."""
     requires.installed("sglang")
