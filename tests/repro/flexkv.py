@@ -22,12 +22,11 @@ Each rank rewrites `rank{N}.json` after every step: what each scatter returned, 
 
 from __future__ import annotations
 
-import json
 import sys
 from types import SimpleNamespace
 from typing import Any
 
-from tests.repro import decode_loop
+from tests.repro import decode_loop, steps
 from tests.repro import scenario as scenario_mod
 
 LOAD_BACK = 1000  # tokens the load-back of step 2 allocates
@@ -53,7 +52,7 @@ def run(sc: scenario_mod.Scenario, rank: int, group: Any) -> None:
     record: dict[str, Any] = {"rank": rank, "evicted": False, "in": "lookup"}
 
     def save() -> None:
-        sc.result_path(rank).write_text(json.dumps(record))
+        steps.save(sc, rank, record)
 
     save()
     record["lookup"] = sync.scatter(FIRST_LOOKUP if leader else {"task_id": -1, "hit": 0})
@@ -71,11 +70,7 @@ def run(sc: scenario_mod.Scenario, rank: int, group: Any) -> None:
     save()
 
 
-def rank_main(sc: scenario_mod.Scenario, rank: int) -> None:
-    import torch.distributed as dist
-
-    decode_loop.join(sc, rank).close()
-    run(sc, rank, dist.group.WORLD)
+rank_main = steps.rank_main(run)
 
 
 if __name__ == "__main__":

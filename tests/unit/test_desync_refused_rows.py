@@ -356,3 +356,35 @@ def test_a_busy_rank_refuses_the_storage_attach_its_idle_peer_runs_and_the_attac
     assert "create_custom_parallel_group" in _called(methods["_create_sync_groups"])
     assert "self._destroy_sync_groups" in _called(methods["detach_storage_backend"])
 
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_busy_rank_refusing_the_storage_attach_leaves_its_idle_peers_in_the_group_creation(
+        launch: Any, world: int) -> None:
+    """SGLang's own attach handler and group creation on a real gloo group (tests/repro/hicache_attach.py): with
+    every rank idle, all attach (creating the sync group together) and take the next broadcast. With the last
+    rank holding a retracted request, it refuses and enters the next broadcast while its peers wait in the group
+    creation's world all-gather for it, until gloo's timeout (10 s here); SGLang's handler reports that timeout as
+    a failed attach, and no rank completes the next broadcast."""
+    requires.installed("sglang")
+    import json
+
+    from tests.repro import hicache_attach
+    from tests.unit.test_desync_reproduction import _log
+
+    sc, proc = launch((), world, module="tests.repro.hicache_attach", local_aborts={})
+    assert proc.wait(timeout=180) == 0, f"a rank hung or failed:\n{_log(sc)}"
+    agreed = [json.loads(sc.result_path(rank).read_text()) for rank in range(world)]
+    assert [(r["attached"], r["received"], r["in"]) for r in agreed] == \
+        [(True, hicache_attach.NEXT_REQUESTS, "done")] * world
+
+    timeout_s = 10.0
+    sc, proc = launch((), world, module="tests.repro.hicache_attach", local_aborts={},
+                      retracted={world - 1: [0, 1]}, gloo_timeout_s=timeout_s)
+    assert proc.wait(timeout=180) != 0, "the group went on as if every rank had attached"
+    *peers, last = [json.loads(sc.result_path(rank).read_text()) for rank in range(world)]
+    assert (last["busy"], last["attached"], last["in"]) == (True, False, "broadcast"), last
+    assert last["message"].startswith("Reject attach: scheduler is not idle")
+    for peer in peers:
+        assert (peer["busy"], peer["attached"], peer["in"]) == (False, False, "broadcast"), peer
+        assert "Timed out waiting" in peer["message"] and peer["attach_s"] >= timeout_s * 0.9, peer
