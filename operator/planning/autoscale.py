@@ -89,10 +89,12 @@ class Reading:
     value: float
     target: float
     unit: str = ""
+    idle: bool = False  # a latency read as 0: no request finished, none queued or running
 
     def __str__(self) -> str:
         return f"{_NAMES[self.rule]} {self.value:.{_PLACES[self.rule]}f}{self.unit} (target " \
-               f"{self.target:.{_PLACES[self.rule]}f}{self.unit})"
+               f"{self.target:.{_PLACES[self.rule]}f}{self.unit})" + \
+               (" (idle: no request finished, queued or running)" if self.idle else "")
 
 
 _NAMES = {Rule.QUEUE: "queue per engine", Rule.RUNNING: "running per engine", Rule.KV_CACHE: "KV cache usage",
@@ -141,6 +143,11 @@ def readings(scaling: RoleAutoscaling, loads: Sequence[EngineLoad]) -> tuple[Rea
         if count > 0:
             seconds = sum(getattr(x, f"{latency[2]}_sum") for x in loads) / count
             out.append(Reading(latency[1], seconds * 1000, target, " ms"))
+        elif all(x.queue == 0 and x.running == 0 for x in loads):
+            # Engines with nothing to do have no latency to measure: read as missing, a role sized on latency
+            # alone would keep its peak size for as long as no traffic comes. Requests queued or running while
+            # none finished (a stall) still say nothing.
+            out.append(Reading(latency[1], 0.0, target, " ms", idle=True))
     return tuple(out)
 
 

@@ -103,8 +103,22 @@ def test_time_to_first_token_is_the_window_mean_over_requests() -> None:
     d = one(prefill(time_to_first_token_milliseconds=350, behavior=NO_DAMPING), 2, loads)
     assert (d.desired, d.rule) == (4, Rule.TTFT)
     assert "time to first token 700 ms (target 350 ms)" in d.message
+    # No request finished in the window while some run or wait (a stall, or long prompts): that says nothing.
+    busy = one(prefill(time_to_first_token_milliseconds=350, behavior=NO_DAMPING), 2,
+               [EngineLoad(running=1), EngineLoad(queue=2)])
+    assert (busy.desired, busy.rule) == (2, Rule.NO_METRICS)
+
+
+@pytest.mark.effect("spec.autoscaling.prefill.targets.timeToFirstTokenMilliseconds",
+                    "spec.autoscaling.decode.targets.interTokenLatencyMilliseconds")
+def test_a_role_sized_on_latency_alone_shrinks_once_its_engines_are_idle() -> None:
+    """With no request finished, queued or running on any serving engine, the latency reads as 0: the role goes
+    down to minReplicas instead of keeping its peak size for as long as no traffic comes."""
     idle = one(prefill(time_to_first_token_milliseconds=350, behavior=NO_DAMPING), 2, [EngineLoad()] * 2)
-    assert (idle.desired, idle.rule) == (2, Rule.NO_METRICS)  # no request in the window says nothing
+    assert (idle.desired, idle.rule) == (1, Rule.MIN_REPLICAS), idle.message
+    assert "time to first token 0 ms (target 350 ms) (idle" in idle.message
+    idle = one(decode(inter_token_latency_milliseconds=20, behavior=NO_DAMPING), 3, [EngineLoad()] * 3)
+    assert (idle.desired, idle.rule) == (1, Rule.MIN_REPLICAS), idle.message
 
 
 @pytest.mark.effect("spec.autoscaling.decode.targets.interTokenLatencyMilliseconds")
