@@ -49,6 +49,9 @@ NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call or
 # them per TP rank (a busy rank refuses while its idle peers create the storage process groups), so pdfleet
 # keeps the key unset and the endpoints refused by SGLang itself (docs/desync-audit.md).
 NO_ADMIN_KEY = "refused: it opens HiCache storage attach/detach, decided per TP rank (docs/desync-audit.md)"
+# SGLang's `--config` reads a YAML file of options and merges them into the command line before parsing, so one
+# file could set every flag refused here, or a managed one the renderer leaves to its default, past admission.
+NO_CONFIG = "refused: a config file would set SGLang flags past these checks; put them in spec.engine.extraArgs"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -85,6 +88,7 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--radix-cache-backend": ManagedFlag("the operator (a registered radix-cache back-end is refused)",
                                          unchecked=NO_FLEXKV),
     "--admin-api-key": ManagedFlag("the operator (SGLang's admin-only endpoints stay shut)", unchecked=NO_ADMIN_KEY),
+    "--config": ManagedFlag("spec.engine.extraArgs (one flag each, checked at admission)", unchecked=NO_CONFIG),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),
