@@ -34,7 +34,7 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP) ## create .venv and install pdfleet with its dev extras
 
-binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok and helm
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm and kueue
 	hack/build-binaries.sh
 
 sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv

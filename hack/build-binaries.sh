@@ -105,7 +105,32 @@ build_go_install() {  # name version package [ldflags]
   say "$name ${ver}: built"
 }
 
-want="${*:-etcd kubernetes kwok helm}"
+build_kueue() {
+  # The controller manager, and beside it the CRDs and webhook manifests of the same module (its config/ in the
+  # module cache), which hack/kueue.py installs: nothing of Kueue is copied into this repository.
+  local dest="$CACHE/kueue-$KUEUE_VERSION"
+  if stamp_ok kueue "$KUEUE_VERSION" && [ -f "$dest/webhook/manifests.yaml" ]; then
+    say "kueue ${KUEUE_VERSION}: cached"; return
+  fi
+  say "kueue ${KUEUE_VERSION}: building (cold: downloads ~300 MB of modules, compiles for minutes)"
+  local dir
+  # Outside any module: `go mod download` of a path@version needs none.
+  dir=$(cd "$WORK" && go mod download -json "sigs.k8s.io/kueue@$KUEUE_VERSION" | sed -n 's/.*"Dir": "\(.*\)".*/\1/p')
+  [ -d "$dir/config/components/crd/bases" ] || die "could not download sigs.k8s.io/kueue@$KUEUE_VERSION from the Go module proxy"
+  # Kueue's go.mod names the Go it needs; an older local go fetches that toolchain through the proxy
+  # (GOTOOLCHAIN=auto, go's default), or set GOTOOLCHAIN=go1.X.Y.
+  GOBIN="$BIN" run_go kueue go install -ldflags "-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    "sigs.k8s.io/kueue/cmd/kueue@$KUEUE_VERSION"
+  rm -rf "$dest"
+  mkdir -p "$dest/webhook"
+  cp -r "$dir/config/components/crd/bases" "$dest/crds"
+  cp "$dir/config/components/webhook/manifests.yaml" "$dest/webhook/"
+  chmod -R u+w "$dest"  # the module cache is read-only; a rebuild must be able to remove this copy
+  stamp kueue "$KUEUE_VERSION"
+  say "kueue ${KUEUE_VERSION}: built"
+}
+
+want="${*:-etcd kubernetes kwok helm kueue}"
 for w in $want; do
   case "$w" in
     etcd) build_etcd ;;
@@ -114,7 +139,8 @@ for w in $want; do
             "-X sigs.k8s.io/kwok/pkg/consts.Version=${KWOK_VERSION#v}" ;;
     helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
             "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
-    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm)" ;;
+    kueue) build_kueue ;;
+    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm kueue)" ;;
   esac
 done
 echo "$BIN"

@@ -5,7 +5,8 @@
 # a unit, and the pool is Ready again. Act two rolls out a bad revision (it fails a share of its requests once it
 # serves): its canary's bake catches it and the pool rolls back. Act three is the production fix:
 # overlapSchedule: Disabled rolled out under load, each group baked, followed with `pdfleet rollout status
-# --watch`, every rank on the normal loop, failed requests counted.
+# --watch`, every rank on the normal loop, failed requests counted. Act four ramps a load through a pool whose
+# roles autoscale inside a ratio band: the fleet grows and shrinks, shown with `pdfleet status`.
 # The fleet keeps running afterwards for you to explore.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -201,11 +202,16 @@ echo "the client's view of the rollout: $final"
 failed=$(echo "$final" | sed -n 's/.*  failed \([0-9]*\).*/\1/p')
 echo "client requests failed during the rollout: ${failed:-?} (the goal is zero)"
 
+# Act four is a file of its own (hack/demo-autoscaling.sh), sourced: it uses the helpers above.
+source hack/demo-autoscaling.sh
+
 step "Done: the fleet keeps running"
 cat <<MSG
   eval "\$(make -s cluster-env)"
   kubectl get pdpool,pods -n $NS -o wide
   .venv/bin/pdfleet-sim load --pool $NS/$POOL --model $MODEL --duration 30   # every router, as a Service would
   kubectl annotate pod <decode pod> -n $NS sim.pdfleet.dev/fault=desync      # again
+  .venv/bin/pdfleet-sim load --pool $NS/$RAMP_POOL --model $MODEL --ramp 3:20:3 --ramp-seconds 80   # the ramp again
+  .venv/bin/pdfleet status $RAMP_POOL -n $NS
 Pods' logs and state: $(dirname "$KUBECONFIG")/pods/. Stop everything with: make cluster-down
 MSG

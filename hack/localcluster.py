@@ -489,8 +489,11 @@ def down() -> None:
         say("PDFLEET_KUBECONFIG names an external cluster; stopping nothing")
         return
     ports = Ports.from_env()
+    # Kueue (hack/kueue.py), when a test or a person started it against this control plane, goes first: it would
+    # otherwise be left running against a cluster that is gone.
+    stopped = int(_stop("kueue", BIN / "kueue"))
     # Reversed: the pod runner stops first, and stops every pod's processes while the apiserver still runs.
-    stopped = sum(_stop(c.name, c.program) for c in reversed(components(ports)))
+    stopped += sum(_stop(c.name, c.program) for c in reversed(components(ports)))
     # A fresh etcd next time: no pools, nodes or events left over from an earlier run.
     shutil.rmtree(DIR / "etcd", ignore_errors=True)
     say(f"stopped {stopped} process(es)" if stopped else "nothing was running")

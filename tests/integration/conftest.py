@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import cluster_share as cluster_share_mod
+from tests.support import kueue as kueue_support
 from tests.support import scheduling
 from tests.support.cluster import Cluster
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
@@ -55,3 +56,16 @@ def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFac
         user = f"system:serviceaccount:{RELEASE_NAMESPACE}:{shared.release}"
         forbidden = [r for r in op.log_records() if f'User "{user}" cannot' in json.dumps(r)]
         assert forbidden == [], f"the chart's RBAC is missing a permission: {forbidden[:3]}"
+
+
+@pytest.fixture(scope="session")
+def kueue(cluster: Cluster) -> None:
+    """Kueue running against the cluster (hack/kueue.py), started the first time a test asks for it; the run
+    that started it stops it at its end (`pytest_sessionfinish`)."""
+    kueue_support.ensure_running(cluster)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """In the process that started the run (not a pytest-xdist worker), once every worker is done."""
+    if not hasattr(session.config, "workerinput"):
+        kueue_support.stop_if_started_by_this_run()

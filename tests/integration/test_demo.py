@@ -1,6 +1,7 @@
 """`make demo`'s script runs end to end: the chart with its own operator Deployment (played by pdfleet-sim), a pool
 going Ready on real readiness, requests through the real router, a desync detected, evidence captured, the
-group restarted and the pool Ready again, with the client's count of failed requests."""
+group restarted and the pool Ready again, with the client's count of failed requests; in its last act a pool
+autoscaled on both roles grows under a load ramp and shrinks back."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ def test_the_demo_serves_requests_through_a_desync_and_its_restart(cluster: Clus
                        "RolloutCanaryBaking", "RolloutAnalysisFailed", "RolloutRolledBack"):
             assert reason in out, reason
         assert "verdict: Desync" in out, "the evidence summary is shown"
+        # Act four: the autoscaled pool grew under the ramp and shrank back, its decisions shown as Events.
+        assert "ScaledUp " in out and "ScaledDown " in out and "client requests failed over the ramp" in out
         final = re.findall(r"final: requests (\d+)  ok (\d+)  failed (\d+)", out)
         assert final, out[-2000:]
         sent, ok, failed = map(int, final[-1])
