@@ -6,6 +6,8 @@ group (docs/local-fleet.md, "Gang scheduling with Kueue")."""
 from __future__ import annotations
 
 import json
+import os
+import signal
 from typing import Any
 
 import pytest
@@ -164,3 +166,27 @@ def test_a_topology_aware_flavor_admits_a_group_only_where_its_pods_fit(cluster:
         assert {p["spec"]["nodeName"] for p in placed.values()} == set(nodes)
         assert all(p["spec"]["nodeSelector"].get("kubernetes.io/hostname") for p in placed.values()), \
             "Kueue's topology ungater pins each pod to the node it counted it on"
+
+
+def test_with_kueue_down_only_pods_that_ask_for_a_queue_are_refused(cluster: Cluster, namespace: str,
+                                                                    kueue: None) -> None:
+    """Kueue killed with its webhooks still installed (a crash): a pod without a queue name is created as ever,
+    one that asks for a queue is refused rather than started ungated. Kueue is started again afterwards."""
+    if not cluster.is_local:
+        pytest.skip("kills the local cluster's Kueue process; an external cluster's Kueue is not this test's")
+    pid = int((cluster.kubeconfig.parent / "run" / "kueue.pid").read_text())
+    os.kill(pid, signal.SIGKILL)
+    try:
+        def refused_for_want_of_kueue() -> str | None:
+            pod = kq.gpu_pod("asks", namespace, 1)
+            proc = cluster.kubectl("create", "--dry-run=server", "-f", "-", input=json.dumps(pod), check=False)
+            return proc.stderr if proc.returncode != 0 and "mpod.kb.io" in proc.stderr else None
+
+        message = wait_for("a pod asking for a queue refused", refused_for_want_of_kueue, timeout=30)
+        assert "failed calling webhook" in message, message
+        plain = kq.gpu_pod("plain", namespace, 1, queue=None)
+        cluster.kubectl("create", "-f", "-", input=json.dumps(plain))
+        created = cluster.get("pod", "plain", "-n", namespace)
+        assert not created["spec"].get("schedulingGates") and "finalizers" not in created["metadata"]
+    finally:
+        kq.ensure_running(cluster)
