@@ -92,6 +92,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== local fleet: the pod runner's memory and idle CPU per engine pod"; $(PY) benchmarks/bench_runner.py
 	@echo "== local fleet: overlapSchedule rolled out on 2+2 groups under client load: duration, failed requests, p99 during/before"; $(PY) benchmarks/bench_rollout.py
 	@echo "== operator: leader-election failover after a SIGKILL, default lease settings"; $(PY) benchmarks/bench_failover.py
+	@echo "== local fleet: spec.autoscaling, a load step -> the scale decision and the new group Ready vs a plain replicas edit's; failed requests in the scale-down"; $(PY) benchmarks/bench_autoscale.py
 
 gpu-check: $(STAMP) sglang ## on an NVIDIA GPU: the indexer kernels checked and timed at serving shapes (< 5 min; exit 2 without one)
 	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

@@ -107,10 +107,10 @@ def registered(url: str, key: str) -> int:
         return 0
 
 
-def router_url(api: Api, namespace: str, port: int, workers: int) -> str:
+def router_url(api: Api, namespace: str, port: int, workers: int, pool: str = POOL) -> str:
     """The router's URL once it has `workers` workers registered."""
     def found() -> str | None:
-        pods = [p for p in api.pods(namespace, f"pdfleet.dev/pool={POOL},app.kubernetes.io/component=router")
+        pods = [p for p in api.pods(namespace, f"pdfleet.dev/pool={pool},app.kubernetes.io/component=router")
                 if localfleet.is_ready(p)]
         if not pods:
             return None
