@@ -11,6 +11,9 @@ there yet to patch.
 The instrumentation (`pdfleet.runtime.instrument`) is applied in every engine, selected or not: the operator
 judges rank health from it. Its loop report is the catalogue's `overlap-loop-report` patch, so that id is
 always part of the applied set; its other seams follow the catalogue patches, which they may wrap.
+
+A process that imports SGLang's HTTP server (a tokenizer worker re-imports the app) installs pdfleet's refused
+routes there (`pdfleet.runtime.refused_routes`), as the launcher does in its own process.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
+from pdfleet.runtime import refused_routes
 from pdfleet.runtime.instrument import apply as instrument
 from pdfleet.runtime.patches import base, hooks, registry
 
@@ -84,3 +88,4 @@ def install_from_environment() -> None:
     for module, ids in later.items():
         hooks.after_import(module, _applying(
             lambda ids=ids: base.apply(ids, sglang_version(), registry.implementations(ids))))
+    hooks.after_import(refused_routes.MODULE, _applying(lambda: [refused_routes.install(sglang_version())]))

@@ -14,6 +14,11 @@ from a daemon thread of this process, which is SGLang's main process: same pid n
 ledger path. The launcher starts each engine with an empty ledger and records the engine's URL beside it for
 the preStop drain (`pdfleet.runtime.drain`).
 
+Every engine refuses, always, two requests of SGLang's HTTP server that desync a TP group
+(`pdfleet.runtime.refused_routes`, its targets verified the same way): `POST /update_weights_from_disk` (roll out
+spec.model instead) and `POST /add_external_corpus` (NGRAM corpora are installed per rank) answer 403 with the
+reason and never reach SGLang's tokenizer manager. `patches` lists them after the catalogue.
+
 Listeners bind to $PDFLEET_BIND_ADDRESS when set (the pod's own IP, where pods share a network namespace, as
 on the local fleet), else to SGLang's `--host`. With PDFLEET_ENGINE_MODE=simulate, everything above happens
 and then the engine simulator (`pdfleet.runtime.simulator`) serves instead of SGLang's `run_server`.
@@ -28,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pdfleet.runtime import drain, engine_setup
+from pdfleet.runtime import drain, engine_setup, refused_routes
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import base, catalogue
@@ -65,7 +70,7 @@ def list_patches() -> str:
         fixed = f", fixed upstream in {p.fixed_in}" if p.fixed_in else ""
         fixed += f"; not implemented by pdfleet yet: {p.unavailable}" if p.unavailable else ""
         rows.append(f"{p.id}\n  SGLang {p.applies_to}{fixed}\n  {p.summary}\n  replaces: {', '.join(p.targets)}")
-    return "\n".join(rows)
+    return "\n".join([*rows, refused_routes.describe()])
 
 
 def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -141,6 +146,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         base.check(options.patch, version)
         parsed = parse_sglang_args(sglang_args)
         applied = engine_setup.apply_selected(options.patch)
+        applied.append(refused_routes.install(version))
     except base.PatchError as e:
         print(f"pdfleet-engine: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,4 +1,5 @@
-"""SGLang's native HTTP surface: /health, /generate, /server_info, /model_info, /v1/loads, /metrics."""
+"""SGLang's native HTTP surface: /health, /generate, /server_info, /model_info, /v1/loads, /metrics, and the
+requests pdfleet refuses on every engine (`refused`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
-from pdfleet.runtime.simulator import info, tokenizer
+from pdfleet.runtime.simulator import info, refused, tokenizer
 from pdfleet.runtime.simulator.faults import Fault
 from pdfleet.runtime.simulator.scheduler import RequestError
 from pdfleet.runtime.simulator.state import State, request_from, sse
@@ -144,5 +145,6 @@ def add_routes(app: web.Application, *, leader: bool, enable_metrics: bool) -> N
     app.router.add_get("/v1/loads", loads)
     app.router.add_post("/generate", generate)
     app.router.add_put("/generate", generate)
+    refused.add_routes(app)
     if enable_metrics:
         app.router.add_get("/metrics", metrics)

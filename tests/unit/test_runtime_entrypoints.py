@@ -3,6 +3,7 @@ launcher serves the rank-health agent with `/livez` on the pod's agent port."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import re
@@ -17,11 +18,11 @@ from typing import Any
 import pytest
 
 import pdfleet.runtime
-from pdfleet.runtime import drain, install, launcher
+from pdfleet.runtime import drain, install, launcher, refused_routes
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import seams
 from pdfleet.runtime.patches import catalogue, targets
-from tests.support import requires
+from tests.support import refused_sglang_routes, requires
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "docker" / "runtime.Dockerfile"
@@ -146,6 +147,7 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[s
         t = targets.resolve(dotted)
         monkeypatch.setattr(t.owner, t.attr, t.function)
     monkeypatch.setattr(seams, "_writer", seams.UNATTACHED)
+    http_server = refused_sglang_routes.restored_after(monkeypatch)
     for name in ("PYTHONPATH", "PDFLEET_PATCHES"):
         monkeypatch.setenv(name, os.environ.get(name, ""))
     monkeypatch.setenv(ledger.PATH_ENV, str(tmp_path / "ledger"))
@@ -163,6 +165,8 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[s
         seen["livez"] = get(f"http://127.0.0.1:{seen['port']}/livez")
         seen["ledger_exists"] = (tmp_path / "ledger").exists()
         seen["endpoint"] = json.loads(drain.endpoint_path().read_text())
+        seen["refused"] = {r.path: getattr(r.endpoint, "__pdfleet_patch__", None) for r in http_server.app.router.routes
+                           if getattr(r, "path", None) in {x.path for x in refused_routes.REFUSED}}
 
     monkeypatch.setattr(launcher, "start_agent", start_agent)
     monkeypatch.setattr(sglang_server, "run_server", run_server)
@@ -181,6 +185,8 @@ def test_the_launcher_serves_livez_on_the_agent_port_before_sglang_starts(
     assert launched["livez"] == (200, {"alive": True})
     assert launched["ledger_exists"] is False
     assert launched["endpoint"] == {"url": "http://127.0.0.1:31000"}
+    # The app run_server would serve already refuses what no pdfleet engine runs.
+    assert launched["refused"] == {r.path: refused_routes.ID for r in refused_routes.REFUSED}
     assert os.environ["PDFLEET_PATCHES"] == ""
 
 
@@ -194,6 +200,25 @@ def test_the_launcher_refuses_to_start_when_the_agent_port_is_taken(launched: di
     assert "livez" not in launched
 
 
+def test_the_launcher_stops_with_one_line_when_a_refused_route_changed(
+        launched: dict[str, Any], monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    http_server = requires.module(refused_routes.MODULE)
+    changed = inspect.unwrap(http_server.update_weights_from_disk)
+    real_getsource = inspect.getsource
+
+    def getsource(obj: Any) -> str:
+        text = real_getsource(obj)
+        return text + "    return None\n" if obj is changed else text
+
+    monkeypatch.setattr(targets.inspect, "getsource", getsource)
+    code = launcher.main(["--check", "--", "--model-path", "/m"])
+    assert code == launcher.EXIT_USAGE
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 1
+    assert lines[0].startswith("pdfleet-engine: refused-routes: sglang.srt.entrypoints.http_server."
+                               "update_weights_from_disk is not the function")
+
+
 def test_a_spawned_rank_process_gets_the_instrumentation_when_it_imports_the_scheduler(tmp_path: Path) -> None:
     requires.installed("sglang")
     env = {**os.environ, "PDFLEET_PATCHES": "", "PYTHONWARNINGS": "ignore",
@@ -204,6 +229,21 @@ def test_a_spawned_rank_process_gets_the_instrumentation_when_it_imports_the_sch
                             timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["overlap-loop-report", "rank-instrumentation"]
+
+
+def test_a_process_that_imports_sglangs_http_server_serves_the_refused_routes(tmp_path: Path) -> None:
+    # As a tokenizer worker does (--tokenizer-worker-num > 1): it re-imports the app by its module path.
+    requires.installed("sglang")
+    env = {**os.environ, "PDFLEET_PATCHES": "", "PYTHONWARNINGS": "ignore",
+           "PYTHONPATH": os.pathsep.join(p for p in (str(launcher.BOOTSTRAP), os.environ.get("PYTHONPATH")) if p)}
+    script = ("import sglang.srt.entrypoints.http_server as h\n"
+              "for r in h.app.router.routes:\n"
+              "    if getattr(r, 'path', None) in ('/update_weights_from_disk', '/add_external_corpus'):\n"
+              "        print(r.path, getattr(r.endpoint, '__pdfleet_patch__', None))")
+    result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
+                            timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(result.stdout.splitlines()) == sorted(f"{r.path} {refused_routes.ID}" for r in refused_routes.REFUSED)
 
 
 def test_a_runtime_without_its_bootstrap_is_refused_instead_of_installed(tmp_path: Path) -> None:

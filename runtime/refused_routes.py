@@ -1,0 +1,133 @@
+"""SGLang HTTP requests no pdfleet engine runs: refused at the engine's HTTP server, with the reason, always.
+
+Two run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
+engine (pdfleet refuses `--admin-api-key`, so SGLang's admin-optional endpoints take none; docs/desync-audit.md
+items 12 to 14):
+- `POST /update_weights_from_disk`: every rank loads the checkpoint and catches its own failure; a rank whose load
+  fails skips the CUDA-graph recapture and the cache flush its peers run, and SGLang's "rollback" re-reads the new
+  checkpoint. In pdfleet a pool's model changes by a rollout of `spec.model`, which replaces engine pods.
+- `POST /add_external_corpus`: every rank installs an NGRAM corpus when its own loader thread finishes, so ranks
+  draft different tokens for the same requests in between.
+
+Not a catalogue patch: an engine pdfleet starts never runs either. Each route function is verified like every
+patch target (SGLang version, fingerprint of the function replaced) and must be the endpoint of its route in
+SGLang's FastAPI `app`; the route is then replaced in the app's route table by one that answers 403 with SGLang's
+`{"success": false, "message": ...}` shape, so nothing reaches the tokenizer manager, let alone a rank. (Replacing
+only the module's function would change nothing: FastAPI built each route's handler from it at import.)
+
+The launcher installs this in its own process (where `run_server` serves the app) before it starts anything, and
+`engine_setup` in any engine process that imports SGLang's HTTP server later (tokenizer workers re-import the app).
+Standard library only at import time; FastAPI is imported when installing, from SGLang's own environment.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from collections.abc import Callable, Mapping
+from http import HTTPStatus
+from typing import Any
+
+from pdfleet.runtime.patches import base, targets
+
+ID = "refused-routes"
+MODULE = "sglang.srt.entrypoints.http_server"
+STATUS = HTTPStatus.FORBIDDEN
+
+
+@dataclasses.dataclass(frozen=True)
+class Refusal:
+    path: str
+    function: str  # the route function's name in MODULE
+    reason: str
+
+    @property
+    def dotted(self) -> str:
+        return f"{MODULE}.{self.function}"
+
+    def body(self) -> dict[str, Any]:
+        return {"success": False, "message": self.reason}
+
+
+REFUSED = (
+    Refusal("/update_weights_from_disk", "update_weights_from_disk",
+            "refused by pdfleet: each tensor-parallel rank loads the checkpoint and catches its own failure, so a "
+            "load that fails on some ranks desyncs the group and SGLang's rollback re-reads the new checkpoint "
+            "(docs/desync-audit.md item 13); roll out spec.model instead"),
+    Refusal("/add_external_corpus", "add_external_corpus",
+            "refused by pdfleet: NGRAM external corpora are installed per rank, each when its own loader thread "
+            "finishes, so the ranks draft different tokens for the same requests (docs/desync-audit.md item 14)"),
+)
+
+FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
+    "0.5.23": {
+        f"{MODULE}.update_weights_from_disk": "aeb43a6540b9503a",
+        f"{MODULE}.add_external_corpus": "c6e2687fdae4ad50",
+    },
+}
+
+
+def describe() -> str:
+    """What every engine refuses, for the launcher's `patches` listing."""
+    rows = [f"  POST {r.path} ({STATUS.value}): {r.reason}" for r in REFUSED]
+    return "\n".join([f"{ID} (always, every engine; not a catalogue choice)", *rows])
+
+
+def install(sglang_version: str) -> base.Applied:
+    """Verifies every refused route's function and its place in SGLang's app, then replaces them all; raises
+    `base.PatchError` naming every problem, having replaced none."""
+    fingerprints = FINGERPRINTS.get(sglang_version)
+    if fingerprints is None:
+        raise base.PatchError(f"{ID} was not checked against SGLang {sglang_version} "
+                              f"(checked: {', '.join(sorted(FINGERPRINTS)) or 'none'})")
+    problems: list[str] = []
+    planned: list[tuple[Refusal, targets.Target, int]] = []
+    app: Any = None
+    for refusal in REFUSED:
+        try:
+            target = targets.verify(refusal.dotted, fingerprints[refusal.dotted])
+            app = importlib.import_module(MODULE).app
+            planned.append((refusal, target, _route_index(app, refusal, target.function)))
+        except targets.TargetError as e:
+            problems.append(str(e))
+    if problems:
+        raise base.PatchError(f"{ID}: " + "; ".join(problems))
+    routes = list(app.router.routes)
+    for refusal, target, index in planned:
+        refuse = base.mark(_refusing(refusal, target.function), ID, target.function)
+        route = routes[index]
+        # A route of SGLang's own class (ORJSONRoute), so the app serves it as it serves its others.
+        routes[index] = type(route)(route.path, refuse, methods=sorted(route.methods), name=route.name,
+                                    include_in_schema=route.include_in_schema)
+        target.replace(refuse)
+    # A new list, not an edit of SGLang's: the router reads it on every request, and a test can put the old back.
+    app.router.routes = routes
+    return base.Applied(id=ID, targets=tuple(r.dotted for r in REFUSED))
+
+
+def _route_index(app: Any, refusal: Refusal, function: Callable[..., Any]) -> int:
+    """Where in the route table `function` serves `refusal.path`; the only route of that path."""
+    from fastapi.routing import APIRoute
+
+    found = [i for i, route in enumerate(app.router.routes) if getattr(route, "path", None) == refusal.path]
+    if len(found) != 1:
+        raise targets.TargetError(f"{MODULE}.app has {len(found)} routes for {refusal.path}, expected 1")
+    route = app.router.routes[found[0]]
+    if not isinstance(route, APIRoute) or route.endpoint is not function or route.methods != {"POST"}:
+        raise targets.TargetError(f"{MODULE}.app's route {refusal.path} is not POST {refusal.dotted}: "
+                                  "SGLang changed how it serves it; check the refusal against it")
+    return found[0]
+
+
+def _refusing(refusal: Refusal, original: Callable[..., Any]) -> Callable[..., Any]:
+    from starlette.responses import JSONResponse
+
+    # No parameters: FastAPI reads no body, so a request is refused whatever it carries.
+    async def refused() -> JSONResponse:
+        return JSONResponse(refusal.body(), status_code=STATUS)
+
+    refused.__name__ = refused.__qualname__ = refusal.function
+    refused.__doc__ = refusal.reason
+    if hasattr(original, "_auth_level"):  # SGLang's API-key middleware reads it from the route's endpoint
+        refused._auth_level = original._auth_level  # type: ignore[attr-defined]
+    return refused
