@@ -11,20 +11,14 @@
   changes off the scheduler thread only on the PP ticket path; `ready_to_load_host_cache` is called from the
   decode load-back step whatever each rank's CUDA events say (shown on SGLang's own step), and their READY
   enters only the MIN-reduced transfer poll. Shown on SGLang's installed source; PP is refused by pdfleet.
-- Left (docs/desync-audit.md, "Rank-local branches", items 13 and 14), neither fixed nor refusable by a flag
-  (their endpoints take no key): a weight update from disk whose load fails on one rank (SGLang's own
-  `update_weights_from_disk`), and an external ngram corpus each rank installs and commits when its own loader
-  thread finishes (SGLang's own `ExternalCorpusManager`, and the native loader's source).
 """
 
 from __future__ import annotations
 
 import ast
-import inspect
 import pathlib
 from collections.abc import Callable
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -329,130 +323,3 @@ def test_the_decode_load_back_starts_copies_in_step_whatever_each_ranks_cuda_eve
     assert "op=dist.ReduceOp.MIN" in inspect.getsource(disagg_utils._all_reduce_polls)
     pollers = inspect.getsource(decode_module.DecodeTransferQueue._pollers)
     assert "HiCacheRestoreGatedKVReceiver(dr) for dr in self.queue" in pollers
-
-
-# --- Weights updated from disk (`/update_weights_from_disk`), left ---
-
-def _disk_update_rank(module: Any, loads: list[str], fault: str | None) -> SimpleNamespace:
-    """One TP rank's model-runner weight updater as SGLang's `update_weights_from_disk` uses it, with a loader
-    whose weights iterator records the checkpoint it is asked for. `fault`: "missing", this rank cannot open the
-    new checkpoint; "transient", its first read of it fails part-way (a shard read error) and the next succeeds."""
-    from sglang.srt.model_loader.loader import DefaultModelLoader
-
-    loader = object.__new__(DefaultModelLoader)
-
-    def weights(source: str) -> Any:
-        loads.append(source)
-        if fault == "missing":
-            raise FileNotFoundError(source)
-        first = loads.count(source) == 1
-
-        def read() -> Any:
-            if fault == "transient" and first:
-                raise OSError("shard read error")
-            yield from ()
-
-        return read()
-
-    loader._get_weights_iterator = weights
-    loader.load_weights_and_postprocess = lambda model, weights, device: list(weights)
-    module.get_model_loader = lambda load_config, model_config: loader
-    recaptured: list[bool] = []
-    return SimpleNamespace(
-        device="cuda", gpu_id=0, model_config=SimpleNamespace(model_path="/models/old", dtype=_float32()),
-        get_model=lambda: object(), _assert_weight_cache_inactive=lambda op: None,
-        update_model_fields=lambda model, **fields: None, recapture_cuda_graph=lambda: recaptured.append(True),
-        recaptured=recaptured)
-
-
-def _float32() -> Any:
-    import torch
-
-    return torch.float32
-
-
-def test_a_disk_weight_load_failing_on_one_rank_skips_the_recapture_its_peers_run(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """SGLang's own `WeightUpdater.update_weights_from_disk` (what each rank runs for the broadcast
-    UpdateWeightFromDiskReqInput): a rank that cannot open the new checkpoint answers False at once, and one whose
-    read fails part-way "rolls back" by reading the new checkpoint again (`model_config.model_path` is set to it
-    before the load) and answers False holding the new weights; either skips the CUDA-graph recapture, whose
-    capture forwards enter the model's TP collectives on the ranks that loaded. The scheduler's handler then
-    flushes the cache only on the ranks that loaded."""
-    requires.installed("sglang")
-    from sglang.srt.managers.scheduler_components.weight_updater import SchedulerWeightUpdaterManager
-    from sglang.srt.model_executor.model_runner_components import weight_updater as module
-    from sglang.srt.model_loader.loader import DefaultModelLoader
-
-    monkeypatch.setattr(module, "get_model", lambda: SimpleNamespace(weight_cache_mode="off"))
-    monkeypatch.setattr(module, "_unsupported_derived_weight_cache_error", lambda model: None)
-    monkeypatch.setattr(module, "get_available_gpu_memory", lambda *args, **kwargs: 0.0)
-    monkeypatch.setattr(module, "get_pp_stage_load_group", lambda: None)
-    monkeypatch.setattr(DefaultModelLoader.Source, "init_new",
-                        classmethod(lambda cls, config, model: config.model_path))
-    monkeypatch.setattr(DefaultModelLoader, "restore_weights_before_loading", staticmethod(lambda model, device: None))
-    monkeypatch.setattr(module, "get_model_loader", None)
-
-    answers, recaptures, reads = [], [], []
-    for fault in (None, "missing", "transient"):  # the same request on three ranks
-        loads: list[str] = []
-        rank = _disk_update_rank(module, loads, fault)
-        answers.append(module.WeightUpdater.update_weights_from_disk(
-            rank, "/models/new", "auto", recapture_cuda_graph=True)[0])
-        recaptures.append(rank.recaptured)
-        reads.append(loads)
-    assert answers == [True, False, False]
-    assert recaptures == [[True], [], []], "a rank whose load failed skips the recapture its peer runs"
-    assert reads == [["/models/new"], ["/models/new"], ["/models/new", "/models/new"]], \
-        "the rollback after a failed read re-reads the new checkpoint, not the old one"
-    handler = inspect.getsource(SchedulerWeightUpdaterManager.update_weights_from_disk)
-    assert handler.index("if not success:\n                    break") < handler.index(
-        "if target_updated:\n                success, message = self.flush_cache_after_weight_update(")
-
-
-# --- External ngram corpus (`/add_external_corpus`), left ---
-
-def test_each_rank_installs_and_commits_an_external_corpus_when_its_own_loader_thread_finishes() -> None:
-    """SGLang's own ExternalCorpusManager (NGRAM speculative decoding): `add` (dispatched from the broadcast)
-    starts a loader thread on every rank, and `check_pending_load`, every iteration, commits the corpus and answers
-    once this rank's thread has finished. The corpus itself is installed by that thread (the loader's last step,
-    `finish_external_corpus_load`, moves the built automaton into `sams_`), and the draft lookup splits its token
-    budget over `sams_`: from the moment each rank's own thread finishes, its drafts differ from a peer's still
-    loading."""
-    requires.installed("sglang")
-    import threading
-
-    import sglang
-    from sglang.srt.managers.io_struct import AddExternalCorpusReqInput
-    from sglang.srt.speculative.external_corpus_manager import ExternalCorpusManager
-
-    committed: dict[str, list[str]] = {}
-    managers, releases = {}, {}
-    for rank in ("fast", "slow"):
-        release = threading.Event()  # this rank's loader finishing its work
-        worker = SimpleNamespace(
-            add_external_corpus=lambda corpus_id, chunks, release=release: release.wait() and 3,
-            commit_corpus_load=lambda corpus_id, count, rank=rank: committed.setdefault(rank, []).append(corpus_id))
-        managers[rank] = ExternalCorpusManager(worker, send_response=lambda output, req: None)
-        releases[rank] = release
-        assert managers[rank].add(AddExternalCorpusReqInput(corpus_id="docs", token_chunks=[[1, 2, 3]])) is None
-    releases["fast"].set()
-    managers["fast"]._pending_load[1].join()  # the fast rank's loader is done before this iteration's check
-    for manager in managers.values():  # one iteration, on both ranks
-        manager.check_pending_load()
-    assert committed == {"fast": ["docs"]}, "one rank commits, its peer's loader is still running"
-    releases["slow"].set()
-    managers["slow"]._pending_load[1].join()
-    managers["slow"].check_pending_load()  # a later iteration
-    assert committed == {"fast": ["docs"], "slow": ["docs"]}
-
-    root = pathlib.Path(sglang.__file__).parent / "kernels"
-    loader = (root / "ops" / "speculative" / "ngram_corpus.py").read_text()
-    body = loader[loader.index("def load_external_corpus_named("):loader.index("def remove_corpus(")]
-    assert body.index("self.append_external_corpus_tokens(tokens_t)") < body.index(
-        "self.finish_external_corpus_load(corpus_id)")
-    native = (root / "jit" / "csrc" / "ngram_corpus" / "ngram.cpp").read_text()
-    finish = native[native.index("void Ngram::finishExternalCorpusLoad("):
-                    native.index("void Ngram::removeExternalCorpus(")]
-    assert "sams_.emplace(corpus_id, std::move(staging_sam_));" in finish
-    assert "const size_t num_sams = sams_.size();" in native
