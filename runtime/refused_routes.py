@@ -1,15 +1,18 @@
 """SGLang HTTP requests no pdfleet engine runs: refused at the engine's HTTP server, with the reason, always.
 
-Two run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
+Five run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
 engine (pdfleet refuses `--admin-api-key`, so SGLang's admin-optional endpoints take none; docs/desync-audit.md
 items 12 to 14):
 - `POST /update_weights_from_disk`: every rank loads the checkpoint and catches its own failure; a rank whose load
   fails skips the CUDA-graph recapture and the cache flush its peers run, and SGLang's "rollback" re-reads the new
   checkpoint. In pdfleet a pool's model changes by a rollout of `spec.model`, which replaces engine pods.
+- `POST /update_weights_from_tensor`, `/update_weights_from_distributed`, `/update_weights_from_ipc`: the same
+  per-rank outcome (each rank's own load result decides its cache flush; the ranks go on with different weights
+  where one failed), from tensors, a weights-update process group or checkpoint-engine's IPC.
 - `POST /add_external_corpus`: every rank installs an NGRAM corpus when its own loader thread finishes, so ranks
   draft different tokens for the same requests in between.
 
-Not a catalogue patch: an engine pdfleet starts never runs either. Each route function is verified like every
+Not a catalogue patch: an engine pdfleet starts never runs any of them. Each route function is verified like every
 patch target (SGLang version, fingerprint of the function replaced) and must be the endpoint of its route in
 SGLang's FastAPI `app`; the route is then replaced in the app's route table by one that answers 403 with SGLang's
 `{"success": false, "message": ...}` shape, so nothing reaches the tokenizer manager, let alone a rank. (Replacing
@@ -54,6 +57,11 @@ REFUSED = (
             "refused by pdfleet: each tensor-parallel rank loads the checkpoint and catches its own failure, so a "
             "load that fails on some ranks desyncs the group and SGLang's rollback re-reads the new checkpoint "
             "(docs/desync-audit.md item 13); roll out spec.model instead"),
+    *(Refusal(f"/{name}", name,
+              "refused by pdfleet: each tensor-parallel rank loads the weights and catches its own failure, so an "
+              "update that fails on some ranks leaves the group with different weights and caches, the cache flush "
+              "run only where it succeeded (docs/desync-audit.md item 13); roll out spec.model instead")
+      for name in ("update_weights_from_tensor", "update_weights_from_distributed", "update_weights_from_ipc")),
     Refusal("/add_external_corpus", "add_external_corpus",
             "refused by pdfleet: NGRAM external corpora are installed per rank, each when its own loader thread "
             "finishes, so the ranks draft different tokens for the same requests (docs/desync-audit.md item 14)"),
@@ -62,6 +70,9 @@ REFUSED = (
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
     "0.5.23": {
         f"{MODULE}.update_weights_from_disk": "aeb43a6540b9503a",
+        f"{MODULE}.update_weights_from_tensor": "e45826457a7f725b",
+        f"{MODULE}.update_weights_from_distributed": "1fd4e723251eaf60",
+        f"{MODULE}.update_weights_from_ipc": "af83583928a463a4",
         f"{MODULE}.add_external_corpus": "c6e2687fdae4ad50",
     },
 }

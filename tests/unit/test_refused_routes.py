@@ -1,7 +1,8 @@
-"""SGLang 0.5.23's own FastAPI app, served in process: unpatched, POST /update_weights_from_disk and
-/add_external_corpus reach the tokenizer manager's weight update and corpus calls; with pdfleet's refused routes
-installed (`pdfleet.runtime.refused_routes`) they answer 403 with the reason and nothing reaches it, whatever the
-body, while other routes answer as before. A changed or moved target stops the install, which changes nothing.
+"""SGLang 0.5.23's own FastAPI app, served in process: unpatched, POST /update_weights_from_disk (and from
+tensor, distributed and IPC) and /add_external_corpus reach the tokenizer manager's weight update and corpus
+calls; with pdfleet's refused routes installed (`pdfleet.runtime.refused_routes`) they answer 403 with the reason
+and nothing reaches it, whatever the body, while other routes answer as before. A changed or moved target stops
+the install, which changes nothing.
 
 The tokenizer manager is a stand-in that records what reaches it (no model loads here); the app, its route
 table, its middleware and its handlers are SGLang's."""
@@ -32,11 +33,24 @@ class TokenizerManagerStandIn:
         self.io = io
         self.calls: list[tuple[str, Any]] = []
         self.gracefully_exit = False
+        self.initial_weights_loaded = True  # read by SGLang's IPC weight-update handler
         self.server_status = server_status
 
     async def update_weights_from_disk(self, obj: Any, request: Any) -> tuple[bool, str, int]:
         self.calls.append(("update_weights_from_disk", obj))
         return True, "weights updated", 0
+
+    async def update_weights_from_tensor(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_tensor", obj))
+        return True, "weights updated"
+
+    async def update_weights_from_distributed(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_distributed", obj))
+        return True, "weights updated"
+
+    async def update_weights_from_ipc(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("update_weights_from_ipc", obj))
+        return True, "weights updated"
 
     async def add_external_corpus(self, obj: Any) -> Any:
         self.calls.append(("add_external_corpus", obj))
@@ -81,12 +95,33 @@ def test_unpatched_both_requests_reach_the_tokenizer_manager(served: tuple[Any, 
     assert standin.calls[1][1].documents == CORPUS["documents"]
 
 
-def test_refused_both_answer_403_with_the_reason_and_nothing_reaches_the_tokenizer_manager(
+# The other weight updates' bodies, as SGLang's request models take them (their handlers need no more to run).
+OTHER_WEIGHTS = {
+    "/update_weights_from_tensor": {"serialized_named_tensors": ["e30="]},
+    "/update_weights_from_distributed": {"names": ["w"], "dtypes": ["bfloat16"], "shapes": [[1]]},
+    "/update_weights_from_ipc": {"zmq_handles": {}},
+}
+
+
+def test_unpatched_the_other_weight_updates_reach_the_tokenizer_manager(
+        served: tuple[Any, TokenizerManagerStandIn]) -> None:
+    client, standin = served
+    answers = {path: client.post(path, json=body) for path, body in OTHER_WEIGHTS.items()}
+    assert {p: (a.status_code, a.json()["success"]) for p, a in answers.items()} == \
+        {p: (200, True) for p in OTHER_WEIGHTS}
+    assert [name for name, _ in standin.calls] == [p.lstrip("/") for p in OTHER_WEIGHTS]
+
+
+def test_refused_every_route_answers_403_with_the_reason_and_nothing_reaches_the_tokenizer_manager(
         served: tuple[Any, TokenizerManagerStandIn]) -> None:
     client, standin = served
     applied = refused_routes.install(VERSION)
-    assert applied.targets == (f"{refused_routes.MODULE}.update_weights_from_disk",
-                               f"{refused_routes.MODULE}.add_external_corpus")
+    assert applied.targets == tuple(f"{refused_routes.MODULE}.{name}" for name in (
+        "update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
+        "update_weights_from_ipc", "add_external_corpus"))
+    for path, body in OTHER_WEIGHTS.items():
+        answer = client.post(path, json=body)
+        assert answer.status_code == 403 and "roll out spec.model instead" in answer.json()["message"], path
     weights = client.post("/update_weights_from_disk", json=WEIGHTS)
     corpus = client.post("/add_external_corpus", json=CORPUS)
     # A body SGLang's own handler would reject is refused the same way: nothing of it is read.
