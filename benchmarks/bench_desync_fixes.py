@@ -43,7 +43,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # The catalogue's desync fixes: every patch that keeps a TP group's ranks in the same collectives.
 DESYNC_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
-                "admission-consensus")
+                "admission-consensus", "flush-consensus")
 ROLES = ("decode", "prefill")
 # (iterations per block, rounds of unpatched-patched-patched-unpatched): TP 8 forks 8 ranks that share the
 # machine's cores, so it runs fewer iterations (its p99 is then close to the maximum).

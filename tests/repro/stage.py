@@ -133,14 +133,24 @@ def _commit(decode_req: Any) -> None:
     decode_req.req.time_stats.set_wait_queue_entry_time()
 
 
+def _unreachable(*_: Any, **__: Any) -> Any:
+    raise AssertionError("a cache flush was decided in a loop that sends no /flush_cache")
+
+
 def intake_attributes(receiver: Any) -> dict[str, Any]:
     """What `Scheduler.ingest_requests`, `process_input_requests` and `abort_request` read on a scheduler of
-    either role, with `receiver` as its request receiver."""
+    either role, with `receiver` as its request receiver. The flush wrapper is SGLang's own, so that every
+    iteration runs its `check_pending` (patched by flush-consensus) as `process_input_requests` does; with no
+    flush sent it returns before deciding anything."""
+    from sglang.srt.managers.scheduler_components.flush_wrapper import SchedulerFlushWrapper
+
     return dict(
         request_receiver=receiver, _deferred_input_requests=[],
         metrics_reporter=SimpleNamespace(enable_metrics=False, record_scheduler_active=_noop),
         scheduler_stage_metrics=None, session_controller=SimpleNamespace(maybe_reap=_noop), rust_server=None,
-        flush_wrapper=SimpleNamespace(check_pending=_noop), external_corpus_manager=None,
+        flush_wrapper=SchedulerFlushWrapper(flush_cache=_unreachable, is_fully_idle=_unreachable,
+                                            send_output=_unreachable),
+        external_corpus_manager=None,
         return_health_check_ipcs=[], chunked_req=None, mm_receiver=None, waiting_queue=[], dllm_config=None,
         grammar_manager=SimpleNamespace(abort_requests=_noop), collect_inflight_reqs=list,
         output_streamer=SimpleNamespace(stream_output=_noop),
