@@ -45,6 +45,7 @@ class Container:
         self.backoff = RestartBackoff()
         self.proc: Process | None = None
         self.stopping = asyncio.Event()
+        self._stopped_with: tuple[float, str] | None = None  # stop()'s grace and reason, once it was called
         self._killing: asyncio.Task[None] | None = None
 
     # ------------------------------------------------------------------------------------------ helpers
@@ -97,7 +98,14 @@ class Container:
                 self._event("Failed", f"Error: {e}", "Warning")
                 exit_status = 128
             else:
+                late: asyncio.Task[None] | None = None
+                if self._stopped_with is not None:
+                    # The pod was stopped while its process was being spawned: stop() found no process to kill,
+                    # and this one would otherwise run on, holding the pod's IP and directory from its successor.
+                    late = asyncio.create_task(self.kill(*self._stopped_with))
                 exit_status = await self._supervise(self.proc, started_at, offset)
+                if late is not None:
+                    await late
             self.publish()
             if self.stopping.is_set() or not should_restart(self.policy, exit_status):
                 return
@@ -204,7 +212,9 @@ class Container:
         return float(grace)
 
     async def stop(self, grace_s: float, why: str) -> None:
-        """The pod goes away: no more restarts, and the running process is killed within `grace_s`."""
+        """The pod goes away: no more restarts, and the running process is killed within `grace_s` (one still
+        being spawned is killed as soon as it exists: `run`)."""
+        self._stopped_with = (grace_s, why)
         self.stopping.set()
         await self.kill(grace_s, why)
 
