@@ -161,7 +161,15 @@ def install_api() -> None:
     lc.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(manifests() / "crds"))
     # kueue.x-k8s.io_workloads.yaml holds workloads.kueue.x-k8s.io
     names = [".".join(reversed(p.stem.split("_", 1))) for p in sorted((manifests() / "crds").glob("*.yaml"))]
-    lc.kubectl("wait", "--for=condition=Established", "--timeout=60s", *(f"crd/{n}" for n in names))
+    # Polled, not `kubectl wait --for=condition=Established`: on a CRD whose conditions the apiserver has not
+    # written yet, kubectl 1.34 fails at once instead of waiting.
+    query = '{.status.conditions[?(@.type=="Established")].status}'
+    deadline = time.monotonic() + 60
+    for name in names:
+        while lc.kubectl("get", "crd", name, "-o", f"jsonpath={query}", check=False).stdout.strip() != "True":
+            if time.monotonic() > deadline:
+                raise lc.ClusterError(f"CRD {name} not Established within 60 s")
+            time.sleep(0.2)
     if lc.kubectl("get", "namespace", SYSTEM_NAMESPACE, check=False).returncode != 0:
         lc.kubectl("create", "namespace", SYSTEM_NAMESPACE)
 

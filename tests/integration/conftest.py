@@ -36,7 +36,7 @@ def chart(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
     cluster.helm("upgrade", "--install", release, str(ROOT / "charts" / "pdfleet"), "--namespace",
                  RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
+    cluster.wait_established("inferencepools.pdfleet.dev")
     yield
     cluster.helm("uninstall", release, "--namespace", RELEASE_NAMESPACE, check=False)
 

@@ -35,7 +35,7 @@ AUTOSCALING = {"decode": {"minReplicas": 1, "maxReplicas": 2, "targets": {"runni
 @pytest.fixture
 def own_operator(cluster: Cluster, namespace: str, tmp_path: Path) -> Iterator[OperatorProcess]:
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepools.pdfleet.dev", "--timeout=60s")
+    cluster.wait_established("inferencepools.pdfleet.dev")
     with running_operator(cluster.kubeconfig, tmp_path / "operator.log", "--resync-period", "1",
                           "--namespace", namespace) as op:
         yield op

@@ -32,7 +32,7 @@ def installed(cluster: Cluster) -> Cluster:
     """The committed CRD, applied server-side and Established, with the resource served."""
     cluster.kubectl("apply", "--server-side", "--force-conflicts", "--field-manager=pdfleet-tests",
                     "-f", str(CRD_FILE))
-    cluster.kubectl("wait", "--for=condition=Established", f"crd/{meta.CRD_NAME}", "--timeout=60s")
+    cluster.wait_established(meta.CRD_NAME)
     wait_for("the inferencepools resource to be served",
              lambda: cluster.kubectl("get", "pdpool", "-A", check=False).returncode == 0)
     return cluster

@@ -52,7 +52,7 @@ def _serving(cluster: Cluster, namespace: str, decode: int) -> dict[str, Any] | 
 def test_a_role_scales_by_kubectl_and_by_the_real_hpa_through_its_inference_pool_role(
     cluster: Cluster, operator: OperatorProcess, namespace: str
 ) -> None:
-    cluster.kubectl("wait", "--for=condition=Established", "crd/inferencepoolroles.pdfleet.dev", "--timeout=60s")
+    cluster.wait_established("inferencepoolroles.pdfleet.dev")
     body = example("minimal")
     body["metadata"] = {"name": POOL, "namespace": namespace}
     body["spec"]["decode"]["scaleTarget"] = True

@@ -64,6 +64,16 @@ class Cluster:
         """`kubectl get ... -o json`, parsed."""
         return json.loads(self.kubectl("get", *args, "-o", "json").stdout)
 
+    def wait_established(self, *names: str, timeout: float = 60) -> None:
+        """Waits until each CRD is Established. Not `kubectl wait --for=condition=Established`: on a CRD so new
+        that the apiserver has not written its conditions yet, kubectl 1.34 fails at once ('.status.conditions
+        accessor error: <nil>') instead of waiting, which a busy fresh cluster showed twice."""
+        query = '{.status.conditions[?(@.type=="Established")].status}'
+        for name in names:
+            wait_for(f"CRD {name} Established", lambda name=name: self.kubectl(
+                "get", "crd", name, "-o", f"jsonpath={query}", check=False).stdout.strip() == "True" or None,
+                timeout=timeout)
+
     @property
     def audit_log(self) -> Path:
         """The local apiserver's audit log of writes (hack/audit-policy.yaml)."""
