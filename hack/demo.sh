@@ -158,6 +158,9 @@ kubectl patch pdpool "$POOL" -n "$NS" --type=merge -p \
 if .venv/bin/pdfleet rollout status "$POOL" -n "$NS" --watch --timeout 5m; then
   fail "the bad revision was not stopped"
 fi
+# The watch ends when the gate fails; the rollback that follows is written, and its Event posted, a moment later.
+watch_until "the rollback's Event" \
+  '[ -n "$(jp events -n "$NS" --field-selector reason=RolloutRolledBack -o name)" ]' 'echo waiting' 60
 kubectl get events -n "$NS" --field-selector involvedObject.kind=InferencePool --sort-by=.lastTimestamp \
   -o custom-columns=TYPE:.type,REASON:.reason,MESSAGE:.message \
   | grep -E '^TYPE|RolloutCanaryBaking|RolloutAnalysisFailed|RolloutRevisionFailed|RolloutRolledBack' || true
