@@ -22,7 +22,7 @@ from pydantic import Field
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.resources import Resources
 from pdfleet.operator.api.scalars import Port
-from pdfleet.operator.api.scheduling import Scheduling
+from pdfleet.operator.api.scheduling import EngineScheduling
 
 DEFAULT_ENGINE_PORT = 30000
 DEFAULT_BOOTSTRAP_PORT = 8998
@@ -72,7 +72,9 @@ class RoleSpec(ApiModel):
     )
     port: Port = Field(default=DEFAULT_ENGINE_PORT, description="HTTP port of the engine (--port).")
     resources: Resources = Field(default_factory=Resources, description="CPU and memory per pod.")
-    scheduling: Scheduling = Field(default_factory=Scheduling, description="Where the pods may run.")
+    scheduling: EngineScheduling = Field(
+        default_factory=EngineScheduling, description="Where the pods may run, and how a group is placed as one."
+    )
     scale_target: bool = Field(
         default=False,
         description="Give this role a scale subresource: the operator keeps an InferencePoolRole named "

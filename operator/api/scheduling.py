@@ -63,3 +63,72 @@ class Scheduling(ApiModel):
     priority_class_name: Annotated[str, Field(max_length=253)] | None = Field(
         default=None, description="PriorityClass of engine pods."
     )
+
+
+# Kueue's names for what it reads on a pod (v0.17.0: pkg/controller/constants, pkg/controller/jobs/pod/constants,
+# apis/kueue/v1beta2/topology_types.go). The API says which scheduler; render/gang.py writes these.
+DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+NODE_LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                  r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+
+
+class GangScheduler(enum.StrEnum):
+    KUEUE = "Kueue"
+
+
+class Gang(ApiModel):
+    """Place each engine group whole or not at all, through a batch scheduler the cluster runs. Kueue admits a
+    group's pods together once its queue has quota (and, with a topology-aware flavor, nodes) for all of them;
+    until then none of them binds or holds a GPU. How long an admitted group that never gets Ready may keep
+    what it holds is Kueue's own `waitForPodsReady`, one setting of the whole Kueue installation: Kueue v0.17
+    has no per-workload timeout, so the pool has none either."""
+
+    scheduler: GangScheduler = Field(
+        default=GangScheduler.KUEUE, description="The gang scheduler: Kueue (v0.17 or later, pod integration on)."
+    )
+    queue_name: Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL)] = Field(
+        description="The Kueue LocalQueue, in the pool's namespace, the groups are queued in (a DNS label: Kueue "
+                    "reads it from the pods' kueue.x-k8s.io/queue-name label)."
+    )
+
+
+class TopologyMode(enum.StrEnum):
+    REQUIRED = "Required"
+    PREFERRED = "Preferred"
+
+
+class Topology(ApiModel):
+    """Keep each engine group's pods inside one topology domain (a rack, an NVLink clique): the nodes that share
+    one value of a node label. Carried out by Kueue's topology-aware scheduling, so it needs `gang`, and the
+    queue's ResourceFlavor must name a Kueue Topology with this label as one of its levels."""
+
+    node_label: Annotated[str, Field(min_length=1, max_length=317, pattern=NODE_LABEL_KEY)] = Field(
+        description="The node label whose value is the domain, e.g. nvidia.com/gpu.clique or "
+                    "topology.kubernetes.io/zone: a level of the Kueue Topology of the queue's flavor."
+    )
+    mode: TopologyMode = Field(
+        default=TopologyMode.REQUIRED,
+        description="Required: a group waits until one domain has room for all of its pods. Preferred: one "
+                    "domain if one has room, else the next level up, else anywhere.",
+    )
+
+
+_TOPOLOGY_NEEDS_GANG = Rule(
+    cel="!has(self.topology) || has(self.gang)",
+    holds=lambda s: s.topology is None or s.gang is not None,
+    message="scheduling.topology needs scheduling.gang: Kueue's topology-aware scheduling places the group",
+    field=".topology",
+)
+
+
+class EngineScheduling(Scheduling):
+    """Pod placement for one role's engine pods, and how a multi-pod group is placed as one."""
+
+    RULES = (_TOPOLOGY_NEEDS_GANG,)
+
+    gang: Gang | None = Field(
+        default=None, description="Place each engine group whole or not at all through Kueue (off by default)."
+    )
+    topology: Topology | None = Field(
+        default=None, description="Keep each engine group's pods in one topology domain (needs gang)."
+    )

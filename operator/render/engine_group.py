@@ -15,7 +15,7 @@ from pdfleet.operator.api.model import ModelSource
 from pdfleet.operator.api.roles import PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
-from pdfleet.operator.render import engine_args, labels, layout
+from pdfleet.operator.render import engine_args, gang, labels, layout
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_args import Flag
 from pdfleet.runtime.health import agent
@@ -131,8 +131,10 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     patches = [str(p) for p in spec.engine.patches]
     pod_labels = {**group_labels(ctx, group, revision), labels.RANK: str(node_rank),
                   labels.KV_LAYOUT: layout.kv_layout(spec),
-                  **labels.provenance(patches, spec.engine.image)}
-    annotations = {labels.PATCHES: ",".join(patches), labels.IMAGE: spec.engine.image}
+                  **labels.provenance(patches, spec.engine.image),
+                  **gang.labels(role_spec.scheduling, group_name, revision)}
+    annotations = {labels.PATCHES: ",".join(patches), labels.IMAGE: spec.engine.image,
+                   **gang.annotations(role_spec.scheduling, role_spec.nodes_per_group)}
     if isinstance(role_spec, PrefillSpec):
         # sglang-router's Kubernetes service discovery reads a prefill worker's bootstrap port from here.
         annotations["sglang.ai/bootstrap-port"] = str(role_spec.bootstrap_port)
