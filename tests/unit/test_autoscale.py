@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import random
 from typing import Any
 
 import pytest
@@ -281,6 +282,52 @@ def test_an_oscillating_load_flaps_no_more_than_the_windows_allow() -> None:
     changes = [(i * 5, a, b) for i, (a, b) in enumerate(itertools.pairwise(sizes), 1) if a != b]
     assert all(b > a for _, a, b in changes), changes
     assert sizes[-1] == 8 and len(changes) <= 3
+
+
+@pytest.mark.parametrize(("up", "down", "interval"), [(0, 5, 0), (3, 20, 10), (30, 300, 60)])
+@pytest.mark.parametrize("seed", range(4))
+def test_any_load_flaps_no_more_than_the_windows_and_the_interval_allow(up: int, down: int, interval: int,
+                                                                          seed: int) -> None:
+    """Demand as a random square wave (levels of 0.2 to 6 engines' worth of KV, each held 1 s to twice the down
+    window), polled every second for 40 minutes, closed loop. Every decision is checked against the
+    recommendations it had, whatever the sequence: a scale-up only to the smallest recommendation of the up
+    window, a scale-down only to the largest of the down window, two scales at least minIntervalSeconds apart.
+    So a scale-down follows a scale-up by at least the down window (the flap bound: at most one reversal per
+    down window), and the size changes at most once per interval."""
+    rng = random.Random(seed)
+    scaling = decode(max=8, behavior={"scale_up": {"stabilization_window_seconds": up},
+                                      "scale_down": {"stabilization_window_seconds": down},
+                                      "min_interval_seconds": interval})
+    seconds = 2400
+    demand: list[float] = []
+    while len(demand) < seconds:
+        demand += [rng.choice([0.2, 0.9, 1.5, 2.4, 4.0, 6.0])] * rng.randint(1, 2 * down + 1)
+    replicas, status = 2, None
+    recommended: list[int | None] = []
+    scales: list[tuple[int, int, int]] = []  # (second, before, after)
+    for t in range(seconds):
+        now = T0 + datetime.timedelta(seconds=t)
+        d = one(scaling, replicas, [kv(demand[t] * 0.5 / replicas)] * replicas, now, status=status)
+        assert d.status is not None
+        recommended.append(d.recommendation)
+        if d.desired != replicas:
+            scales.append((t, replicas, d.desired))
+        status = d.status if d.desired == replicas else autoscale.scaled(d.status, now)
+        replicas = d.desired
+
+    def seen(t: int, window: int) -> list[int]:  # the recommendations made in (t - window, t], or at t alone
+        return [r for r in recommended[max(0, t - max(window, 1) + 1):t + 1] if r is not None]
+    for t, before, after in scales:
+        if after > before:
+            assert min(seen(t, up)) >= after, (t, before, after, seen(t, up))
+        else:
+            assert max(seen(t, down)) <= after, (t, before, after, seen(t, down))
+    assert all(b[0] - a[0] >= interval for a, b in itertools.pairwise(scales)), scales
+    reversals = [(a, b) for a, b in itertools.pairwise(scales) if a[2] > a[1] and b[2] < b[1]]
+    assert all(b[0] - a[0] >= down for a, b in reversals), reversals
+    assert len(scales) <= seconds // max(interval, 1) + 1
+    assert len(reversals) <= seconds // down + 1
+    assert any(after > before for _, before, after in scales) and any(after < before for _, before, after in scales)
 
 
 def test_a_load_that_stays_low_longer_than_the_down_window_scales_down_once_per_interval() -> None:
