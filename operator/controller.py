@@ -26,6 +26,7 @@ from pdfleet.operator.kube.router_keys import RouterKeys
 from pdfleet.operator.kube.slots import Slots
 from pdfleet.operator.planning import reconcile, refusals, restarts
 from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning.engine_load import Work
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
@@ -67,19 +68,24 @@ def _no_engines(_: PoolKey) -> Mapping[str, EngineFacts]:
     return {}
 
 
+# What the last health poll read of a pool's groups' load, for a scale-down's choice (`engines.monitor`).
+WorkView = Callable[[PoolKey], Work]
+
+
 class Controller:
     def __init__(self, *, client: KubeClient, cache: Cache, settings: Settings | None = None,
                  health: HealthView = _no_health, agents: EngineClient | None = None,
                  requeue: Callable[[PoolKey, float], None] | None = None,
                  engines: EnginesView = _no_engines, background_events: bool = False,
                  router_keys: RouterKeys | None = None, renders: Renders | None = None,
-                 status_pause: float = 0.0) -> None:
+                 status_pause: float = 0.0, work: WorkView | None = None) -> None:
         self._client = client
         self.router_keys = router_keys or RouterKeys(client)
         self._cache = cache
         self._settings = settings
         self._health = health
         self._engines = engines
+        self._work = work  # None: no monitor reads loads, and a scale-down does not wait for them
         self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
         self._requeue = requeue  # reconcile a pool again after a delay (the work queue's add_after)
         # What this process wrote that the watch may not show yet (client-go's "expectations"): without it, a
@@ -188,7 +194,7 @@ class Controller:
         plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
                               settings=self._settings,
                               health=self._health(key), engines=self._engines(key), router_key=keys.current,
-                              renders=self._renders)
+                              renders=self._renders, work=self._work(key) if self._work is not None else None)
         planned = time.perf_counter()
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
         # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back

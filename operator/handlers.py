@@ -111,6 +111,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
                                                  settings=state.options.render,
                                                  health=state.health.health, agents=state.engines,
                                                  requeue=state.queue.add_after, engines=state.health.facts,
+                                                 work=state.health.work,
                                                  background_events=True, renders=renders,
                                                  status_pause=controller_mod.STATUS_PAUSE)
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.

@@ -23,6 +23,7 @@ their load (`loads`), which the autoscaler reads after the poll (`after_poll`).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import datetime
 import functools
@@ -43,7 +44,7 @@ from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import bake, rank_health, router_membership
 from pdfleet.operator.planning import canary_gate as planning_canary
-from pdfleet.operator.planning.engine_load import LoadSample
+from pdfleet.operator.planning.engine_load import LoadSample, Work
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
@@ -77,6 +78,7 @@ class HealthMonitor:
         self._facts: dict[PoolKey, dict[str, EngineFacts]] = {}
         self._infos: dict[PoolKey, dict[str, Mapping[str, Any]]] = {}  # /server_info by pod uid
         self._loads: dict[PoolKey, dict[str, LoadSample]] = {}  # autoscaled roles' leaders' load, by group
+        self._asked: dict[PoolKey, frozenset[str]] = {}  # the groups whose load the last poll asked for
         self._poke = poke
         self.after_poll = after_poll
         self._judged: dict[PoolKey, dict[str, GroupHealth]] = {}
@@ -98,6 +100,10 @@ class HealthMonitor:
         """The load the last poll read from each group's leader, by group name, for the roles `spec.autoscaling`
         sizes (kept apart from the facts: a load changes at every poll and must not wake the reconcile)."""
         return dict(self._loads.get(key, {}))
+
+    def work(self, key: PoolKey) -> Work:
+        """The same loads for the planner's choice of the group a scale-down removes, with the groups asked."""
+        return Work(loads=dict(self._loads.get(key, {})), asked=self._asked.get(key, frozenset()))
 
     def watch(self, key: PoolKey) -> None:
         """Polls the pool from now on, if it is not polled already."""
@@ -122,7 +128,7 @@ class HealthMonitor:
     def _drop(self, key: PoolKey) -> None:
         """Everything kept about the pool's groups and pods."""
         for kept in (self._judged, self._answered, self._warned, self._foreign, self._facts, self._infos,
-                     self._loads):
+                     self._loads, self._asked):
             kept.pop(key, None)
         if self._canary is not None:
             self._canary.forget(key)
@@ -173,7 +179,10 @@ class HealthMonitor:
         period = parse_duration(spec.health.heartbeat_period).total_seconds()
         last = self._renders.previous(pool)  # what the planner last wrote: read once per poll
         judged, judged_pods = await self._judge(key, spec, observed, last, timeout=min(MAX_AGENT_TIMEOUT, period))
+        asked_before = self._asked.get(key, frozenset())
         facts = await self._engine_facts(key, spec, judged_pods, last, routers=observed.routers)
+        if self._asked.get(key, frozenset()) - asked_before:
+            self._poke(key)  # a scale-down may be waiting for these loads to choose its group (planning/ordinals)
         before = self._judged.get(key)
         facts_before = self._facts.get(key)
         self._judged[key] = judged
@@ -212,7 +221,12 @@ class HealthMonitor:
         wanted: list[tuple[Body, int]] = []
         sampled: list[tuple[Body, int]] = []  # leaders whose /metrics a bake compares, old revision or new
         loaded: dict[str, tuple[Body, int]] = {}  # group -> its leader, whose load the autoscaler reads
-        autoscaled = {role for role in Role if spec.autoscaling.role(role) is not None}
+        # Whose load is read: roles the autoscaler sizes, and roles with more live groups than replicas (a
+        # scale-down chooses the group with the least work, or a rollout's surge group serves beside them).
+        live = collections.Counter(_role(pods) for pods in judged_pods.values() if rank_health.live_pods(pods))
+        weighed = {role for role in Role if spec.autoscaling.role(role) is not None or
+                   live[role] > spec.role(role).replicas}
+        asked: set[str] = set()
         verified = {g.name: g.verified_revision for g in last.groups if g.verified_revision is not None}
         sampling = _sampling(spec, last)
         for name, pods in judged_pods.items():
@@ -223,8 +237,10 @@ class HealthMonitor:
             head = leader_pod(live)
             if sampling and head is not None and head["metadata"].get("uid") not in foreign:
                 sampled.append((head, spec.role(role).port))
-            if role in autoscaled and head is not None and head["metadata"].get("uid") not in foreign:
-                loaded[name] = (head, spec.role(role).port)
+            if role in weighed:
+                asked.add(name)  # asked, answered or not: a choice waiting for it must not wait for good
+                if head is not None and head["metadata"].get("uid") not in foreign:
+                    loaded[name] = (head, spec.role(role).port)
             if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
                     {revision.role_revision(spec, role)}:
                 continue
@@ -262,6 +278,7 @@ class HealthMonitor:
                 if load is not None:
                     loads[name] = load
         self._loads[key] = loads
+        self._asked[key] = frozenset(asked)
         if sampling:
             self._probe_thin_bakes(key, spec, judged_pods, samples, last)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}

@@ -11,6 +11,7 @@ over the window, not the engine's lifetime mean.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -78,3 +79,13 @@ def window(previous: LoadSample | None, now: LoadSample) -> EngineLoad:
             if d_sum >= 0 and d_count >= 0:
                 grown[f"{prefix}_sum"], grown[f"{prefix}_count"] = d_sum, d_count
     return EngineLoad(queue=now.queue, running=now.running, token_usage=now.token_usage, **grown)
+
+
+@dataclasses.dataclass(frozen=True)
+class Work:
+    """What the last health poll read of a pool's groups' load, for a scale-down's choice of group
+    (`ordinals`): each group's leader's load, by group name, and the groups whose leader was asked, whether it
+    answered or not (a leader without /metrics is asked and has no load: the choice does not wait for it)."""
+
+    loads: Mapping[str, EngineLoad] = dataclasses.field(default_factory=dict)
+    asked: frozenset[str] = frozenset()

@@ -32,12 +32,14 @@ from typing import Any
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import (
     bake,
     health_status,
+    ordinals,
     playbooks,
     rank_health,
     restarts,
@@ -49,6 +51,7 @@ from pdfleet.operator.planning import (
 from pdfleet.operator.planning import rollout as rollout_plan
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning import surge as surge_plan
+from pdfleet.operator.planning.engine_load import Work
 from pdfleet.operator.planning.groups import (
     Expectations,
     GroupState,
@@ -104,10 +107,11 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
 def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expectations | None = None,
          settings: Settings | None = None, health: Mapping[str, GroupHealth] | None = None,
          engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1",
-         renders: Renders | None = None) -> Plan:
+         renders: Renders | None = None, work: Work | None = None) -> Plan:
     """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller.
     `renders`: what earlier plans derived from the same spec and status (the executor keeps one); the plan is the
-    same with or without it."""
+    same with or without it. `work`: the groups' load at the last health poll, which a scale-down's choice of
+    group waits for (`ordinals`); None: not known, and not waited for."""
     renders = renders if renders is not None else Renders()
     expect = expect or Expectations()
     pods = pods_by_group(observed.of_kind("Pod"))
@@ -122,7 +126,9 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     if spec.paused:
         return _status_only(pool, previous, _paused_status(previous, generation, now))
 
-    slots = renders.desired(pool, ctx, spec, surge_plan.slots(ctx.pool, spec, pods))
+    numbered = ordinals.slots(ctx.pool, spec, pods, previous, deleting={n for k, n in expect.deleting if k == "Pod"},
+                              created=[n for k, n in expect.applied if k == "Pod"], health=health, work=work)
+    slots = renders.desired(pool, ctx, spec, {role: (s.base, s.surge) for role, s in numbered.items()})
     out = _Builder()
     _plan_shared_objects(slots, observed, expect, out)
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in slots.groups}
@@ -149,7 +155,8 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     waits = [g.next_restart_time for g in new_status.groups if g.next_restart_time is not None] + \
         [o.deadline for o in outcomes.values() if o.deadline is not None] + \
         [w.until for w in (new_status.watch,) if w is not None and w.until is not None and w.failure is None
-         and w.until > now]
+         and w.until > now] + \
+        [now + parse_duration(spec.health.heartbeat_period) for s in numbered.values() if s.waiting is not None]
     return Plan(apply=tuple(out.apply), delete=tuple(out.delete),
                 status=_changed_status(new_status, previous, pool.get("status")),
                 events=tuple(out.events), capture=tuple(out.capture), restarted=tuple(out.restarted),
@@ -233,7 +240,7 @@ def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
 def _rollout_groups(spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState],
                     outcomes: Mapping[str, Outcome]) -> list[rollout_plan.Group]:
     return [rollout_plan.Group(g.name, g.id.role, states[g.name], outcomes[g.name].verified,
-                               surge=surge_plan.is_surge(spec, g)) for g in want.groups]
+                               surge=g.surge) for g in want.groups]
 
 
 def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, states: Mapping[str, GroupState],
@@ -274,7 +281,7 @@ def _plan_groups(spec: InferencePoolSpec, want: Desired, observed: Observed, sta
         if created:
             pods_ = [p for g, _ in created for p in g.pods]
             gpus = sum(int(p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) for p in pods_)
-            extra = any(surge_plan.is_surge(spec, g) for g, _ in created)
+            extra = any(g.surge for g, _ in created)
             out.events.append(Event("Normal", "GroupCreated",
                                     f"created {role} {_names(g for g, _ in created)} at revision "
                                     f"{created[0][0].revision}: {len(pods_)} pod(s), {gpus} GPU(s)" +
@@ -426,8 +433,8 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         counts[role] = RoleStatus.of(
             desired=spec.role(role).replicas,
             ready=sum(_serving(states[g.name], by_name[g.name]) for g in mine),
-            updated=sum(outcomes[g.name].verified for g in mine if not surge_plan.is_surge(spec, g)),
-            surge=sum(surge_plan.is_surge(spec, g) for g in mine),
+            updated=sum(outcomes[g.name].verified for g in mine if not g.surge),
+            surge=sum(g.surge for g in mine),
             surge_unschedulable=revision.pool_revision(spec) if role in unschedulable else None,
         )
     router_ok = _router_available(spec, observed)

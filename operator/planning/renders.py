@@ -4,7 +4,7 @@ Most reconciles of a pool see a spec they have seen before: its own pods' and st
 verdicts, resyncs. Validating the spec, rendering every object with its content hash and parsing the previous
 status were two thirds of such a plan (docs/operator-throughput.md). `Renders` keeps them per pool:
 
-- the typed spec and its problems, and the rendered objects (per render context and surge slots), for the
+- the typed spec and its problems, and the rendered objects (per render context and groups' ordinals), for the
   pool's uid and generation, used only while the spec is equal to the one they were made from: a client that
   edits a spec without a new generation (a test, a stale cache) gets a fresh render, never a stale one;
 - the previous status, parsed, used only while the pool's raw status is equal to it.
@@ -26,11 +26,11 @@ from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cache import json_copy
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.render.context import RenderContext
-from pdfleet.operator.render.desired import Desired, desired
+from pdfleet.operator.render.desired import Desired, Ordinals, desired
 
 Body = dict[str, Any]
 PoolId = tuple[str, str, str]  # namespace, name, uid
-DESIRED_KEPT = 4  # renders kept per generation: the surge slots a rollout moves through, at most a few
+DESIRED_KEPT = 4  # renders kept per generation: the slots a rollout or a scale moves through, at most a few
 
 
 @dataclasses.dataclass
@@ -39,7 +39,7 @@ class _Spec:
     raw: Any  # a copy of the spec it was made from: the client's dict may be edited in place
     spec: InferencePoolSpec | None
     problems: tuple[checks.Problem, ...]
-    desired: dict[tuple[RenderContext, tuple[tuple[Role, int], ...]], Desired] = dataclasses.field(
+    desired: dict[tuple[RenderContext, tuple[tuple[Role, Ordinals], ...]], Desired] = dataclasses.field(
         default_factory=dict)
 
 
@@ -82,17 +82,17 @@ class Renders:
         return entry.spec, list(entry.problems)
 
     def desired(self, pool: Mapping[str, Any], ctx: RenderContext, spec: InferencePoolSpec,
-                surge: Mapping[Role, int]) -> Desired:
-        """`render.desired.desired(ctx, spec, surge)`, for `spec` as `validated(pool)` returned it."""
+                ordinals: Mapping[Role, Ordinals]) -> Desired:
+        """`render.desired.desired(ctx, spec, ordinals)`, for `spec` as `validated(pool)` returned it."""
         entry = self._specs.get(_pid(pool))
         if entry is None or entry.spec is not spec:  # not a spec `validated` returned: nothing kept applies
             self.counts.desired_misses += 1
-            return desired(ctx, spec, surge)
-        key = (ctx, tuple(sorted((r, n) for r, n in surge.items() if n)))
+            return desired(ctx, spec, ordinals)
+        key = (ctx, tuple(sorted(ordinals.items())))
         made = entry.desired.get(key)
         if made is None:
             self.counts.desired_misses += 1
-            made = desired(ctx, spec, surge)
+            made = desired(ctx, spec, ordinals)
             if len(entry.desired) >= DESIRED_KEPT:
                 entry.desired.pop(next(iter(entry.desired)))
             entry.desired[key] = made

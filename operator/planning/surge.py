@@ -1,9 +1,10 @@
 """A rollout's surge groups (`rollout.maxSurge`) between rendering and the rollout's step. Pure.
 
-A surge group is an engine group above its role's `replicas`, at the indices that follow them; it exists only
-while a rollout of its role needs it (`rollout.surge` decides how many). The planner renders every slot such a
-group may take (`slots`: those that exist, or maxSurge), so that each is classified and verified like any group,
-then keeps the slots the decision wants (`kept`); a surge group left out is deleted as past `replicas`.
+A surge group is an engine group above its role's `replicas`, at the ordinals right above its kept groups'
+(`ordinals.slots`); it exists only while a rollout of its role needs it (`rollout.surge` decides how many). The
+planner renders every slot such a group may take (those that exist, or maxSurge), so that each is classified and
+verified like any group, then keeps the slots the decision wants (`kept`); a surge group left out is deleted as
+past `replicas`.
 
 A surge group the scheduler cannot place (no node with free GPUs) would hold the rollout for good: the role falls
 back to replacing in place, up to `maxUnavailable` (`unschedulable`). That is remembered in the role's status for
@@ -21,33 +22,19 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.planning import rollout
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.render.desired import Desired, DesiredGroup
+from pdfleet.operator.render.desired import Desired
 
 Body = dict[str, Any]
 UNSCHEDULABLE_REASON = "RolloutSurgeUnschedulable"
 
 
-def is_surge(spec: InferencePoolSpec, group: DesiredGroup) -> bool:
-    return group.id.index >= spec.role(group.id.role).replicas
-
-
-def slots(pool: str, spec: InferencePoolSpec, groups: Mapping[str, list[Body]]) -> dict[Role, int]:
-    """Per role, the groups above `replicas` to render: as many as exist (up to the highest index that does: a
-    scale-down's leftovers count too), or maxSurge, whichever is more. `groups`: the pool's pods by group."""
-    out: dict[Role, int] = {}
-    for role in Role:
-        replicas = spec.role(role).replicas
-        prefix = f"{pool}-{role}-"
-        above = [int(tail) for name in groups if name.startswith(prefix) and (tail := name[len(prefix):]).isdigit()
-                 and int(tail) >= replicas]
-        out[role] = max(rollout.max_surge(spec.rollout, role), max(above, default=replicas - 1) - replicas + 1)
-    return out
-
-
 def kept(spec: InferencePoolSpec, want: Desired, counts: Mapping[Role, int]) -> Desired:
-    """`want` with only the surge groups the rollout wants now (`counts` per role)."""
-    return dataclasses.replace(want, groups=tuple(
-        g for g in want.groups if g.id.index < spec.role(g.id.role).replicas + counts.get(g.id.role, 0)))
+    """`want` with only the surge groups the rollout wants now (`counts` per role): the lowest slots."""
+    keep: set[str] = set()
+    for role in Role:
+        slots = sorted((g for g in want.groups if g.id.role is role and g.surge), key=lambda g: g.id.index)
+        keep.update(g.name for g in slots[:counts.get(role, 0)])
+    return dataclasses.replace(want, groups=tuple(g for g in want.groups if not g.surge or g.name in keep))
 
 
 def removed(spec: InferencePoolSpec, slots: Desired, kept: Set[str], previous: InferencePoolStatus) -> set[str]:
@@ -73,7 +60,7 @@ def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, lis
     events: list[Event] = []
     for group in want.groups:
         role = group.id.role
-        if role in held or not is_surge(spec, group) or (why := unscheduled(pods.get(group.name, []))) is None:
+        if role in held or not group.surge or (why := unscheduled(pods.get(group.name, []))) is None:
             continue
         held.add(role)
         events.append(Event(

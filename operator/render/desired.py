@@ -24,6 +24,7 @@ class DesiredGroup:
     revision: str
     pods: tuple[Body, ...]
     flags: tuple[Flag, ...] = ()  # the leader pod's operator-owned SGLang flags, as decided (the serverArgs gate's)
+    surge: bool = False  # a slot above the role's kept groups, for a rollout's maxSurge (planning/ordinals.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,18 +42,23 @@ class Desired:
         return out
 
 
-def desired(ctx: RenderContext, spec: InferencePoolSpec, surge: Mapping[Role, int] | None = None) -> Desired:
-    """Every object of the pool, each stamped with its content hash. `surge`: groups of a role above its replicas
-    (a rollout's maxSurge), at the indices that follow."""
+Ordinals = tuple[tuple[int, ...], tuple[int, ...]]  # a role's kept groups' ordinals, and its surge slots'
+
+
+def desired(ctx: RenderContext, spec: InferencePoolSpec, ordinals: Mapping[Role, Ordinals] | None = None) -> Desired:
+    """Every object of the pool, each stamped with its content hash. `ordinals`: per role, the ordinals of the
+    groups kept as its replicas and of the surge slots above them (planning/ordinals.py); without them, groups
+    0..replicas-1 and no surge slot."""
     groups = []
     revisions = {role: revision.role_revision(spec, role) for role in Role}
     for role in Role:
-        for index in range(spec.role(role).replicas + (surge or {}).get(role, 0)):
+        base, surge = (ordinals or {}).get(role) or (tuple(range(spec.role(role).replicas)), ())
+        for index in (*base, *surge):
             gid = GroupId(role, index)
             pods = engine_group.group_pods(ctx, spec, gid, revisions[role])
             groups.append(DesiredGroup(id=gid, name=gid.name(ctx.pool), revision=revisions[role],
                                        pods=tuple(stamped(p) for p in pods),
-                                       flags=engine_group.pod_flags(ctx, spec, gid, 0)))
+                                       flags=engine_group.pod_flags(ctx, spec, gid, 0), surge=index in surge))
     services = tuple(stamped(engine_group.headless_service(ctx, role)) for role in Role if spec.role(role).replicas)
     return Desired(groups=tuple(groups), services=services,
                    router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec),
