@@ -9,8 +9,8 @@ Engine groups live and die as units. A group rendered from an older spec is repl
 keeps its old groups until every group of the first runs the new revision, is Ready and is verified (so a
 revision that fails to start stops at the first role). A replaced group counts against `maxUnavailable` until it
 passed `rollout.verification`'s gates (`verification`, whose inputs are `health` and `engines`, what the monitor
-saw of each group's engines); a failed gate holds every further replacement until the spec changes. Groups
-beyond `replicas` are deleted from the highest index down. A group is restarted whole (deleted and recreated)
+saw of each group's engines); a failed gate holds every further replacement until the spec changes. A
+scale-down removes the groups with the least work (`ordinals`: which numbered slots each role keeps). A group is restarted whole (deleted and recreated)
 for one of the causes `restarts` decides on, with backoff and within a budget: a pod of it ended, or its ranks
 are in Desync, Hang or Dead.
 
@@ -38,6 +38,7 @@ from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolSta
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import (
     bake,
+    gang_wait,
     health_status,
     ordinals,
     playbooks,
@@ -339,6 +340,8 @@ def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], prev
     pods_message = f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready"
     if state not in _JUDGED:  # starting, restarting or going: whatever was judged of its ranks is over
         verdict, event_loop, ranks, message = Verdict.UNKNOWN, None, 0, pods_message
+        if (waiting := gang_wait.message(pods, len(group.pods))) is not None:
+            message = f"{pods_message}; {waiting}"
         if before is not None and before.restart_cause is not None and before.next_restart_time is None and \
                 state in (GroupState.TERMINATING, GroupState.MISSING):
             # Its ranks are no longer judged, but why it is going is what a person looking now needs to read.
@@ -423,6 +426,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
                    .model_copy(update={"verified_revision": outcomes[g.name].verified_revision,
                                        "verification": outcomes[g.name].verification})
                    for g in want.groups)
+    out.events.extend(gang_wait.events(groups, previous))
     configmaps = observed.of_kind("ConfigMap")
     out.delete_objects([cm for cm in restarts.stale_evidence(spec.health, configmaps, [g.name for g in groups])
                         if ("ConfigMap", cm["metadata"]["name"]) not in expect.deleting])
