@@ -13,6 +13,8 @@ writes it.
   STATUS_PAUSE seconds. The values read change at every poll and alone are never written.
 - Until the watch shows this process's own writes, it decides from what it wrote (the status it last decided;
   no decision at all while the pool's generation is behind its own patch), as the role scaler does.
+- The watch event of its own status write is no news to the reconcile (the planner carries status.autoscaling over
+  and reads nothing else of it): `wrote` tells the pool's event handler so, and that event queues no reconcile.
 """
 
 from __future__ import annotations
@@ -75,6 +77,9 @@ class Autoscaler:
         self._patched: dict[PoolKey, int] = {}  # the generation our last spec patch made
         self._exported: dict[PoolKey, set[tuple[Gauge, tuple[str, ...]]]] = {}  # label sets set, to remove
         self._cleared: set[PoolKey] = set()  # pools whose status.autoscaling this process removed
+        # The resourceVersion our last status write left each pool at, when that write changed nothing but
+        # status.autoscaling of the pool it was decided on (`wrote`).
+        self._echoes: dict[PoolKey, str] = {}
 
     def forget(self, key: PoolKey) -> None:
         self._samples.pop(key, None)
@@ -82,9 +87,16 @@ class Autoscaler:
         self._written.pop(key, None)
         self._patched.pop(key, None)
         self._cleared.discard(key)
+        self._echoes.pop(key, None)
         for gauge, labels in self._exported.pop(key, set()):
             with contextlib.suppress(KeyError):
                 gauge.remove(*labels)
+
+    def wrote(self, key: PoolKey, resource_version: str | None) -> bool:
+        """Whether `resource_version` is the pool as this process's last status.autoscaling write left it, that write
+        having changed nothing else of the pool it was decided on: the watch event of it is the echo of our own
+        write, with nothing in it a reconcile plans from (each one was a reconcile that wrote nothing)."""
+        return resource_version is not None and self._echoes.get(key) == resource_version
 
     async def after_poll(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
                          judged: Mapping[str, GroupHealth]) -> None:
@@ -210,12 +222,33 @@ class Autoscaler:
         value = None if statuses is None else {str(role): None if (s := statuses.role(role)) is None
                                                else s.model_dump(mode="json") for role in Role}
         try:
-            await self._client.request("PATCH", resources.object_path(pool) + "/status",
-                                       body={"status": {"autoscaling": value}}, content_type=MERGE_PATCH)
+            stored = await self._client.request("PATCH", resources.object_path(pool) + "/status",
+                                                body={"status": {"autoscaling": value}}, content_type=MERGE_PATCH)
         except KubeError as e:
             log.warning("%s/%s: could not write status.autoscaling: %s", *key, e)
             return False
+        # Unguarded, the patch may have landed on a pool someone changed since `pool` was read: its event is then
+        # news (it carries that change), and only an echo of status.autoscaling alone is registered as ours.
+        if isinstance(stored, dict) and _only_autoscaling_moved(pool, stored):
+            self._echoes[key] = stored["metadata"]["resourceVersion"]
+        else:
+            self._echoes.pop(key, None)
         return True
+
+
+_VOLATILE_META = {"resourceVersion", "managedFields"}  # what any write moves, or the cache does not keep
+_NOT_COMPARED = {"metadata", "status", "apiVersion", "kind"}  # (a listed pool's entry has no type of its own)
+
+
+def _only_autoscaling_moved(read: Mapping[str, Any], stored: Mapping[str, Any]) -> bool:
+    """Whether `stored` (the pool as a status.autoscaling patch left it) is `read` (the pool the patch was decided
+    on) with only status.autoscaling and its resourceVersion changed."""
+    def rest(pool: Mapping[str, Any]) -> tuple[Any, ...]:
+        meta = {k: v for k, v in (pool.get("metadata") or {}).items() if k not in _VOLATILE_META}
+        status = {k: v for k, v in (pool.get("status") or {}).items() if k != "autoscaling"}
+        others = {k: v for k, v in pool.items() if k not in _NOT_COMPARED}
+        return meta, status, others
+    return bool((stored.get("metadata") or {}).get("resourceVersion")) and rest(read) == rest(stored)
 
 
 def _pool_status(pool: Mapping[str, Any]) -> AutoscalingStatus:

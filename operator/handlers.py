@@ -247,7 +247,10 @@ async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         state.forget(key)
         return
     urgent = cache_mod.spec_unhandled(event["object"])
-    if not urgent and state.controller is not None and state.controller.wrote(key, meta.get("resourceVersion")):
+    rv = meta.get("resourceVersion")
+    if not urgent and key in state.seen and state.unchanged_but_for_autoscaling(key, rv):
+        return  # the autoscaler's own status write: the planner only carries status.autoscaling over
+    if not urgent and state.controller is not None and state.controller.wrote(key, rv):
         state.echo(key)  # our own status or annotation write: coalesced with what that reconcile wrote
     else:
         state.poke(key, urgent=urgent)

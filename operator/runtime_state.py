@@ -82,6 +82,11 @@ class OperatorState:
         else:
             self.poke(key)
 
+    def unchanged_but_for_autoscaling(self, key: PoolKey, resource_version: str | None) -> bool:
+        """Whether the pool at `resource_version` is the echo of the autoscaler's own status.autoscaling write and
+        nothing else: no reconcile is owed for it (`Autoscaler.wrote`)."""
+        return self.autoscaler is not None and self.autoscaler.wrote(key, resource_version)
+
     def forget(self, key: PoolKey) -> None:
         self.seen.discard(key)
         self.queue.forget(key)

@@ -16,6 +16,7 @@ from pdfleet.operator import handlers, metrics
 from pdfleet.operator.autoscaler import STATUS_PAUSE, Autoscaler
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.runtime_state import OperatorState, Options
 from tests.support.fake_engines import FakeEngine
 from tests.support.fake_fleet import DECODE, KEY, PREFILL, Fleet, engine_servers, rendered_fleet
 from tests.unit.test_monitor_bake import baking, uid
@@ -213,3 +214,39 @@ async def test_a_role_no_longer_autoscaled_loses_its_status_and_the_other_keeps_
         await fleet.monitor.poll(KEY)
         assert set(pool(fleet)["status"]["autoscaling"]) == {"decode"}
         assert pool(fleet)["status"]["autoscaling"]["decode"]["rule"] == "Tolerance"
+
+
+async def test_the_echo_of_the_autoscalers_status_write_queues_no_reconcile_and_a_change_beside_it_does(
+        engines: dict[str, FakeEngine]) -> None:
+    """The planner only carries status.autoscaling over, so the pool's watch event of the autoscaler's own status
+    write is no news: it queues no reconcile (each was one that wrote nothing). A write that landed on a pool changed
+    since the poll read it (the patch is unguarded) carries that change: its event is reconciled."""
+    clocks = Clocks()
+    async with rendered_fleet(engines, autoscaling=DECODE_ON_KV) as fleet:
+        await settle(fleet)
+        autoscaler = wire(fleet, clocks)
+        state = OperatorState(options=Options(owned_event_delay=0.0), controller=fleet.controller,
+                              autoscaler=autoscaler)
+        state.seen.add(KEY)
+        memo: dict[str, Any] = {"state": state}
+        engines[DECODE].metrics = sglang_metrics(usage=0.5)  # within tolerance: a status write, no scale
+        fleet.kube.take_writes()
+        await fleet.monitor.poll(KEY)
+        assert len([w for w in fleet.kube.take_writes() if w.verb == "status"]) == 1
+        assert pool(fleet)["status"]["autoscaling"]["decode"]["rule"] == "Tolerance"
+
+        await handlers.pool_event({"type": "MODIFIED", "object": pool(fleet)}, memo)
+        assert len(state.queue) == 0 and not state.queue._timers, "the echo of our own write queued a reconcile"
+
+        # Someone labels the pool after the poll read it (its watch lags) and before the autoscaler's next write.
+        engines[DECODE].metrics = sglang_metrics(usage=0.05)  # a new rule: written, no scale below minReplicas
+        clocks.advance(STATUS_PAUSE)
+        with fleet.kube.watch_paused("InferencePool"):
+            fleet.kube.update("InferencePool", *KEY, lambda p: p["metadata"].setdefault("labels", {}).update(team="a"))
+            await fleet.monitor.poll(KEY)
+        assert len([w for w in fleet.kube.take_writes() if w.verb == "status"]) == 1
+        assert pool(fleet)["spec"]["decode"]["replicas"] == 1
+        assert pool(fleet)["status"]["autoscaling"]["decode"]["rule"] != "Tolerance"
+        await handlers.pool_event({"type": "MODIFIED", "object": pool(fleet)}, memo)
+        assert len(state.queue) == 1, "a change beside the autoscaler's write is news"
+        state.queue.close()
