@@ -1,0 +1,58 @@
+"""Why an engine group whose pods exist but do not run is waiting: for Kueue to admit its gang (its pods carry
+Kueue's admission gate: none binds or holds a GPU until the whole group is admitted), or, admitted or not
+gang-scheduled, for a node (kube-scheduler found none). Said in the group's status message, and once in an
+Event when the group starts waiting. Pure.
+
+Why Kueue has not admitted a gang is on its Workload (condition QuotaReserved=False: quota short in the queue,
+no such LocalQueue, no topology domain with room), not on the pods; `reasons` carries what was read there, by
+Kueue group name, when the operator could read it (kube/kueue.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus
+from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.surge import unscheduled
+from pdfleet.operator.render import gang
+
+Body = dict[str, Any]
+FOR_GANG = "waiting for Kueue to admit its gang"
+FOR_NODE = "waiting for a node"
+EVENT_REASON = "GroupWaiting"
+
+
+def gated(pod: Body) -> bool:
+    return any(g.get("name") == gang.ADMISSION_GATE for g in (pod.get("spec") or {}).get("schedulingGates") or [])
+
+
+def gang_name(pods: Iterable[Body]) -> str | None:
+    """The Kueue group (and Workload) name the group's pods carry, if they are gang-scheduled."""
+    return next((n for p in pods if (n := (p["metadata"].get("labels") or {}).get(gang.GROUP_LABEL))), None)
+
+
+def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = None) -> str | None:
+    """Why a group whose pods are not all running waits, or None when it does not wait on placement."""
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    waiting = [p for p in live if gated(p)]
+    if waiting:
+        queue = (waiting[0]["metadata"].get("labels") or {}).get(gang.QUEUE_LABEL, "")
+        name = gang_name(waiting) or ""
+        why = (reasons or {}).get(name)
+        return (f"{FOR_GANG} of {size} pod(s) in queue {queue} (Workload {name})" +
+                (f": {why}" if why else "; no pod of it binds or holds a GPU until all are admitted"))
+    if (why := unscheduled(live)) is not None:
+        return f"{FOR_NODE}: {why}"
+    return None
+
+
+def is_waiting(text: str | None) -> bool:
+    return bool(text) and (FOR_GANG in text or FOR_NODE in text)
+
+
+def events(groups: Iterable[GroupStatus], previous: InferencePoolStatus) -> list[Event]:
+    """One Event per group that waits now and did not at the last status (an operator restart posts none)."""
+    before = {g.name: g.message for g in previous.groups}
+    return [Event("Normal", EVENT_REASON, f"group {g.name} {g.message}") for g in groups
+            if is_waiting(g.message) and not is_waiting(before.get(g.name))]

@@ -1,0 +1,74 @@
+"""A gang-scheduled group that Kueue has not admitted yet, through the real planner (`FakeCluster`): its status
+says it waits for its gang in its queue, one Event says so when it starts waiting, the pool does not count it as
+serving, and nothing is deleted while it waits; once admitted and Ready it serves like any group. Pure."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.planning import gang_wait
+from tests.support.pools import pool_body
+from tests.unit.test_planning import FakeCluster, reasons
+
+Body = dict[str, Any]
+GANG = {"gang": {"queueName": "gpus"}}
+
+
+def hold_in_kueue(cluster: FakeCluster, group: str) -> None:
+    """The group's pods as Kueue's webhook leaves them until their Workload is admitted: gated, Pending."""
+    for key, pod in list(cluster.owned.items()):
+        if key[0] == "Pod" and pod["metadata"]["labels"]["pdfleet.dev/group"] == group:
+            held = copy.deepcopy(pod)
+            held["metadata"]["finalizers"] = ["kueue.x-k8s.io/managed"]
+            held["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+            held["status"] = {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+            cluster.owned[key] = held
+
+
+def group_status(cluster: FakeCluster, name: str) -> Body:
+    return next(g for g in cluster.pool["status"]["groups"] if g["name"] == name)
+
+
+def test_a_group_kueue_holds_says_it_waits_for_its_gang_once_and_nothing_is_deleted_meanwhile() -> None:
+    cluster = FakeCluster(pool_body(base="multinode-decode", decode=2, decode__scheduling=GANG))
+    cluster.converge()
+    assert cluster.pool["status"]["phase"] == "Ready"
+    hold_in_kueue(cluster, "tiny-decode-1")
+    plans = [cluster.step() for _ in range(3)]
+    status = group_status(cluster, "tiny-decode-1")
+    assert "waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (Workload tiny-decode-1-" in \
+        status["message"], status
+    assert reasons(plans).count(gang_wait.EVENT_REASON) == 1, "one Event when it starts waiting"
+    assert cluster.pool["status"]["decode"]["ready"] == 1, "a waiting group does not serve"
+    assert not [ref for p in plans for ref in p.delete], "nothing is deleted to make room, nor the waiting group"
+    assert "waiting" not in group_status(cluster, "tiny-decode-0").get("message", "")
+
+    for key, pod in cluster.owned.items():  # admitted: ungated, bound and Ready
+        if key[0] == "Pod" and pod["spec"].get("schedulingGates"):
+            pod["spec"].pop("schedulingGates")
+            pod["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    cluster.converge()
+    assert cluster.pool["status"]["decode"]["ready"] == 2 and cluster.pool["status"]["phase"] == "Ready"
+    assert not gang_wait.is_waiting(group_status(cluster, "tiny-decode-1").get("message"))
+
+
+def test_the_waiting_message_carries_kueue_s_reason_and_a_node_wait_names_the_scheduler_s() -> None:
+    pod: Body = {"metadata": {"name": "p-decode-0-0", "labels": {"kueue.x-k8s.io/queue-name": "gpus",
+                                                                "kueue.x-k8s.io/pod-group-name": "p-decode-0-r1"}},
+                 "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    why = "LocalQueue gpus doesn't exist"
+    assert gang_wait.message([pod], 2, {"p-decode-0-r1": why}) == \
+        f"waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (Workload p-decode-0-r1): {why}"
+    placed = {"metadata": {"name": "p-decode-0-1"}, "spec": {}, "status": {"conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes fit"}]}}
+    assert gang_wait.message([placed], 2) == "waiting for a node: 0/4 nodes fit"
+    assert gang_wait.message([{**placed, "status": {}}], 2) is None
+
+
+def test_an_operator_restart_does_not_say_it_again() -> None:
+    status = InferencePoolStatus.model_validate({"groups": [
+        {"name": "g", "role": "decode", "revision": "r", "message": f"Starting; {gang_wait.FOR_GANG} of 2"}]})
+    assert gang_wait.events(status.groups, status) == []
