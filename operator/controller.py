@@ -22,9 +22,10 @@ from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube import pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.kube.detached import Detached
+from pdfleet.operator.kube.kueue import WorkloadReasons
 from pdfleet.operator.kube.router_keys import RouterKeys
 from pdfleet.operator.kube.slots import Slots
-from pdfleet.operator.planning import reconcile, refusals, restarts
+from pdfleet.operator.planning import gang_wait, reconcile, refusals, restarts
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.engine_load import Work
 from pdfleet.operator.planning.groups import Expectations
@@ -81,6 +82,7 @@ class Controller:
                  status_pause: float = 0.0, work: WorkView | None = None) -> None:
         self._client = client
         self.router_keys = router_keys or RouterKeys(client)
+        self._kueue = WorkloadReasons(client)  # why Kueue holds a gang, for the group's status
         self._cache = cache
         self._settings = settings
         self._health = health
@@ -191,10 +193,13 @@ class Controller:
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
         keys, rotated, write_secret = await self.router_keys.prepare(pool, observed.routers)
+        gangs = gang_wait.held_gangs(observed.of_kind("Pod"))
+        why = await self._kueue.read(key[0], gangs) if gangs else {}
         plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
                               settings=self._settings,
                               health=self._health(key), engines=self._engines(key), router_key=keys.current,
-                              renders=self._renders, work=self._work(key) if self._work is not None else None)
+                              renders=self._renders, work=self._work(key) if self._work is not None else None,
+                              gang_reasons=why)
         planned = time.perf_counter()
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
         # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back

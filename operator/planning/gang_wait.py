@@ -32,6 +32,12 @@ def gang_name(pods: Iterable[Body]) -> str | None:
     return next((n for p in pods if (n := (p["metadata"].get("labels") or {}).get(gang.GROUP_LABEL))), None)
 
 
+def held_gangs(pods: Iterable[Body]) -> set[str]:
+    """The Kueue groups (Workload names) of the pods Kueue holds at its admission gate."""
+    return {n for p in pods if gated(p) and not p["metadata"].get("deletionTimestamp")
+            and (n := (p["metadata"].get("labels") or {}).get(gang.GROUP_LABEL))}
+
+
 def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = None) -> str | None:
     """Why a group whose pods are not all running waits, or None when it does not wait on placement."""
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]

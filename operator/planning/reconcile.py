@@ -108,11 +108,13 @@ def _keys(objects: list[Body]) -> tuple[tuple[str, str], ...]:
 def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expectations | None = None,
          settings: Settings | None = None, health: Mapping[str, GroupHealth] | None = None,
          engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1",
-         renders: Renders | None = None, work: Work | None = None) -> Plan:
+         renders: Renders | None = None, work: Work | None = None,
+         gang_reasons: Mapping[str, str] | None = None) -> Plan:
     """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller.
     `renders`: what earlier plans derived from the same spec and status (the executor keeps one); the plan is the
     same with or without it. `work`: the groups' load at the last health poll, which a scale-down's choice of
-    group waits for (`ordinals`); None: not known, and not waited for."""
+    group waits for (`ordinals`); None: not known, and not waited for. `gang_reasons`: why Kueue refuses the
+    gangs it holds, by Kueue group name (`gang_wait`)."""
     renders = renders if renders is not None else Renders()
     expect = expect or Expectations()
     pods = pods_by_group(observed.of_kind("Pod"))
@@ -146,7 +148,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     _plan_removals(want, observed, expect, out, surge_plan.removed(spec, slots, kept, previous),
                    failed={g.name for g in previous.groups if verification.failed(g.verification)})
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
-                         outcomes, unschedulable)
+                         outcomes, unschedulable, gang_reasons or {})
     if (verified := rollback.record(pool, new_status, now)) is not None:
         out.pool_changes.append(verified)
     if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
@@ -333,14 +335,14 @@ _JUDGED = {GroupState.READY, GroupState.OUTDATED}
 
 
 def _group_status(group: DesiredGroup, state: GroupState, pods: list[Body], previous: InferencePoolStatus,
-                  judged: GroupHealth | None) -> GroupStatus:
+                  judged: GroupHealth | None, gang_reasons: Mapping[str, str]) -> GroupStatus:
     before = next((g for g in previous.groups if g.name == group.name), None)
     revisions = {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in pods} - {None}
     ready_pods = sum(pod_ready(p) for p in pods if not p["metadata"].get("deletionTimestamp"))
     pods_message = f"{state}: {ready_pods}/{len(group.pods)} pod(s) ready"
     if state not in _JUDGED:  # starting, restarting or going: whatever was judged of its ranks is over
         verdict, event_loop, ranks, message = Verdict.UNKNOWN, None, 0, pods_message
-        if (waiting := gang_wait.message(pods, len(group.pods))) is not None:
+        if (waiting := gang_wait.message(pods, len(group.pods), gang_reasons)) is not None:
             message = f"{pods_message}; {waiting}"
         if before is not None and before.restart_cause is not None and before.next_restart_time is None and \
                 state in (GroupState.TERMINATING, GroupState.MISSING):
@@ -418,11 +420,12 @@ def _serving(state: GroupState, group: GroupStatus) -> bool:
 def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[str, GroupState], observed: Observed,
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
             out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
-            expect: Expectations, outcomes: Mapping[str, Outcome], unschedulable: Set[Role]) -> InferencePoolStatus:
+            expect: Expectations, outcomes: Mapping[str, Outcome], unschedulable: Set[Role],
+            gang_reasons: Mapping[str, str]) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
     groups = tuple(_act_on_health(spec, g, states[g.name], pods.get(g.name, []), observed, expect, now, out, ctx,
                                   _group_status(g, states[g.name], pods.get(g.name, []), previous,
-                                                health.get(g.name)))
+                                                health.get(g.name), gang_reasons))
                    .model_copy(update={"verified_revision": outcomes[g.name].verified_revision,
                                        "verification": outcomes[g.name].verification})
                    for g in want.groups)

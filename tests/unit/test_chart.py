@@ -51,6 +51,7 @@ NAMESPACED_RULES: Rules = {
     ("rbac.authorization.k8s.io", "rolebindings"): _verbs(*READ, "create", "patch", "delete"),
     ("networking.k8s.io", "networkpolicies"): _verbs(*READ, "create", "patch", "delete"),
     ("policy", "poddisruptionbudgets"): _verbs(*READ, "create", "patch", "delete"),
+    ("kueue.x-k8s.io", "workloads"): _verbs("get"),  # why Kueue holds a gang, by name only
 }
 CRD_DISCOVERY_RULES: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"): _verbs(*READ)}
 CLUSTER_WIDE_RULES: Rules = NAMESPACED_RULES | CRD_DISCOVERY_RULES | {("", "namespaces"): _verbs("list", "watch")}

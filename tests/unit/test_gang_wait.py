@@ -4,10 +4,13 @@ serving, and nothing is deleted while it waits; once admitted and Ready it serve
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
 from pdfleet.operator.api.status import InferencePoolStatus
+from pdfleet.operator.kube.client import KubeError
+from pdfleet.operator.kube.kueue import WorkloadReasons
 from pdfleet.operator.planning import gang_wait
 from tests.support.pools import pool_body
 from tests.unit.test_planning import FakeCluster, reasons
@@ -72,3 +75,38 @@ def test_an_operator_restart_does_not_say_it_again() -> None:
     status = InferencePoolStatus.model_validate({"groups": [
         {"name": "g", "role": "decode", "revision": "r", "message": f"Starting; {gang_wait.FOR_GANG} of 2"}]})
     assert gang_wait.events(status.groups, status) == []
+
+
+class Workloads:
+    """A stand-in for the apiserver's Workload reads: what each GET returns, and how many were made."""
+
+    def __init__(self, bodies: dict[str, Body]) -> None:
+        self.bodies = bodies
+        self.gets: list[str] = []
+
+    async def request(self, method: str, path: str, **_: Any) -> Body:
+        self.gets.append(path)
+        name = path.rsplit("/", 1)[-1]
+        if name not in self.bodies:
+            raise KubeError(404, "NotFound", f'workloads.kueue.x-k8s.io "{name}" not found')
+        return self.bodies[name]
+
+
+def test_kueue_s_reason_is_read_from_the_workload_and_kept_a_while() -> None:
+    refused = {"status": {"conditions": [{"type": "QuotaReserved", "status": "False", "reason": "Inadmissible",
+                                          "message": "LocalQueue nosuch doesn't exist"}]}}
+    admitted = {"status": {"conditions": [{"type": "QuotaReserved", "status": "True", "message": "Quota reserved"}]}}
+    client = Workloads({"a-r1": refused, "b-r1": admitted})
+    reader = WorkloadReasons(client, ttl=3600)  # type: ignore[arg-type]
+    got = asyncio.run(reader.read("ns", ["a-r1", "b-r1", "c-r1"]))
+    assert got == {"a-r1": "LocalQueue nosuch doesn't exist"}
+    assert asyncio.run(reader.read("ns", ["a-r1"])) == got and len(client.gets) == 3, "kept: no second GET"
+    assert client.gets[0] == "/apis/kueue.x-k8s.io/v1beta2/namespaces/ns/workloads/a-r1"
+
+
+def test_only_the_gangs_kueue_holds_are_read() -> None:
+    held = {"metadata": {"name": "x-0", "labels": {"kueue.x-k8s.io/pod-group-name": "x-r1"}},
+            "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
+    running = {"metadata": {"name": "y-0", "labels": {"kueue.x-k8s.io/pod-group-name": "y-r1"}}, "spec": {}}
+    going = {**held, "metadata": {**held["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}}
+    assert gang_wait.held_gangs([held, running, going]) == {"x-r1"}

@@ -146,6 +146,11 @@ same table: widening a rule here fails it on purpose.
 - apiGroups: [rbac.authorization.k8s.io]
   resources: [roles, rolebindings]
   verbs: [get, list, watch, create, patch, delete]
+# Kueue's Workloads (spec.<role>.scheduling.gang), read by name only while Kueue holds a group, for the reason
+# it waits (QuotaReserved=False). Never written, listed or watched; harmless where Kueue is not installed.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [get]
 {{- end }}
 
 {{/* kopf reads CustomResourceDefinitions to discover the InferencePool resource. */}}
