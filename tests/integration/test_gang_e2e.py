@@ -1,0 +1,87 @@
+"""The operator's multi-node engine groups placed through the real Kueue (issue 26): a pool whose decode groups
+are two pods each, gang-scheduled (`scheduling.gang`), on two fake 8-GPU nodes of the test's own with a Kueue
+ClusterQueue that has quota for one of the two pods only. Neither pod binds and no GPU is held, the group's
+status and one Event say it waits for its gang; when the queue gets room both are admitted together, bind on
+the test's nodes (Kueue's flavor pins them there) and the pool turns Ready, served by the pod runner like any
+pool. A pool whose queue does not exist says so in its status, in Kueue's words. Kueue v0.17 (hack/kueue.py), the shared
+operator, the real apiserver and kube-scheduler (docs/local-fleet.md, "Gang scheduling with Kueue")."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.integration.test_kueue_gang import pending_for_quota, reserved_gpus
+from tests.support import fleet
+from tests.support import kueue as kq
+from tests.support.cluster import Cluster, wait_for
+from tests.support.operator_process import OperatorProcess
+
+pytestmark = pytest.mark.cluster
+
+POOL = "gang"
+GANG_DECODE = {"replicas": 1, "nodesPerGroup": 2, "gpusPerNode": 1, "tp": 2,
+               "scheduling": {"gang": {"queueName": "gpus"}}}
+
+
+def decode_pods(cluster: Cluster, namespace: str, name: str = POOL) -> list[dict[str, Any]]:
+    return fleet.engine_pods(cluster, namespace, name, role="decode")
+
+
+def waiting_message(cluster: Cluster, namespace: str, name: str, group: str, says: str) -> str | None:
+    message = fleet.group_status(cluster, namespace, name, group).get("message") or ""
+    return message if says in message else None
+
+
+def test_a_two_pod_group_waits_whole_for_its_queue_then_binds_together_and_serves(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, kueue: None
+) -> None:
+    with kq.gpu_nodes(cluster, namespace, 2) as nodes, kq.queues(cluster, namespace, gpus=1):
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode=GANG_DECODE)
+        group = f"{POOL}-decode-0"
+        message = wait_for("the decode group to say it waits for its gang", lambda: waiting_message(
+            cluster, namespace, POOL, group, "waiting for Kueue to admit its gang of 2 pod(s) in queue gpus"),
+            timeout=120)
+        pods = decode_pods(cluster, namespace)
+        assert len(pods) == 2 and all(kq.gated(p) and not p["spec"].get("nodeName") for p in pods), \
+            [p["spec"] for p in pods]
+        [gang_name] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in pods}
+        assert gang_name.startswith(f"{group}-") and gang_name in message
+        refused = wait_for("Kueue to refuse the gang quota (1 GPU short)",
+                           lambda: pending_for_quota(cluster, namespace, gang_name, "1"))
+        assert "insufficient unused quota for nvidia.com/gpu" in refused, refused
+        assert reserved_gpus(cluster, namespace) == 0, "no GPU is held for a gang that does not fit whole"
+        assert fleet.pool(cluster, namespace, POOL)["status"]["decode"]["ready"] == 0
+
+        # Room for both: the ClusterQueue's quota raised (a queue change makes Kueue look again).
+        patch = {"spec": {"resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": [
+            {"name": namespace, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 2}]}]}]}}
+        cluster.kubectl("patch", "clusterqueue.kueue.x-k8s.io", namespace, "--type=merge", "-p", json.dumps(patch))
+        fleet.wait_ready(cluster, namespace, POOL, timeout=180)
+        placed = decode_pods(cluster, namespace)
+        assert {p["spec"]["nodeName"] for p in placed} <= set(nodes), "Kueue's flavor keeps them on the test's nodes"
+        assert all(fleet.is_ready(p) and not p["spec"].get("schedulingGates") for p in placed)
+        assert [p["metadata"]["uid"] for p in placed] == [p["metadata"]["uid"] for p in pods], \
+            "the same pods, admitted: the waiting group was never replaced"
+        said = fleet.events(cluster, namespace, POOL, "GroupWaiting")
+        assert len(said) == 1 and group in said[0]["message"], said
+        assert reserved_gpus(cluster, namespace) == 2
+        cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
+
+
+def test_a_pool_whose_queue_does_not_exist_says_so(cluster: Cluster, operator: OperatorProcess, namespace: str,
+                                                   kueue: None) -> None:
+    lost = {"scheduling": {"gang": {"queueName": "nosuch"}}}
+    fleet.apply_pool(cluster, namespace, "lost", prefill={"replicas": 1, **lost}, decode={"replicas": 1, **lost})
+    for role in ("prefill", "decode"):
+        # Kueue's own words, from the group's Workload (kube/kueue.py), in the group's status.
+        message = wait_for(f"the {role} group to say its queue does not exist", lambda group=f"lost-{role}-0":
+                           waiting_message(cluster, namespace, "lost", group, "LocalQueue nosuch doesn't exist"),
+                           timeout=120)
+        assert "waiting for Kueue to admit its gang of 1 pod(s) in queue nosuch" in message, message
+    assert fleet.phase(cluster, namespace, "lost") != "Ready"
+    assert not [p for p in fleet.engine_pods(cluster, namespace, "lost") if p["spec"].get("nodeName")]
+    cluster.kubectl("delete", "pdpool", "lost", "-n", namespace, "--wait=true", "--timeout=120s")
+
