@@ -235,8 +235,10 @@ def _role_decision(role: Role, given: RoleInput, now: datetime.datetime) -> Deci
         desired, rule = replicas - behavior.step(up=False), Rule.STEP_LIMIT
     if desired < scaling.min_replicas:
         desired, rule = scaling.min_replicas, Rule.MIN_REPLICAS
+        why += f"; held at minReplicas {scaling.min_replicas}"
     elif desired > scaling.max_replicas:
         desired, rule = scaling.max_replicas, Rule.MAX_REPLICAS
+        why += f"; held at maxReplicas {scaling.max_replicas}"
     if desired < replicas and not given.all_serving:
         desired, rule = replicas, Rule.NOT_ALL_SERVING
         why += "; not every group of the role serves (a rollout, a restart or a replacement): no scale-down"

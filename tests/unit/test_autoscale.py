@@ -120,6 +120,7 @@ def test_a_role_sized_on_latency_alone_shrinks_once_its_engines_are_idle() -> No
     assert "time to first token 0 ms (target 350 ms) (idle" in idle.message
     idle = one(decode(inter_token_latency_milliseconds=20, behavior=NO_DAMPING), 3, [EngineLoad()] * 3)
     assert (idle.desired, idle.rule) == (1, Rule.MIN_REPLICAS), idle.message
+    assert idle.message.endswith("recommends 0; held at minReplicas 1"), "why it is not 0 is said with it"
 
 
 @pytest.mark.effect("spec.autoscaling.decode.targets.interTokenLatencyMilliseconds")
