@@ -7,21 +7,22 @@ not (replicas, router, health and rollout policy) keeps the revision, so scaling
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
+import weakref
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 
 _ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas", "scale_target"}
-# Revisions of the specs seen last, by the spec object's identity. One plan asks for the pool's revision in
-# several places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan).
-# Specs are frozen, and each entry holds its spec, so an id here is never reused by another object while kept.
-# Small: a plan asks about one spec, without awaiting anything in between (the health monitor validates a new
-# spec object at every poll, and 512 of them kept 7 MB).
-_MEMO_SIZE = 32
-_memo: collections.OrderedDict[int, tuple[InferencePoolSpec, dict[Role, str]]] = collections.OrderedDict()
+# Revisions of the specs alive, by the spec object's identity. One plan asks for the pool's revision in several
+# places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan), and every
+# plan and health poll of a pool asks again of the same spec object (the render cache keeps one per pool and
+# generation). Specs are frozen. An entry holds its spec weakly and goes when the spec is freed (a spec validated
+# for one use leaves nothing behind), so an id here is never another object's. It was an LRU of 32 specs, which
+# missed at every plan and poll once more than 32 pools were reconciled in turn: 3.6% of the operator's CPU in the
+# 100-pool benchmark (docs/operator-throughput.md).
+_memo: dict[int, tuple[weakref.ref[InferencePoolSpec], dict[Role | None, str]]] = {}
 
 
 def _digest(data: object) -> str:
@@ -31,15 +32,19 @@ def _digest(data: object) -> str:
 
 def _kept(spec: InferencePoolSpec) -> dict[Role | None, str]:
     """The revisions already computed for this very spec object (None: the pool's)."""
-    kept = _memo.get(id(spec))
-    if kept is None or kept[0] is not spec:
-        kept = (spec, {})
-        _memo[id(spec)] = kept
-        if len(_memo) > _MEMO_SIZE:
-            _memo.popitem(last=False)
-    else:
-        _memo.move_to_end(id(spec))
+    key = id(spec)
+    kept = _memo.get(key)
+    if kept is None or kept[0]() is not spec:
+        kept = (weakref.ref(spec, lambda ref: _freed(key, ref)), {})
+        _memo[key] = kept
     return kept[1]
+
+
+def _freed(key: int, ref: weakref.ref[InferencePoolSpec]) -> None:
+    """A spec was freed: its revisions go with it (unless its id already names another spec's entry)."""
+    kept = _memo.get(key)
+    if kept is not None and kept[0] is ref:
+        del _memo[key]
 
 
 def role_revision(spec: InferencePoolSpec, role: Role) -> str:

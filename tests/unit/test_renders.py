@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import copy
 import datetime
+import gc
 from typing import Any
 
+import pytest
+
+from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile
@@ -140,8 +144,6 @@ def test_forget_drops_the_pool() -> None:
 def test_the_revision_memo_follows_the_spec_object_not_its_address() -> None:
     """Revisions are kept by the spec object's identity; a different spec (even one built in the same place
     after the first is gone) gets its own."""
-    from pdfleet.operator.api import checks
-
     one, _ = checks.validate_pool(pool_body())
     changed = pool_body()
     changed["spec"]["engine"]["image"] = "example.com/sglang:other"
@@ -150,12 +152,43 @@ def test_the_revision_memo_follows_the_spec_object_not_its_address() -> None:
     assert revision.pool_revision(one) == revision.pool_revision(one)
     assert revision.pool_revision(one) != revision.pool_revision(two)
     assert revision.role_revision(two, Role.DECODE) == revision._role_revision(two, Role.DECODE)
-    for _ in range(revision._MEMO_SIZE + 5):  # the memo is bounded, and an evicted spec is computed again
+    kept = len(revision._memo)
+    for _ in range(40):  # specs validated for one use each leave nothing behind
         spec, _ = checks.validate_pool(pool_body())
         assert spec is not None
         revision.pool_revision(spec)
-    assert len(revision._memo) <= revision._MEMO_SIZE
+    del spec
+    gc.collect()
+    assert len(revision._memo) == kept
     assert revision.pool_revision(two) == revision._digest([revision._role_revision(two, r) for r in Role])
+
+
+def test_the_revisions_of_many_pools_planned_in_turn_are_computed_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each pool's spec lives in the render cache for its generation; a resync plans every pool in turn, and a
+    health poll follows each. An LRU of 32 specs recomputed every revision of every plan once there were more pools
+    than that (the benchmark's 100)."""
+    specs = []
+    for n in range(100):
+        body = pool_body(name=f"p{n}")
+        body["spec"]["engine"]["image"] = f"example.com/sglang:{n}"
+        spec, _ = checks.validate_pool(body)
+        assert spec is not None
+        specs.append(spec)
+    computed: list[Role] = []
+    compute = revision._role_revision
+
+    def counted(spec: Any, role: Role) -> str:
+        computed.append(role)
+        return compute(spec, role)
+
+    monkeypatch.setattr(revision, "_role_revision", counted)
+    first = [revision.pool_revision(spec) for spec in specs]
+    assert len(computed) == 2 * len(specs) and len(set(first)) == len(specs)
+    for _ in range(3):
+        assert [revision.pool_revision(spec) for spec in specs] == first
+        assert [revision.role_revision(spec, Role.DECODE) for spec in specs] == \
+            [compute(spec, Role.DECODE) for spec in specs]
+    assert len(computed) == 2 * len(specs), "a revision of a live spec was computed again"
 
 
 def test_a_cached_plan_costs_a_fraction_of_a_fresh_one() -> None:
