@@ -24,6 +24,8 @@ def index(*entries: dict | None) -> dict:
 
 
 def test_entries_are_copies_so_later_changes_to_an_event_body_cannot_reach_the_cache() -> None:
+    """The entry's top level and metadata are its own (below them it shares the event's parsed JSON, which
+    nothing writes into: test_entries_keep_no_managed_fields_and_leave_the_event_body_as_it_was)."""
     body = pod("a")
     entry = owned_entry("v1", "Pod", body)
     body["metadata"]["name"] = "changed"
@@ -107,7 +109,11 @@ def test_entries_keep_no_managed_fields_and_leave_the_event_body_as_it_was() -> 
     kept = entry[("ns", "tiny")]
     assert "managedFields" not in kept["metadata"]
     assert kept["metadata"]["ownerReferences"] == body["metadata"]["ownerReferences"]
-    assert kept["status"] == {"phase": "Running"} and kept["status"] is not body["status"]
+    assert kept["status"] == {"phase": "Running"}
     assert body["metadata"]["managedFields"][0]["manager"] == "kube-scheduler"
+    # Below metadata the entry is the event's parsed JSON itself: a deep copy of every event's body was 2.6% of
+    # the operator's CPU under load, for a body that kopf parsed for this event alone and nothing writes into.
+    assert kept["status"] is body["status"] and kept["metadata"]["ownerReferences"] is body["metadata"][
+        "ownerReferences"]
     pool = {"metadata": {"name": "tiny", "namespace": "ns", "managedFields": [{"manager": "kubectl"}]}, "spec": {}}
     assert pool_entry(pool)[("ns", "tiny")] == {"metadata": {"name": "tiny", "namespace": "ns"}, "spec": {}}
