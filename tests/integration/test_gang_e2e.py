@@ -1,9 +1,10 @@
 """The operator's multi-node engine groups placed through the real Kueue (issue 26): a pool whose decode groups
 are two pods each, gang-scheduled (`scheduling.gang`), on two fake 8-GPU nodes of the test's own with a Kueue
 ClusterQueue that has quota for one of the two pods only. Neither pod binds and no GPU is held, the group's
-status and one Event say it waits for its gang; when the queue gets room both are admitted together, bind on
-the test's nodes (Kueue's flavor pins them there) and the pool turns Ready, served by the pod runner like any
-pool. A pool whose queue does not exist says so in its status, in Kueue's words. Kueue v0.17 (hack/kueue.py), the shared
+status (with Kueue's reason) and one Event say it waits for its gang; when the queue gets room both are admitted
+together, bind on the test's nodes (Kueue's flavor pins them there) and the pool turns Ready, served by the pod
+runner like any pool. A rollout then replaces the group in place by a new gang of the same pod names. A pool
+whose queue does not exist says so in its status, in Kueue's words. Kueue v0.17 (hack/kueue.py), the shared
 operator, the real apiserver and kube-scheduler (docs/local-fleet.md, "Gang scheduling with Kueue")."""
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.test_kueue_gang import pending_for_quota, reserved_gpus
+from tests.integration.test_kueue_gang import reserved_gpus, workload
 from tests.support import fleet
 from tests.support import kueue as kq
 from tests.support.cluster import Cluster, wait_for
@@ -49,9 +50,11 @@ def test_a_two_pod_group_waits_whole_for_its_queue_then_binds_together_and_serve
             [p["spec"] for p in pods]
         [gang_name] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in pods}
         assert gang_name.startswith(f"{group}-") and gang_name in message
-        refused = wait_for("Kueue to refuse the gang quota (1 GPU short)",
-                           lambda: pending_for_quota(cluster, namespace, gang_name, "1"))
-        assert "insufficient unused quota for nvidia.com/gpu" in refused, refused
+        # Kueue's reason, read from the gang's Workload (QuotaReserved=False), in the group's status.
+        message = wait_for("Kueue's reason in the group's status", lambda: waiting_message(
+            cluster, namespace, POOL, group, "quota for nvidia.com/gpu"), timeout=60)
+        refused = kq.condition(workload(cluster, namespace, gang_name) or {}, "QuotaReserved") or {}
+        assert refused.get("status") == "False" and refused.get("message") in message, (refused, message)
         assert reserved_gpus(cluster, namespace) == 0, "no GPU is held for a gang that does not fit whole"
         assert fleet.pool(cluster, namespace, POOL)["status"]["decode"]["ready"] == 0
 
@@ -66,8 +69,27 @@ def test_a_two_pod_group_waits_whole_for_its_queue_then_binds_together_and_serve
         assert [p["metadata"]["uid"] for p in placed] == [p["metadata"]["uid"] for p in pods], \
             "the same pods, admitted: the waiting group was never replaced"
         said = fleet.events(cluster, namespace, POOL, "GroupWaiting")
-        assert len(said) == 1 and group in said[0]["message"], said
+        assert len(said) == 1 and group in said[0]["message"], [e["message"] for e in said]
         assert reserved_gpus(cluster, namespace) == 2
+
+        # A rollout (in place: maxSurge 0) replaces the group by pods of the same names, in a new gang: the old
+        # revision's pods go first, their Workload with them, and its quota admits the new one whole.
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode=GANG_DECODE,
+                         engine={"env": [{"name": "PDFLEET_SIM_IDLE_MS", "value": "31"}]})
+
+        def rolled() -> list[dict[str, Any]] | None:
+            now = decode_pods(cluster, namespace)
+            names = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in now}
+            return now if len(now) == 2 and names != {gang_name} and all(fleet.is_ready(p) for p in now) else None
+
+        new = wait_for("the new revision's gang admitted and Ready", rolled, timeout=180)
+        [new_gang] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in new}
+        assert new_gang.startswith(f"{group}-") and sorted(p["metadata"]["name"] for p in new) == \
+            sorted(p["metadata"]["name"] for p in pods), "the same pod names, a new gang"
+        wait_for("the old revision's Workload gone", lambda: workload(cluster, namespace, gang_name) is None,
+                 timeout=60)
+        assert kq.condition(workload(cluster, namespace, new_gang) or {}, "Admitted")["status"] == "True"
+        fleet.wait_ready(cluster, namespace, POOL, timeout=120)
         cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
 
 
