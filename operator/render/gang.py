@@ -26,10 +26,11 @@ LABEL_VALUE_MAX = 63
 
 
 def pod_group_name(group: str, revision: str) -> str:
-    """Kueue's name for one incarnation of an engine group: its Workload's name and the pods' group label. The
-    revision is in it because a rollout replaces a group by pods of the same names: with the group's name
-    alone, the new revision's pods could join the old revision's Workload while Kueue still holds it. A
-    restart keeps the revision and the name; the old Workload is gone with its pods. A label value holds 63
+    """Kueue's name for one revision of an engine group: its Workload's name and the pods' group label. A
+    rollout replaces a group by pods of the same names; Kueue v0.17 made a new Workload for them even under the
+    old name once the old pods were gone (measured, docs/local-fleet.md), and the revision in the name keeps
+    each revision's gang its own Workload whatever the order Kueue finalizes the old one in, and says in a
+    status which revision waits. A restart keeps the revision and the name. A label value holds 63
     characters; a longer name keeps its start and a hash of the whole (names are unique within a pool)."""
     name = f"{group}-{revision}"
     if len(name) <= LABEL_VALUE_MAX:
