@@ -10,9 +10,9 @@ keeps its old groups until every group of the first runs the new revision, is Re
 revision that fails to start stops at the first role). A replaced group counts against `maxUnavailable` until it
 passed `rollout.verification`'s gates (`verification`, whose inputs are `health` and `engines`, what the monitor
 saw of each group's engines); a failed gate holds every further replacement until the spec changes. A
-scale-down removes the groups with the least work (`ordinals`: which numbered slots each role keeps). A group is restarted whole (deleted and recreated)
-for one of the causes `restarts` decides on, with backoff and within a budget: a pod of it ended, or its ranks
-are in Desync, Hang or Dead.
+scale-down removes the groups with the least work (`ordinals`: which numbered slots each role keeps). A group
+is restarted whole (deleted and recreated) for one of the causes `restarts` decides on, with backoff and within a
+budget: a pod of it ended, or its ranks are in Desync, Hang or Dead.
 
 Rank health is an input like the observed objects: `health` maps a group name to what the operator last
 judged of its ranks (`rank_health.GroupHealth`, from polling the agents). A group counts as ready only when
