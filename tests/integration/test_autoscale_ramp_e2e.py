@@ -8,23 +8,19 @@ the test's namespace (test_autoscale_e2e's fixture)."""
 from __future__ import annotations
 
 import contextlib
-import datetime
-import itertools
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from fractions import Fraction
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from pdfleet.podrunner import loadgen
 from tests.integration.test_autoscale_e2e import loads, own_operator  # noqa: F401 (a fixture)
-from tests.support import fleet
+from tests.support import fleet, scale_events, watches
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.pools import example
@@ -47,43 +43,35 @@ BAND = (Fraction(RATIO["minDecodePerPrefill"]), Fraction(RATIO["maxDecodePerPref
 OWN_RULES = {"prefill": "TimeToFirstToken", "decode": "RunningPerEngine"}
 
 
-class PoolWatch:
-    """Every version of the pool the apiserver's watch shows (`kubectl get -w`), from a thread: spec and ready
-    counts of both roles, with the time it was seen."""
+class PoolWatch(watches.Watch):
+    """Every version of the pool the apiserver's watch shows: spec and ready counts of both roles, with the time it
+    was seen."""
 
     FIELDS = ("{.spec.prefill.replicas} {.spec.decode.replicas} {.status.prefill.ready} {.status.decode.ready}"
               "{\"\\n\"}")
 
     def __init__(self, cluster: Cluster, namespace: str, name: str) -> None:
-        self.seen: list[tuple[float, int, int, int, int]] = []
-        self._proc = subprocess.Popen(
-            ["kubectl", "get", "pdpool", name, "-n", namespace, "--watch", "-o", f"jsonpath={self.FIELDS}"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=cluster.env)
-        self._thread = threading.Thread(target=self._read, daemon=True)
-        self._thread.start()
+        super().__init__(cluster, "pdpool", name, "-n", namespace, output=f"jsonpath={self.FIELDS}")
 
-    def _read(self) -> None:
-        assert self._proc.stdout is not None
-        for line in self._proc.stdout:
-            values = [int(v) if v else 0 for v in [*line.split(" "), "", "", "", ""][:4]]
-            self.seen.append((time.monotonic(), *values))  # type: ignore[arg-type]
-
-    def stop(self) -> None:
-        self._proc.terminate()
-        self._proc.wait(timeout=10)
-        self._thread.join(timeout=10)
+    @property
+    def versions(self) -> list[tuple[float, int, int, int, int]]:
+        out = []
+        for seen in list(self.seen):
+            values = [int(v) if v else 0 for v in [*seen.line.split(" "), "", "", "", ""][:4]]
+            out.append((seen.at, *values))
+        return out  # type: ignore[return-value]
 
     def sizes(self) -> list[tuple[int, int]]:
         """The spec's (prefill, decode) as it changed."""
         out: list[tuple[int, int]] = []
-        for _, prefill, decode, _, _ in self.seen:
+        for _, prefill, decode, _, _ in self.versions:
             if not out or out[-1] != (prefill, decode):
                 out.append((prefill, decode))
         return out
 
     def timeline(self, since: float) -> list[str]:
         out: list[str] = []
-        for at, *values in self.seen:
+        for at, *values in self.versions:
             line = f"spec {values[0]}+{values[1]} ready {values[2]}+{values[3]}"
             if not out or not out[-1].endswith(line):
                 out.append(f"{at - since:6.1f}s {line}")
@@ -97,33 +85,6 @@ def watched(cluster: Cluster, namespace: str, name: str) -> Iterator[PoolWatch]:
         yield watch
     finally:
         watch.stop()
-
-
-def _time(event: dict[str, Any]) -> datetime.datetime:
-    raw = event.get("eventTime") or event.get("firstTimestamp") or event.get("lastTimestamp")
-    return datetime.datetime.fromisoformat(raw.replace("Z", "+00:00"))
-
-
-def own_scales(cluster: Cluster, namespace: str, role: str) -> list[tuple[datetime.datetime, str, str]]:
-    """The role's scales by its own decision (not the band carrying it), oldest first: (time, reason, message)."""
-    found = []
-    for reason in ("ScaledUp", "ScaledDown"):
-        for e in fleet.events(cluster, namespace, POOL, reason):
-            if e["message"].startswith(f"{role} ") and "(RatioFollow)" not in e["message"].split(":")[0]:
-                found.append((_time(e), reason, e["message"]))
-    return sorted(found)
-
-
-def stabilisation_breaches(scales: list[tuple[datetime.datetime, str, str]]) -> list[str]:
-    """Pairs of a role's own scales closer than its behavior allows: two scales within minIntervalSeconds, or a
-    scale-down within the down window of the scale-up before it (the recommendation that grew the role is in
-    that window, and a role shrinks only to the window's largest). One second of slack: Events carry seconds."""
-    out = []
-    for (t0, r0, m0), (t1, r1, m1) in itertools.pairwise(scales):
-        gap = (t1 - t0).total_seconds()
-        if gap < INTERVAL - 1 or (r0 == "ScaledUp" and r1 == "ScaledDown" and gap < DOWN_WINDOW - 1):
-            out.append(f"{gap:.0f} s apart: {m0!r} then {m1!r}")
-    return out
 
 
 def ramp(url: str, out: Path) -> subprocess.Popen[str]:
@@ -152,8 +113,8 @@ def test_an_open_loop_ramp_grows_and_shrinks_both_roles_inside_the_band_with_no_
             if load.poll() is None:
                 load.kill()
         ramp_ended = time.monotonic()
-        wait_for("both roles back at 1 group, Ready", lambda: watch.seen and watch.seen[-1][1:] == (1, 1, 1, 1),
-                 timeout=180, interval=0.5)
+        wait_for("both roles back at 1 group, Ready",
+                 lambda: watch.versions[-1:] and watch.versions[-1][1:] == (1, 1, 1, 1), timeout=180, interval=0.5)
         served = light.tally.ok
         wait_for("requests served after the scale-down", lambda: light.tally.ok >= served + 5, timeout=60)
     text = (tmp_path / "ramp.json").read_text()
@@ -175,10 +136,10 @@ def test_an_open_loop_ramp_grows_and_shrinks_both_roles_inside_the_band_with_no_
         low, high = BOUNDS[role]
         seen = [s[index] for s in sizes]
         assert max(seen) > low and low <= min(seen) and max(seen) <= high, (role, sizes, story)
-        scales = own_scales(cluster, namespace, role)
+        scales = scale_events.own_scales(cluster, namespace, POOL, role)
         assert any(r == "ScaledUp" and f"({OWN_RULES[role]})" in m for _, r, m in scales), (role, scales)
-        breaches = stabilisation_breaches(scales)
+        breaches = scale_events.stabilisation_breaches(scales, interval=INTERVAL, down_window=DOWN_WINDOW)
         assert not breaches, (role, breaches)
     # A scale-down under the ramp's own load, not only once it is over: the fleet shrinks while clients send.
-    during = [prefill + decode for at, prefill, decode, _, _ in watch.seen if at < ramp_ended]
+    during = [prefill + decode for at, prefill, decode, _, _ in watch.versions if at < ramp_ended]
     assert any(later < max(during[:i]) for i, later in enumerate(during) if i), (sizes, story)
