@@ -242,7 +242,7 @@ def test_a_sick_group_of_a_role_about_to_shrink_is_restarted_once_and_the_role_s
 
 SWINGING = "swinging"
 HIGH, LOW = 12, 1  # requests a second: decode needs 2 groups for the first (its running requests), 1 for the second
-HIGH_S, LOW_S, CYCLES, TAIL_S = 5, 4, 5, 22  # each low phase much shorter than the down window; the tail longer
+HIGH_S, LOW_S, CYCLES, TAIL_S = 5, 4, 4, 16  # each low phase much shorter than the down window; the tail longer
 UP_S, SWING_DOWN_S, INTERVAL_S = 2, 12, 5
 
 
@@ -262,7 +262,7 @@ def swinging_pool(namespace: str) -> dict[str, Any]:
 @pytest.mark.effect("spec.autoscaling.decode.behavior.minIntervalSeconds")
 def test_a_load_swinging_faster_than_the_down_window_grows_the_role_and_shrinks_it_only_once_it_stays_low(
         cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path) -> None:
-    """An open loop alternating 12 and 1 requests a second (5 s and 4 s) five times, then 1 a second for 22 s,
+    """An open loop alternating 12 and 1 requests a second (5 s and 4 s) four times, then 1 a second for 16 s,
     through the real router. Decode grows with the first high phases and stays: no low phase lasts the 12 s down
     window. It shrinks once the load stayed low for the window, its scales are minIntervalSeconds apart, and no
     request fails."""
