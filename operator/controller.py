@@ -36,7 +36,7 @@ from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
-from pdfleet.operator.render import stamp
+from pdfleet.operator.render import gang, stamp
 from pdfleet.operator.render.context import Settings
 from pdfleet.operator.workqueue import Retry
 
@@ -216,6 +216,9 @@ class Controller:
     async def _reconcile(self, key: PoolKey) -> str:
         observed = self._cache.snapshot(key)
         pool = observed.pool
+        # Pods deleted before Kueue admitted them (a waiting group replaced, restarted or scaled away): see stranded.
+        if stranded := gang_wait.stranded(observed.of_kind("Pod")):
+            await self._kueue.release(stranded, gang.FINALIZER)
         if pool is None or pool["metadata"].get("deletionTimestamp"):
             self.forget(key)
             return "deleted"  # owner references let the garbage collector remove everything else

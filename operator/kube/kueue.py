@@ -55,3 +55,21 @@ class WorkloadReasons:
             if e.status not in (403, 404):
                 log.warning("could not read Kueue Workload %s/%s: %s", namespace, name, e)
             return None
+
+    async def release(self, pods: Iterable[Mapping[str, Any]], finalizer: str) -> None:
+        """Takes `finalizer` off each of `pods` (planning/gang_wait.stranded chose them), by a JSON patch that
+        tests the finalizer list it read, so a list someone changed meanwhile is left for the next reconcile."""
+        for pod in pods:
+            meta = pod["metadata"]
+            kept = [f for f in meta.get("finalizers") or [] if f != finalizer]
+            ops = [{"op": "test", "path": "/metadata/finalizers", "value": meta.get("finalizers")},
+                   {"op": "replace", "path": "/metadata/finalizers", "value": kept}]
+            try:
+                await self._client.request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
+                                           body=ops, content_type="application/json-patch+json", timeout=5)
+                log.info("took Kueue's finalizer off %s/%s: deleted before Kueue admitted it", meta["namespace"],
+                         meta["name"])
+            except KubeError as e:
+                if e.status not in (404, 409, 422):
+                    log.warning("could not take Kueue's finalizer off %s/%s: %s", meta["namespace"], meta["name"], e)
+

@@ -38,6 +38,16 @@ def held_gangs(pods: Iterable[Body]) -> set[str]:
             and (n := (p["metadata"].get("labels") or {}).get(gang.GROUP_LABEL))}
 
 
+def stranded(pods: Iterable[Body]) -> list[Body]:
+    """The pool's pods being deleted that Kueue never admitted (still at its admission gate, never bound) and
+    that still carry Kueue's finalizer. Kueue v0.17 keeps that finalizer on the deleted pods of a serving group
+    it never admitted, after deleting the group's Workload, so they would stay Terminating for ever and the
+    group's replacement (a rollout, a fixed queue name) would wait for them for ever. Such a pod holds no quota
+    and no node: the operator takes the finalizer off (kube/kueue.py)."""
+    return [p for p in pods if p["metadata"].get("deletionTimestamp") and gated(p)
+            and not (p.get("spec") or {}).get("nodeName") and gang.FINALIZER in (p["metadata"].get("finalizers") or [])]
+
+
 def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = None) -> str | None:
     """Why a group whose pods are not all running waits, or None when it does not wait on placement."""
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]

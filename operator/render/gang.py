@@ -22,6 +22,7 @@ GROUP_SERVING = "kueue.x-k8s.io/pod-group-serving"
 REQUIRED_TOPOLOGY = "kueue.x-k8s.io/podset-required-topology"
 PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 ADMISSION_GATE = "kueue.x-k8s.io/admission"  # the gate Kueue's webhook puts on each pod it will admit
+FINALIZER = "kueue.x-k8s.io/managed"  # Kueue's finalizer on the pods it manages
 LABEL_VALUE_MAX = 63
 
 

@@ -110,3 +110,27 @@ def test_only_the_gangs_kueue_holds_are_read() -> None:
     running = {"metadata": {"name": "y-0", "labels": {"kueue.x-k8s.io/pod-group-name": "y-r1"}}, "spec": {}}
     going = {**held, "metadata": {**held["metadata"], "deletionTimestamp": "2026-12-05T00:00:00Z"}}
     assert gang_wait.held_gangs([held, running, going]) == {"x-r1"}
+
+
+def test_pods_deleted_before_kueue_admitted_them_lose_kueue_s_finalizer_and_no_other_pod_does() -> None:
+    def pod(name: str, *, deleting: bool = True, gated_: bool = True, node: str | None = None) -> Body:
+        return {"metadata": {"name": name, "namespace": "ns", "finalizers": ["kueue.x-k8s.io/managed"],
+                             **({"deletionTimestamp": "2026-12-05T00:00:00Z"} if deleting else {})},
+                "spec": {**({"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]} if gated_ else {}),
+                         **({"nodeName": node} if node else {})}}
+
+    stranded = pod("a")
+    others = [pod("live", deleting=False), pod("admitted", gated_=False), pod("bound", node="n1")]
+    assert gang_wait.stranded([stranded, *others]) == [stranded]
+
+    patches: list[tuple[str, Any]] = []
+
+    class Client:
+        async def request(self, method: str, path: str, **kw: Any) -> Body:
+            patches.append((f"{method} {path}", kw["body"]))
+            return {}
+
+    asyncio.run(WorkloadReasons(Client()).release([stranded], "kueue.x-k8s.io/managed"))  # type: ignore[arg-type]
+    assert patches == [("PATCH /api/v1/namespaces/ns/pods/a", [
+        {"op": "test", "path": "/metadata/finalizers", "value": ["kueue.x-k8s.io/managed"]},
+        {"op": "replace", "path": "/metadata/finalizers", "value": []}])]
