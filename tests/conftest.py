@@ -95,9 +95,13 @@ def cluster() -> Cluster:
     a local control plane started here (and stopped again at the end of the run, by the process that started
     the run: pytest-xdist's workers share it)."""
     with _startup_lock():
-        if not os.environ.get("PDFLEET_KUBECONFIG") and _localcluster("status").returncode != 0:
-            STARTED_BY.write_text(os.environ[RUN_ID])
+        status = None if os.environ.get("PDFLEET_KUBECONFIG") else _localcluster("status")
         up = _localcluster("up")
+        # The run owns the cluster (and stops it at its end) only if nothing of it ran before and its `up`
+        # worked: a run that found part of a cluster running, or failed to start one, leaves it to whoever runs it.
+        if status is not None and status.returncode != 0 and " running " not in status.stdout + status.stderr \
+                and up.returncode == 0:
+            STARTED_BY.write_text(os.environ[RUN_ID])
     if up.returncode != 0:
         pytest.fail(f"could not bring up the local cluster:\n{up.stderr}", pytrace=False)
     env = dict(line.removeprefix("export ").split("=", 1) for line in _localcluster("env").stdout.splitlines())
