@@ -14,13 +14,18 @@ from typing import Any
 
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.planning.surge import unscheduled
 from pdfleet.operator.render import gang
 
 Body = dict[str, Any]
 FOR_GANG = "waiting for Kueue to admit its gang"
 FOR_NODE = "waiting for a node"
 EVENT_REASON = "GroupWaiting"
+# Kueue v0.17's QuotaReserved=False message when its scheduler found no room for the gang: quota short in the
+# queue's flavors or no topology domain that holds it (pkg/scheduler/flavorassigner Assignment.Message). Other
+# refusals (no such or an inactive queue, a namespace the ClusterQueue does not select) are no shortage of room.
+NO_ROOM = "couldn't assign flavors to pod set"
+# ...unless Kueue is making room by preempting other workloads (pkg/scheduler/scheduler.go): it admits then.
+MAKING_ROOM = "Pending the preemption"
 
 
 def gated(pod: Body) -> bool:
@@ -46,6 +51,26 @@ def stranded(pods: Iterable[Body]) -> list[Body]:
     and no node: the operator takes the finalizer off (kube/kueue.py)."""
     return [p for p in pods if p["metadata"].get("deletionTimestamp") and gated(p)
             and not (p.get("spec") or {}).get("nodeName") and gang.FINALIZER in (p["metadata"].get("finalizers") or [])]
+
+
+def unscheduled(pods: list[Body]) -> str | None:
+    """The scheduler's message when a pod of the group could not be placed (PodScheduled False, Unschedulable)."""
+    for pod in pods:
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
+                    cond.get("reason") == "Unschedulable":
+                return str(cond.get("message") or "no node fits it")
+    return None
+
+
+def no_room(pods: list[Body], reasons: Mapping[str, str]) -> str | None:
+    """Kueue's reason when it holds the group's gang for want of room (quota or a topology domain), not for a
+    queue it cannot find or while it preempts to make room; None otherwise. `reasons`: as for `message`."""
+    live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
+    if not any(gated(p) for p in live):
+        return None
+    why = reasons.get(gang_name(live) or "")
+    return why if why and NO_ROOM in why and MAKING_ROOM not in why else None
 
 
 def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = None) -> str | None:

@@ -136,7 +136,8 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     _plan_shared_objects(slots, observed, expect, out)
     states = {g.name: classify(g, pods.get(g.name, []), expect) for g in slots.groups}
     outcomes = _verify(pool, spec, slots, states, pods, previous, health, engines or {}, now)
-    unschedulable, said = surge_plan.unschedulable(spec, slots, pods, previous, revision.pool_revision(spec))
+    unschedulable, said = surge_plan.unschedulable(spec, slots, pods, previous, revision.pool_revision(spec),
+                                                   gang_reasons)
     out.events.extend(said)
     counts = rollout_plan.surge(spec.rollout, _rollout_groups(spec, slots, states, outcomes),
                                 stopped=any(o.stopped for o in outcomes.values()), unschedulable=unschedulable)

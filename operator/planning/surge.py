@@ -6,9 +6,12 @@ planner renders every slot such a group may take (those that exist, or maxSurge)
 verified like any group, then keeps the slots the decision wants (`kept`); a surge group left out is deleted as
 past `replicas`.
 
-A surge group the scheduler cannot place (no node with free GPUs) would hold the rollout for good: the role falls
-back to replacing in place, up to `maxUnavailable` (`unschedulable`). That is remembered in the role's status for
-the update revision, so that the next reconcile does not start another one.
+A surge group the scheduler cannot place (no node with free GPUs), or whose gang Kueue holds for want of quota or
+of a topology domain with room (`gang_wait.no_room`), would hold the rollout for good: the role falls back to
+replacing in place, up to `maxUnavailable` (`unschedulable`). A gang Kueue holds for another reason (no such
+queue) does not: replacing in place would only turn serving groups into more groups Kueue holds. The fallback
+is remembered in the role's status for the update revision, so that the next reconcile does not start another
+one.
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from typing import Any
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning import rollout
+from pdfleet.operator.planning import gang_wait, rollout
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.render.desired import Desired
 
@@ -43,29 +46,27 @@ def removed(spec: InferencePoolSpec, slots: Desired, kept: Set[str], previous: I
             spec.role(g.id.role).replicas == previous.role(g.id.role).desired}
 
 
-def unscheduled(pods: list[Body]) -> str | None:
-    """The scheduler's message when a pod of the group could not be placed (PodScheduled False, Unschedulable)."""
-    for pod in pods:
-        for cond in (pod.get("status") or {}).get("conditions") or []:
-            if cond.get("type") == "PodScheduled" and cond.get("status") == "False" and \
-                    cond.get("reason") == "Unschedulable":
-                return str(cond.get("message") or "no node fits it")
-    return None
-
-
 def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, list[Body]],
-                  previous: InferencePoolStatus, update: str) -> tuple[set[Role], list[Event]]:
-    """The roles whose rollout to `update` falls back to maxUnavailable, and a Warning for each that does so now."""
+                  previous: InferencePoolStatus, update: str,
+                  gang_reasons: Mapping[str, str] | None = None) -> tuple[set[Role], list[Event]]:
+    """The roles whose rollout to `update` falls back to maxUnavailable, and a Warning for each that does so now.
+    `gang_reasons`: Kueue's reason for each gang it holds, by Kueue group name (`gang_wait`)."""
     held = {role for role in Role if previous.role(role).surge_unschedulable == update}
     events: list[Event] = []
     for group in want.groups:
         role = group.id.role
-        if role in held or not group.surge or (why := unscheduled(pods.get(group.name, []))) is None:
+        if role in held or not group.surge:
+            continue
+        if (why := gang_wait.unscheduled(pods.get(group.name, []))) is not None:
+            said = f"could not be scheduled ({why})"
+        elif (why := gang_wait.no_room(pods.get(group.name, []), gang_reasons or {})) is not None:
+            said = f"is held by Kueue, which has no room for its gang ({why})"
+        else:
             continue
         held.add(role)
         events.append(Event(
             "Warning", UNSCHEDULABLE_REASON,
-            f"maxSurge: {role} group {group.name} of revision {group.revision} could not be scheduled ({why}); it "
+            f"maxSurge: {role} group {group.name} of revision {group.revision} {said}; it "
             f"is deleted, and this rollout replaces {role} groups in place, up to maxUnavailable "
             f"{rollout.max_unavailable(spec.rollout, role)} at a time"))
     return held, events

@@ -32,6 +32,7 @@ class FakeCluster:
         self.engines = engines  # Ready engines answer the verification gates as rendered
         self.loops: dict[str, str] = {}  # group -> the loop its ranks report instead
         self.server_args: dict[str, Body] = {}  # group -> /server_info fields its leader reports instead
+        self.gang_reasons: dict[str, str] = {}  # Kueue group -> why Kueue holds it, as kube/kueue.py reads it
 
     def observed(self) -> Observed:
         return Observed(pool=copy.deepcopy(self.pool), owned=copy.deepcopy(self.owned))
@@ -71,7 +72,8 @@ class FakeCluster:
 
     def step(self, now: datetime.datetime = NOW) -> Plan:
         health, engines = self.answers()
-        plan = reconcile.plan(self.pool, self.observed(), now=now, health=health, engines=engines)
+        plan = reconcile.plan(self.pool, self.observed(), now=now, health=health, engines=engines,
+                              gang_reasons=self.gang_reasons)
         self.apply(plan)
         return plan
 

@@ -1,7 +1,8 @@
 """Rollouts with `rollout.maxSurge` through the real planner, step by step, with a clock and serving engines
 (`ServingCluster`): the surge group is the role's canary while every old group serves, an old group goes only
 while the others serve at least replicas, the surge groups go at the end; a bad surge canary is the only group
-that ever ran its revision; a surge group the scheduler cannot place makes the role fall back to maxUnavailable."""
+that ever ran its revision; a surge group the scheduler cannot place, or whose gang Kueue has no room for, makes
+the role fall back to maxUnavailable."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from typing import Any
 
 import pytest
 
-from pdfleet.operator.planning import reconcile, surge
+from pdfleet.operator.planning import gang_wait, reconcile, surge
 from pdfleet.operator.planning.plan import Plan
+from tests.support.pools import pool_body
 from tests.unit.test_bake import ServingCluster, cluster_of, faulty_groups, messages, reasons, roll_out
 from tests.unit.test_planning import replaced_roles
 
@@ -113,4 +115,64 @@ def test_a_surge_group_that_cannot_be_scheduled_falls_back_to_max_unavailable_an
     assert "tiny-decode-2" in seen and not [o for o in cluster.owned.values()
                                             if o["metadata"].get("labels", {}).get("pdfleet.dev/group") ==
                                             "tiny-decode-2"], "tried once, then deleted"
+    assert sorted(r for p in plans for r in replaced_roles(p)) == ["decode"] * 2 + ["prefill"] * 2
+
+
+QUOTA_SHORT = ("couldn't assign flavors to pod set 7e0a3c5b: insufficient unused quota for nvidia.com/gpu in flavor "
+               "gpus, 2 more needed")
+
+
+class KueueHoldsSurge(ServingCluster):
+    """Kueue admits no gang above replicas: its pods stay at Kueue's admission gate (SchedulingGated, never
+    Unschedulable), and its Workload says `why` (QuotaReserved=False), as kube/kueue.py reads it."""
+
+    why = QUOTA_SHORT
+
+    def apply(self, plan: Plan) -> None:
+        super().apply(plan)
+        for (kind, _), obj in self.owned.items():
+            if kind == "Pod" and obj["metadata"]["labels"]["pdfleet.dev/group"].endswith("-2"):
+                obj["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+                obj["status"] = {"phase": "Pending", "conditions": [
+                    {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+
+    def step(self, now: Any = None) -> Plan:
+        self.gang_reasons = {n: self.why for n in gang_wait.held_gangs(
+            o for (kind, _), o in self.owned.items() if kind == "Pod")}
+        return super().step()
+
+
+@pytest.mark.parametrize(("why", "falls_back"), [
+    (QUOTA_SHORT, True),
+    ("couldn't assign flavors to pod set 7e0a3c5b: topology \"gpus\" doesn't allow to fit any of 2 pod(s)", True),
+    (f"{QUOTA_SHORT}. Pending the preemption of 1 workload(s)", False),
+    ("ClusterQueue gpus is inactive", False),
+], ids=["quota", "topology", "preempting", "inactive-queue"])
+def test_a_surge_gang_kueue_has_no_room_for_falls_back_to_max_unavailable_with_kueue_s_reason(
+        why: str, falls_back: bool) -> None:
+    cluster = KueueHoldsSurge(pool_body(base="multinode-decode", prefill=2, decode=2, rollout__autoRollback=True,
+                                        decode__scheduling={"gang": {"queueName": "gpus"}}))
+    cluster.why = why
+    cluster.pool["spec"]["rollout"] |= {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1},
+                                        "verification": {"bake": "1m"}, "postRolloutWatch": "0s"}
+    cluster.walk(6)
+    assert cluster.pool["status"]["phase"] == "Ready"
+    roll_out(cluster, overlapSchedule="Disabled")
+    plans, least, _, seen = walk(cluster, 60 if falls_back else 20)
+    assert "tiny-decode-2" in seen, "the surge group was tried"
+    warnings = messages(plans, surge.UNSCHEDULABLE_REASON)
+    if not falls_back:
+        assert warnings == [] and "decode" not in [r for p in plans for r in replaced_roles(p)], \
+            "Kueue admits it once it has preempted, or a queue problem is no shortage of room: the rollout waits"
+        assert least["decode"] == 2, "no serving decode group went"
+        return
+    [warning] = warnings
+    assert warning.startswith("maxSurge: decode group tiny-decode-2 of revision ") and \
+        f"is held by Kueue, which has no room for its gang ({why})" in warning, warning
+    update = cluster.pool["status"]["updateRevision"]
+    assert cluster.pool["status"]["decode"]["surgeUnschedulable"] == update
+    assert cluster.pool["status"]["currentRevision"] == update and cluster.pool["status"]["phase"] == "Ready"
+    assert least["decode"] == 1, "in place: one decode group out of service at a time"
+    assert not [o for o in cluster.owned.values() if o["metadata"].get("labels", {}).get("pdfleet.dev/group") ==
+                "tiny-decode-2"], "tried once, then deleted"
     assert sorted(r for p in plans for r in replaced_roles(p)) == ["decode"] * 2 + ["prefill"] * 2
