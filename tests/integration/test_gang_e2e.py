@@ -4,8 +4,10 @@ ClusterQueue that has quota for one of the two pods only. Neither pod binds and 
 status (with Kueue's reason) and one Event say it waits for its gang; when the queue gets room both are admitted
 together, bind on the test's nodes (Kueue's flavor pins them there) and the pool turns Ready, served by the pod
 runner like any pool. A rollout then replaces the group in place by a new gang of the same pod names. A pool
-whose queue does not exist says so in its status, in Kueue's words. Kueue v0.17 (hack/kueue.py), the shared
-operator, the real apiserver and kube-scheduler (docs/local-fleet.md, "Gang scheduling with Kueue")."""
+whose queue does not exist says so in its status, in Kueue's words. Two groups that each need both nodes: one
+is placed whole, the other held whole; a surge rollout with no room for its gang falls back to in place.
+Kueue v0.17 (hack/kueue.py), the shared operator, the real apiserver and kube-scheduler (docs/local-fleet.md,
+"Gang scheduling with Kueue")."""
 
 from __future__ import annotations
 
@@ -149,4 +151,76 @@ def test_a_required_topology_domain_holds_the_whole_group_or_says_why_it_waits(
                                         for p in placed)
         [node] = {p["spec"]["nodeName"] for p in placed}
         assert node in nodes, "one domain (node) holds the whole group"
+        cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
+
+
+def by_group(cluster: Cluster, namespace: str) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for pod in decode_pods(cluster, namespace):
+        if not pod["metadata"].get("deletionTimestamp"):
+            out.setdefault(pod["metadata"]["labels"]["pdfleet.dev/group"], []).append(pod)
+    return out
+
+
+def placed_whole(pods: list[dict[str, Any]]) -> bool:
+    return len(pods) == 2 and all(p["spec"].get("nodeName") and fleet.is_ready(p) for p in pods)
+
+
+def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollout_falls_back_in_place(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, kueue: None
+) -> None:
+    """Two decode groups of two 8-GPU pods each on two 8-GPU nodes (quota 16): kube-scheduler alone could bind
+    one pod of each, one per node, and neither group would ever run. Kueue admits one whole, the other waits with
+    no pod bound. Scaled to one group, the waiting one goes (a group that does not serve goes first). A rollout
+    with maxSurge 1 finds no room for its surge gang: Kueue's reason makes it fall back to replacing in place
+    (RolloutSurgeUnschedulable): the old gang goes first, then the new one is admitted whole."""
+    big = {**GANG_DECODE, "replicas": 2, "gpusPerNode": 8, "tp": 16}
+    surge = {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1}}
+    with kq.gpu_nodes(cluster, namespace, 2) as nodes, kq.queues(cluster, namespace, gpus=16):
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode=big, rollout=surge)
+
+        def one_placed_one_waiting() -> tuple[str, str] | None:
+            groups = by_group(cluster, namespace)
+            placed = [g for g, pods in groups.items() if placed_whole(pods)]
+            held = [g for g, pods in groups.items() if len(pods) == 2 and all(kq.gated(p) for p in pods)]
+            return (placed[0], held[0]) if len(placed) == 1 and len(held) == 1 else None
+
+        winner, loser = wait_for("one group placed whole, the other held whole", one_placed_one_waiting, timeout=180)
+        groups = by_group(cluster, namespace)
+        assert {p["spec"]["nodeName"] for p in groups[winner]} == set(nodes), "one pod per node"
+        assert not [p for p in groups[loser] if p["spec"].get("nodeName")], "nothing of the other group binds"
+        wait_for("Kueue's reason in the waiting group's status", lambda: waiting_message(
+            cluster, namespace, POOL, loser, "insufficient unused quota for nvidia.com/gpu"), timeout=60)
+        assert reserved_gpus(cluster, namespace) == 16
+
+        # One group: the one that does not serve goes (its pods, never admitted, lose Kueue's finalizer).
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={**big, "replicas": 1},
+                         rollout=surge)
+        wait_for("the waiting group gone", lambda: not [p for p in decode_pods(cluster, namespace)
+                                                        if p["metadata"]["labels"]["pdfleet.dev/group"] == loser],
+                 timeout=120)
+        fleet.wait_ready(cluster, namespace, POOL, timeout=120)
+        [old] = by_group(cluster, namespace).values()
+        [old_gang] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in old}
+
+        # A rollout with maxSurge 1 and no room for its surge gang falls back to in place, in Kueue's words.
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode={**big, "replicas": 1},
+                         rollout=surge, engine={"env": [{"name": "PDFLEET_SIM_IDLE_MS", "value": "31"}]})
+        [fell_back] = wait_for("RolloutSurgeUnschedulable", lambda: fleet.events(
+            cluster, namespace, POOL, "RolloutSurgeUnschedulable"), timeout=120)
+        assert "is held by Kueue, which has no room for its gang (couldn't assign flavors to pod set" in \
+            fell_back["message"] and "insufficient unused quota for nvidia.com/gpu" in fell_back["message"], \
+            fell_back["message"]
+
+        def rolled() -> list[dict[str, Any]] | None:  # in place: the lowest free ordinal, so maybe another name
+            groups = list(by_group(cluster, namespace).values())
+            return groups[0] if len(groups) == 1 and placed_whole(groups[0]) and \
+                {p["metadata"]["labels"][kq.GROUP_LABEL] for p in groups[0]} != {old_gang} else None
+
+        new = wait_for("the new revision's gang placed whole in place", rolled, timeout=180)
+        assert {p["spec"]["nodeName"] for p in new} == set(nodes)
+        fleet.wait_ready(cluster, namespace, POOL, timeout=120)
+        update = fleet.pool(cluster, namespace, POOL)["status"]["updateRevision"]
+        assert fleet.pool(cluster, namespace, POOL)["status"]["decode"]["surgeUnschedulable"] == update
+
         cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
