@@ -5,9 +5,9 @@ status (with Kueue's reason) and one Event say it waits for its gang; when the q
 together, bind on the test's nodes (Kueue's flavor pins them there) and the pool turns Ready, served by the pod
 runner like any pool. A rollout then replaces the group in place by a new gang of the same pod names. A pool
 whose queue does not exist says so in its status, in Kueue's words. Two groups that each need both nodes: one
-is placed whole, the other held whole; a surge rollout with no room for its gang falls back to in place.
-Kueue v0.17 (hack/kueue.py), the shared operator, the real apiserver and kube-scheduler (docs/local-fleet.md,
-"Gang scheduling with Kueue")."""
+is placed whole, the other held whole; a surge rollout with no room for its gang falls back to in place, and
+a restart places the group whole again. Kueue v0.17 (hack/kueue.py), the shared operator, the real apiserver
+and kube-scheduler (docs/local-fleet.md, "Gang scheduling with Kueue")."""
 
 from __future__ import annotations
 
@@ -166,14 +166,15 @@ def placed_whole(pods: list[dict[str, Any]]) -> bool:
     return len(pods) == 2 and all(p["spec"].get("nodeName") and fleet.is_ready(p) for p in pods)
 
 
-def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollout_falls_back_in_place(
+def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollout_and_a_restart(
     cluster: Cluster, operator: OperatorProcess, namespace: str, kueue: None
 ) -> None:
     """Two decode groups of two 8-GPU pods each on two 8-GPU nodes (quota 16): kube-scheduler alone could bind
     one pod of each, one per node, and neither group would ever run. Kueue admits one whole, the other waits with
     no pod bound. Scaled to one group, the waiting one goes (a group that does not serve goes first). A rollout
     with maxSurge 1 finds no room for its surge gang: Kueue's reason makes it fall back to replacing in place
-    (RolloutSurgeUnschedulable): the old gang goes first, then the new one is admitted whole."""
+    (RolloutSurgeUnschedulable): the old gang goes first, then the new one is admitted whole. An engine that
+    crashes restarts the group as a unit: its pods go first, then the new gang is admitted whole."""
     big = {**GANG_DECODE, "replicas": 2, "gpusPerNode": 8, "tp": 16}
     surge = {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1}}
     with kq.gpu_nodes(cluster, namespace, 2) as nodes, kq.queues(cluster, namespace, gpus=16):
@@ -222,5 +223,19 @@ def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollou
         fleet.wait_ready(cluster, namespace, POOL, timeout=120)
         update = fleet.pool(cluster, namespace, POOL)["status"]["updateRevision"]
         assert fleet.pool(cluster, namespace, POOL)["status"]["decode"]["surgeUnschedulable"] == update
+
+        # A restart (an engine that crashes): the group's pods go and come back, admitted whole again.
+        fleet.inject(cluster, namespace, new[0]["metadata"]["name"], "crash")
+        uids = {p["metadata"]["uid"] for p in new}
+
+        def restarted() -> list[dict[str, Any]] | None:  # a new group at the lowest free ordinal: maybe another name
+            groups = list(by_group(cluster, namespace).values())
+            return groups[0] if len(groups) == 1 and placed_whole(groups[0]) and \
+                not uids & {p["metadata"]["uid"] for p in groups[0]} else None
+
+        again = wait_for("the restarted group placed whole", restarted, timeout=120)
+        assert {p["spec"]["nodeName"] for p in again} == set(nodes)
+        assert fleet.events(cluster, namespace, POOL, "GroupRestarted")
+        fleet.wait_ready(cluster, namespace, POOL, timeout=120)
 
         cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
