@@ -213,7 +213,7 @@ def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollou
             fell_back["message"] and "insufficient unused quota for nvidia.com/gpu" in fell_back["message"], \
             fell_back["message"]
 
-        def rolled() -> list[dict[str, Any]] | None:  # in place: the lowest free ordinal, so maybe another name
+        def rolled() -> list[dict[str, Any]] | None:  # replaced in place, under its name, as a new gang
             groups = list(by_group(cluster, namespace).values())
             return groups[0] if len(groups) == 1 and placed_whole(groups[0]) and \
                 {p["metadata"]["labels"][kq.GROUP_LABEL] for p in groups[0]} != {old_gang} else None
@@ -228,7 +228,7 @@ def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollou
         fleet.inject(cluster, namespace, new[0]["metadata"]["name"], "crash")
         uids = {p["metadata"]["uid"] for p in new}
 
-        def restarted() -> list[dict[str, Any]] | None:  # a new group at the lowest free ordinal: maybe another name
+        def restarted() -> list[dict[str, Any]] | None:  # the same group's pods again (the status keeps its name)
             groups = list(by_group(cluster, namespace).values())
             return groups[0] if len(groups) == 1 and placed_whole(groups[0]) and \
                 not uids & {p["metadata"]["uid"] for p in groups[0]} else None
