@@ -34,7 +34,7 @@ from pdfleet.runtime.health import ledger
 URL_ENV = "PDFLEET_ENGINE_URL"
 TIMEOUT_ENV = "PDFLEET_DRAIN_TIMEOUT_S"
 DEFAULT_URL = "http://127.0.0.1:30000"
-DEFAULT_TIMEOUT_S = 150.0  # the pod's grace period is 180 s: leave SGLang time for its own shutdown
+DEFAULT_TIMEOUT_S = 150.0  # spec.<role>.drainSeconds' default; the grace period adds 30 s for SGLang's shutdown
 LOADS_PATH = "/v1/loads?include=core,disagg"
 _DISAGG_QUEUES = ("prefill_bootstrap_queue_reqs", "prefill_inflight_queue_reqs", "decode_prealloc_queue_reqs",
                   "decode_transfer_queue_reqs", "decode_retracted_queue_reqs")

@@ -25,6 +25,7 @@ from pdfleet.operator.api.scalars import Port
 from pdfleet.operator.api.scheduling import EngineScheduling
 
 DEFAULT_ENGINE_PORT = 30000
+DEFAULT_DRAIN_SECONDS = 150  # with 30 s of shutdown, the 180 s grace period engine pods always had
 DEFAULT_BOOTSTRAP_PORT = 8998
 
 
@@ -71,6 +72,13 @@ class RoleSpec(ApiModel):
         default=1, description="GPUs each pod of a group requests (nvidia.com/gpu)."
     )
     port: Port = Field(default=DEFAULT_ENGINE_PORT, description="HTTP port of the engine (--port).")
+    drain_seconds: Annotated[int, Field(ge=0, le=3600)] = Field(
+        default=DEFAULT_DRAIN_SECONDS,
+        description="How long an engine being removed (a scale-down, a rollout, a person's delete) waits for its "
+                    "requests and KV transfers in flight before it is stopped: its pods' preStop drain. The pods' "
+                    "grace period is this plus 30 s for SGLang's own shutdown. A change replaces the role's groups "
+                    "(a pod's grace period cannot change). Sick groups are stopped at once, whatever this says.",
+    )
     resources: Resources = Field(default_factory=Resources, description="CPU and memory per pod.")
     scheduling: EngineScheduling = Field(
         default_factory=EngineScheduling, description="Where the pods may run, and how a group is placed as one."

@@ -12,7 +12,7 @@ import dataclasses
 from typing import Any
 
 from pdfleet.operator.api.model import ModelSource
-from pdfleet.operator.api.roles import PrefillSpec, Role, RoleSpec
+from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
 from pdfleet.operator.render import engine_args, gang, labels, layout
@@ -26,7 +26,9 @@ AGENT_PORT = agent.DEFAULT_PORT  # the rank-health agent inside every engine pod
 DIST_PORT = 5000  # torch.distributed rendezvous of a multi-node group (--dist-init-addr)
 RUNTIME_MOUNT = "/opt/pdfleet"
 MODEL_MOUNT = "/models"
-TERMINATION_GRACE_SECONDS = 180  # a drain lets in-flight requests finish; long generations need minutes
+# The pod's grace period beyond its preStop drain (`drainSeconds`): SGLang's own shutdown after SIGTERM. The
+# default drain keeps the 180 s grace period and the preStop command pods always had, so no pod changes for it.
+SHUTDOWN_SECONDS = 30
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -149,7 +151,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
         "hostname": pod_name,
         "subdomain": service_name(ctx.pool, group.role),
         "restartPolicy": "Never",  # a group lives and dies as a unit; the operator restarts it whole
-        "terminationGracePeriodSeconds": TERMINATION_GRACE_SECONDS,
+        "terminationGracePeriodSeconds": role_spec.drain_seconds + SHUTDOWN_SECONDS,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # engines never talk to the Kubernetes API
         "nodeSelector": dict(role_spec.scheduling.node_selector),
@@ -192,7 +194,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
             "readinessProbe": {"httpGet": http, "periodSeconds": 10, "failureThreshold": 3},
             "livenessProbe": {"httpGet": {"path": "/livez", "port": "agent"}, "periodSeconds": 20,
                               "failureThreshold": 3},
-            "lifecycle": {"preStop": {"exec": {"command": ["python3", "-m", "pdfleet.runtime.drain"]}}},
+            "lifecycle": {"preStop": {"exec": {"command": _drain_command(role_spec.drain_seconds)}}},
             "securityContext": {"allowPrivilegeEscalation": False, "capabilities": capabilities},
         }],
         "volumes": [
@@ -215,3 +217,9 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
 
 def group_pods(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, revision: str) -> list[Body]:
     return [engine_pod(ctx, spec, group, rank, revision) for rank in range(spec.role(group.role).nodes_per_group)]
+
+
+def _drain_command(seconds: int) -> list[str]:
+    """The preStop hook: `runtime/drain.py` waits until the engine has nothing in flight, at most `seconds`."""
+    command = ["python3", "-m", "pdfleet.runtime.drain"]
+    return command if seconds == DEFAULT_DRAIN_SECONDS else [*command, f"--timeout={seconds}"]

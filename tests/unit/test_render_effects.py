@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 import pytest
 
-from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import desired
+from pdfleet.runtime import drain
 from tests.unit.test_render import CTX, pods, spec_of
 
 Body = dict[str, Any]
@@ -259,3 +261,29 @@ def test_an_rdma_device_is_passed_and_lets_the_engine_pin_memory() -> None:
     plain = engine(pods(spec_of(), Role.DECODE)[0])
     assert "add" not in plain["securityContext"]["capabilities"]
     assert "--disaggregation-ib-device" not in sglang_args(pods(spec_of(), Role.DECODE)[0])
+
+
+@ROLES
+@pytest.mark.effect("spec.*.drainSeconds")
+def test_the_drain_bounds_the_prestop_wait_and_the_grace_period_follows_it(role: Role) -> None:
+    default = pods(spec_of(), role)[0]["spec"]
+    assert default["terminationGracePeriodSeconds"] == 180
+    assert default["containers"][0]["lifecycle"]["preStop"]["exec"]["command"] == \
+        ["python3", "-m", "pdfleet.runtime.drain"], "the default renders the pods engine pods always had"
+    assert drain.DEFAULT_TIMEOUT_S == DEFAULT_DRAIN_SECONDS, "the drain's own default is the API's"
+    long = pods(spec_of(**role_update(role, drainSeconds=900)), role)[0]["spec"]
+    assert long["terminationGracePeriodSeconds"] == 930
+    command = long["containers"][0]["lifecycle"]["preStop"]["exec"]["command"]
+    assert command == ["python3", "-m", "pdfleet.runtime.drain", "--timeout=900"]
+    none = pods(spec_of(**role_update(role, drainSeconds=0)), role)[0]["spec"]
+    assert none["terminationGracePeriodSeconds"] == 30
+
+
+def test_the_drain_reads_the_bound_the_rendered_command_gives_it(capsys: pytest.CaptureFixture[str]) -> None:
+    command = pods(spec_of(decode__drainSeconds=900), Role.DECODE)[0]["spec"]["containers"][0]["lifecycle"][
+        "preStop"]["exec"]["command"]
+    with socket.socket() as s:  # a loopback port nothing listens on: the engine is already gone
+        s.bind(("127.0.0.1", 0))
+        gone = f"http://127.0.0.1:{s.getsockname()[1]}"
+    assert drain.main([*command[3:], "--url", gone]) == 0
+    assert "(at most 900 s)" in capsys.readouterr().err
