@@ -141,6 +141,17 @@ def served(pod: dict) -> float:
     return metric(pod, "sglang:num_requests_total")
 
 
+def _models_status(url: str) -> int | None:
+    """The engine's answer to /v1/models: its HTTP status, -1 when it refuses the connection, None when it does not
+    answer within 3 s."""
+    try:
+        return httpx.get(f"{url}/v1/models", timeout=3).status_code
+    except httpx.TimeoutException:
+        return None
+    except httpx.TransportError:
+        return -1
+
+
 def test_an_engine_that_is_not_up_yet_is_not_ready_and_gets_no_traffic(
         cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
     # Each engine takes 6 s to "load its weights" before it serves: its pod runs, but must not be Ready.
@@ -150,11 +161,15 @@ def test_an_engine_that_is_not_up_yet_is_not_ready_and_gets_no_traffic(
     while fleet.phase(cluster, namespace, POOL) != "Ready":
         pods = [p for p in fleet.engine_pods(cluster, namespace, POOL) if (p.get("status") or {}).get("podIP")]
         for pod in pods:
-            # Ready may lag the engine by a probe period; it must never lead it.
-            if fleet.http_get(f"http://{pod['status']['podIP']}:30000/v1/models", timeout=1)[0] != 200:
+            # Ready may lag the engine by a probe period; it must never lead it. Ready is read first: an engine
+            # that serves keeps serving, so a pod Ready then must find its engine serving after. An engine that
+            # does not answer in time (a loaded machine) says nothing either way.
+            ready = fleet.is_ready(cluster.get("pod", pod["metadata"]["name"], "-n", namespace))
+            answer = _models_status(f"http://{pod['status']['podIP']}:30000")
+            if answer != 200:
                 loading += 1
-                assert not fleet.is_ready(cluster.get("pod", pod["metadata"]["name"], "-n", namespace)), \
-                    f"{pod['metadata']['name']} is Ready before its engine serves"
+            assert not ready or answer in (200, None), \
+                f"{pod['metadata']['name']} is Ready before its engine serves (/v1/models: {answer})"
         routers = [p for p in fleet.router_pods(cluster, namespace, POOL) if (p.get("status") or {}).get("podIP")]
         # No engine Ready: the router has nobody to send to. The pods above were listed before this call, so an
         # engine may have turned Ready in between; only a router that is ready while still none is fails.
