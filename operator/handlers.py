@@ -26,6 +26,7 @@ from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import client as engine_client
 from pdfleet.operator.engines import membership, monitor
 from pdfleet.operator.kube import client as kube_client
+from pdfleet.operator.planning import gang_wait
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.render import labels
@@ -213,8 +214,10 @@ def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
     async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         pool = cache_mod.owning_pool(event["object"].get("metadata", {}))
         if pool:
+            pod = kind == "Pod"
             memo["state"].poke_soon((event["object"]["metadata"]["namespace"], pool),
-                                    health=kind == "Pod" and _pod_news_for_health(event))
+                                    health=pod and _pod_news_for_health(event),
+                                    stranded=pod and bool(gang_wait.stranded([event["object"]])))
 
     kopf.index(group, version, plural, labels=MANAGED, id=f"owned_{plural}")(index)
     kopf.on.event(group, version, plural, labels=MANAGED, id=f"{plural}_event")(on_event)

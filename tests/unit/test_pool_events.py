@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator import handlers
+from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.runtime_state import OperatorState, Options
 from tests.support.fake_kube import FakeKube
@@ -64,3 +65,39 @@ async def _until(condition: Any) -> None:
 def test_only_pod_events_that_can_change_a_verdict_poll_the_agents_at_once(type_: str, pod: dict[str, Any],
                                                                           polls: bool) -> None:
     assert handlers._pod_news_for_health({"type": type_, "object": pod}) is polls
+
+
+def _pod_event_handler() -> Any:
+    """The pods' watch handler, as kopf runs it (registered in a loop over the owned kinds, so found by id)."""
+    import kopf
+    [handler] = [h for h in kopf.get_default_registry()._watching.get_all_handlers() if h.id == "pods_event"]
+    return handler.fn
+
+
+def _gang_pod(*, gated: bool, deleting: bool) -> dict[str, Any]:
+    owner = {"apiVersion": f"{api_meta.GROUP}/{api_meta.VERSION}", "kind": api_meta.KIND, "name": "gone",
+             "uid": "u", "controller": True}
+    meta: dict[str, Any] = {"name": "gone-decode-0-0", "namespace": "ns", "ownerReferences": [owner],
+                            "finalizers": ["kueue.x-k8s.io/managed"]}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-12-06T01:00:00Z"
+    spec = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]} if gated else {"nodeName": "n"}
+    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+
+
+@pytest.mark.parametrize(("gated", "deleting", "queued"), [
+    (True, True, True),  # deleted before Kueue admitted it: its finalizer keeps it Terminating until released
+    (False, True, False),  # admitted and bound: Kueue itself takes its finalizer off
+    (True, False, False),  # still waiting, not deleted: nothing to release
+])
+async def test_a_deleted_pool_s_pod_kueue_never_admitted_is_still_reconciled(gated: bool, deleting: bool,
+                                                                               queued: bool) -> None:
+    """A pool no longer reconciled (deleted, forgotten) gets a reconcile for its pod that Kueue's finalizer keeps
+    Terminating: that reconcile releases it (the pool's absence is checked after). Its other pods' events queue
+    nothing."""
+    state = OperatorState(options=Options(owned_event_delay=0.01))
+    pod = _gang_pod(gated=gated, deleting=deleting)
+    await _pod_event_handler()({"type": "MODIFIED", "object": pod}, {"state": state})
+    await asyncio.sleep(0.05)
+    assert len(state.queue) == int(queued)
+    state.queue.close()
