@@ -14,26 +14,19 @@ behind the router. Pipeline parallelism is not supported (it selects a different
 
 from __future__ import annotations
 
-import enum
 from typing import Annotated
 
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel, Rule
 from pdfleet.operator.api.resources import Resources
+from pdfleet.operator.api.role_name import Role as Role  # re-exported: the rest of the operator names it from here
 from pdfleet.operator.api.scalars import Port
-from pdfleet.operator.api.scheduling import EngineScheduling
+from pdfleet.operator.api.scheduling import EngineScheduling, near_names_the_other_role
 
 DEFAULT_ENGINE_PORT = 30000
 DEFAULT_DRAIN_SECONDS = 150  # with 30 s of shutdown, the 180 s grace period engine pods always had
 DEFAULT_BOOTSTRAP_PORT = 8998
-
-
-class Role(enum.StrEnum):
-    """The two engine roles of a PD pool; the value is SGLang's --disaggregation-mode."""
-
-    PREFILL = "prefill"
-    DECODE = "decode"
 
 
 _TP_FILLS_THE_GROUP = Rule(
@@ -106,7 +99,7 @@ _BOOTSTRAP_PORT_IS_NOT_THE_HTTP_PORT = Rule(
 class PrefillSpec(RoleSpec):
     """Prefill engines: compute the prompt's KV cache and hand it to a decode engine."""
 
-    RULES = (*RoleSpec.RULES, _BOOTSTRAP_PORT_IS_NOT_THE_HTTP_PORT)
+    RULES = (*RoleSpec.RULES, _BOOTSTRAP_PORT_IS_NOT_THE_HTTP_PORT, near_names_the_other_role(Role.PREFILL))
 
     bootstrap_port: Port = Field(
         default=DEFAULT_BOOTSTRAP_PORT,
@@ -116,3 +109,5 @@ class PrefillSpec(RoleSpec):
 
 class DecodeSpec(RoleSpec):
     """Decode engines: receive the KV cache and generate tokens."""
+
+    RULES = (*RoleSpec.RULES, near_names_the_other_role(Role.DECODE))

@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field
 
 from pdfleet.operator.api.base import ApiModel, Rule
+from pdfleet.operator.api.role_name import Role
 
 
 class TolerationOperator(enum.StrEnum):
@@ -70,6 +71,7 @@ class Scheduling(ApiModel):
 DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 NODE_LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
                   r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+NodeLabel = Annotated[str, Field(min_length=1, max_length=317, pattern=NODE_LABEL_KEY)]
 
 
 class GangScheduler(enum.StrEnum):
@@ -102,7 +104,7 @@ class Topology(ApiModel):
     one value of a node label. Carried out by Kueue's topology-aware scheduling, so it needs `gang`, and the
     queue's ResourceFlavor must name a Kueue Topology with this label as one of its levels."""
 
-    node_label: Annotated[str, Field(min_length=1, max_length=317, pattern=NODE_LABEL_KEY)] = Field(
+    node_label: NodeLabel = Field(
         description="The node label whose value is the domain, e.g. nvidia.com/gpu.clique or "
                     "topology.kubernetes.io/zone: a level of the Kueue Topology of the queue's flavor."
     )
@@ -113,22 +115,82 @@ class Topology(ApiModel):
     )
 
 
+class Spread(ApiModel):
+    """Spread the role's engine groups over the domains of a node label (failure domains: zones, racks), so that
+    one domain lost takes as few of them as it can. A group counts by its first pod (node rank 0); during a
+    rollout the new revision's groups spread among themselves, as a Deployment's new ReplicaSet does. Carried out
+    by kube-scheduler (a topologySpreadConstraint on every pod of the role, maxSkew 1); nodes without the label,
+    or with a taint the pods do not tolerate, are not domains."""
+
+    node_label: NodeLabel = Field(
+        description="The node label whose value is the domain, e.g. topology.kubernetes.io/zone or a rack label."
+    )
+    mode: TopologyMode = Field(
+        default=TopologyMode.PREFERRED,
+        description="Preferred: kube-scheduler favours the domain with the fewest of the role's groups, and places "
+                    "a group anyway where that is full. Required: a group's first pod waits until it can go to a "
+                    "domain that keeps the groups within one of each other (DoNotSchedule). Required cannot be "
+                    "combined with scheduling.topology; with Preferred, Kueue's topology choice wins.",
+    )
+
+
+class Near(ApiModel):
+    """Prefer nodes in the domain of a node label (a rack, an NVLink or InfiniBand island) where the other role's
+    pods of the same pool run: KV transfers between a prefill and its decode engines then stay inside it. A
+    preference only (kube-scheduler's preferred pod affinity): a required affinity to a role that has no pods yet,
+    when a pool is created or the other role is being replaced, would leave this role's pods unschedulable for
+    ever."""
+
+    role: Role = Field(description="The other role, whose pods this role's pods are placed near: decode or prefill.")
+    node_label: NodeLabel = Field(
+        description="The node label whose value is the domain, e.g. a rack label or topology.kubernetes.io/zone."
+    )
+    weight: Annotated[int, Field(ge=1, le=100)] = Field(
+        default=100, description="Weight of the preference against the user's other preferred terms (1 to 100)."
+    )
+
+
 _TOPOLOGY_NEEDS_GANG = Rule(
     cel="!has(self.topology) || has(self.gang)",
     holds=lambda s: s.topology is None or s.gang is not None,
     message="scheduling.topology needs scheduling.gang: Kueue's topology-aware scheduling places the group",
     field=".topology",
 )
+_NO_REQUIRED_SPREAD_WITH_TOPOLOGY = Rule(
+    cel="!has(self.spread) || !has(self.topology) || self.spread.mode != 'Required'",
+    holds=lambda s: s.spread is None or s.topology is None or s.spread.mode is not TopologyMode.REQUIRED,
+    message="scheduling.spread.mode Required cannot be combined with scheduling.topology: Kueue picks a group's "
+            "domain without seeing the spread, and a pod the spread then refuses would hold its quota unplaced",
+    field=".spread.mode",
+)
+
+
+def near_names_the_other_role(role: Role) -> Rule:
+    """The rule of `role`'s spec: its `scheduling.near` names the other role (a role near itself means nothing)."""
+    return Rule(
+        cel=f"!has(self.scheduling.near) || self.scheduling.near.role != '{role}'",
+        holds=lambda r: r.scheduling.near is None or r.scheduling.near.role is not role,
+        message=f"scheduling.near.role must name the other role: {role} pods cannot be placed near {role} pods",
+        field=".scheduling.near.role",
+    )
 
 
 class EngineScheduling(Scheduling):
     """Pod placement for one role's engine pods, and how a multi-pod group is placed as one."""
 
-    RULES = (_TOPOLOGY_NEEDS_GANG,)
+    RULES = (_TOPOLOGY_NEEDS_GANG, _NO_REQUIRED_SPREAD_WITH_TOPOLOGY)
 
     gang: Gang | None = Field(
         default=None, description="Place each engine group whole or not at all through Kueue (off by default)."
     )
     topology: Topology | None = Field(
         default=None, description="Keep each engine group's pods in one topology domain (needs gang)."
+    )
+    spread: Spread | None = Field(
+        default=None,
+        description="Spread the role's engine groups over the domains of a node label (off by default).",
+    )
+    near: Near | None = Field(
+        default=None,
+        description="Prefer placing the role's pods in a domain where the other role's pods run (off by default).",
     )

@@ -15,7 +15,7 @@ from pdfleet.operator.api.model import ModelSource
 from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
-from pdfleet.operator.render import engine_args, gang, labels, layout
+from pdfleet.operator.render import engine_args, gang, labels, layout, placement
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_args import Flag
 from pdfleet.runtime.health import agent
@@ -203,8 +203,10 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
             *volumes,
         ],
     }
-    if role_spec.scheduling.affinity:
-        pod_spec["affinity"] = role_spec.scheduling.affinity
+    if affinity := placement.affinity(ctx.pool, role_spec.scheduling):
+        pod_spec["affinity"] = affinity
+    if spread := placement.spread_constraints(ctx.pool, group.role, role_spec.scheduling.spread):
+        pod_spec["topologySpreadConstraints"] = spread
     if role_spec.scheduling.priority_class_name:
         pod_spec["priorityClassName"] = role_spec.scheduling.priority_class_name
     return {
