@@ -11,7 +11,7 @@ import pytest
 
 from tests.support import cluster_share as cluster_share_mod
 from tests.support import kueue as kueue_support
-from tests.support import scheduling
+from tests.support import release_users, scheduling
 from tests.support.cluster import Cluster
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
 from tests.support.release import RELEASE_NAMESPACE
@@ -32,13 +32,18 @@ def chart(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
     """The chart without the in-cluster operator Deployment: CRD, ServiceAccount and RBAC only, as the release
     of the module's shared operator (tests/support/scheduling.py)."""
     release = scheduling.shared_operator(scheduling.module_path(request.module.__file__)).release
-    # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
-    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
-    cluster.helm("upgrade", "--install", release, str(ROOT / "charts" / "pdfleet"), "--namespace",
-                 RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
-    cluster.wait_established("inferencepools.pdfleet.dev")
-    yield
-    cluster.helm("uninstall", release, "--namespace", RELEASE_NAMESPACE, check=False)
+
+    def install() -> None:
+        # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
+        cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        cluster.helm("upgrade", "--install", release, str(ROOT / "charts" / "pdfleet"), "--namespace",
+                     RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
+
+    # Uninstalled by the last module that uses it: another run's module on the same release keeps its token.
+    with release_users.using(cluster.kubeconfig, release, install=install, uninstall=lambda: cluster.helm(
+            "uninstall", release, "--namespace", RELEASE_NAMESPACE, check=False)):
+        cluster.wait_established("inferencepools.pdfleet.dev")
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +65,8 @@ def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFac
 
 @pytest.fixture(scope="session")
 def kueue(cluster: Cluster) -> None:
-    """Kueue running against the cluster (hack/kueue.py), started the first time a test asks for it; the run
-    that started it stops it at its end (`pytest_sessionfinish`)."""
+    """Kueue running against the cluster: `make cluster-up` starts it; a local cluster brought up without it gets
+    it started here, and the run that started it stops it at its end (`pytest_sessionfinish`)."""
     kueue_support.ensure_running(cluster)
 
 
