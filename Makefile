@@ -43,7 +43,7 @@ sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
 sglang-releases: $(STAMP) ## install older SGLang releases (no deps) that tests run, into ~/.cache/pdfleet/sglang-VERSION
 	@for version in $(SGLANG_RELEASES); do hack/install-sglang-release.sh $$version $(PY); done
 
-cluster-up: $(STAMP) binaries sglang ## start the local control plane with fake GPU nodes and the pod runner (idempotent)
+cluster-up: $(STAMP) binaries sglang ## start the local control plane with fake GPU nodes, the pod runner and Kueue (idempotent)
 	$(CLUSTER) up
 
 cluster-down: ## stop the local control plane's processes

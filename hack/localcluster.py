@@ -4,7 +4,8 @@
 etcd, kube-apiserver (TLS, client-certificate admin, RBAC enforced, service-account tokens),
 kube-controller-manager, kube-scheduler, the kwok controller and pdfleet's pod runner (`pdfleet-sim`, which
 plays kubelet for pdfleet's own pods, see docs/local-fleet.md) run as local processes, each with a log file
-and a pid file under the cluster directory. kwok turns fake GPU nodes Ready and pods Running without
+and a pid file under the cluster directory; `up` then starts Kueue, the gang scheduler (hack/kueue.py), against
+them. kwok turns fake GPU nodes Ready and pods Running without
 containers; every node's podCIDR lies inside 127.0.0.0/8, so a pod's IP is a loopback address a local process
 can listen on and nothing is ever sent to a private range.
 
@@ -14,7 +15,8 @@ can listen on and nothing is ever sent to a private range.
     localcluster.py status   say what runs
     localcluster.py nodes    create the fake GPU nodes only (for a cluster of your own with kwok in it)
 
-Standard library only, so it runs before the project's virtual environment exists. When PDFLEET_KUBECONFIG
+Standard library only, so `down`, `env` and `status` run before the project's virtual environment exists
+(`up` needs PyYAML for Kueue's manifests: the project's interpreter has it). When PDFLEET_KUBECONFIG
 names an existing cluster (kind with kwok installed, say), `up` and `down` start and stop nothing and `env`
 points at that cluster.
 """
@@ -33,6 +35,7 @@ import ssl
 import subprocess
 import sys
 import time
+import types
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -447,8 +450,7 @@ def say(msg: str) -> None:
 
 def check_binaries(ports: Ports) -> None:
     missing = [c.binary for c in components(ports) if c.exe is None and not os.access(c.program, os.X_OK)]
-    if not os.access(BIN / "kubectl", os.X_OK):
-        missing.append("kubectl")
+    missing += [name for name in ("kubectl", "kueue") if not os.access(BIN / name, os.X_OK)]
     if missing:
         raise ClusterError(f"missing binaries in {BIN}: {', '.join(missing)}. Build them with `make binaries` "
                            f"(hack/build-binaries.sh; needs Go 1.24+).")
@@ -481,7 +483,17 @@ def up() -> None:
         started += 1
     ensure_nodes()
     say("cluster is up" if started else "cluster was already up")
+    _kueue().up()
     print(f"export KUBECONFIG={DIR / 'kubeconfig'}")
+
+
+def _kueue() -> types.ModuleType:
+    """hack/kueue.py, which imports this module as `localcluster`: run as a script this module is `__main__`,
+    so it is registered under its name first, or Kueue's tool would raise another copy's ClusterError."""
+    sys.modules.setdefault("localcluster", sys.modules[__name__])
+    sys.path.insert(0, str(HACK))
+    import kueue
+    return kueue
 
 
 def down() -> None:
@@ -509,7 +521,8 @@ def status() -> int:
         state = f"running (pid {pid})" if pid else "stopped"
         running += pid is not None
         print(f"{c.name:24} {state}")
-    return 0 if running == len(components(ports)) else 1
+    kueue = _kueue().status() == 0
+    return 0 if running == len(components(ports)) and kueue else 1
 
 
 def env() -> None:

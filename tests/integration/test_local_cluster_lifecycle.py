@@ -24,9 +24,9 @@ BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) 
 PORTS = {
     "PDFLEET_ETCD_PORT": "24790", "PDFLEET_ETCD_PEER_PORT": "24800", "PDFLEET_APISERVER_PORT": "26443",
     "PDFLEET_CONTROLLER_MANAGER_PORT": "24257", "PDFLEET_SCHEDULER_PORT": "24259", "PDFLEET_KWOK_PORT": "24247",
-    "PDFLEET_SIM_PORT": "24248",
+    "PDFLEET_SIM_PORT": "24248", "PDFLEET_KUEUE_WEBHOOK_PORT": "24251", "PDFLEET_KUEUE_HEALTH_PORT": "24252",
 }
-COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pdfleet-sim"}
+COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pdfleet-sim", "kueue"}
 SIM_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 
 

@@ -2,8 +2,8 @@
 control plane once per test run, and the objects those tests give it (fake GPU nodes of their own, a
 ResourceFlavor on them, a ClusterQueue with a GPU quota, a LocalQueue).
 
-Kueue is not part of `make cluster-up` (docs/local-fleet.md says why); the `kueue` fixture starts it the first
-time a test asks for it, and the run that started it stops it at its end.
+`make cluster-up` starts Kueue with the rest of the local cluster; the `kueue` fixture checks that it runs, and
+starts it (stopping it at the run's end) only against a local cluster brought up without it.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def fake_bin(tmp_path: Path) -> Iterator[Path]:
     """A binary folder whose 'binaries' exit at once: enough to get past the binary check."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl"):
+    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "kubectl", "kueue"):
         (bin_dir / name).write_text("#!/bin/sh\nexit 3\n")
         (bin_dir / name).chmod(0o755)
     return bin_dir
@@ -49,6 +49,7 @@ def test_missing_binaries_are_named_with_the_command_that_builds_them(isolated_e
     assert "missing binaries" in result.stderr
     assert "kube-apiserver" in result.stderr
     assert "etcd" in result.stderr
+    assert "kueue" in result.stderr
     assert "make binaries" in result.stderr
     assert "Traceback" not in result.stderr
 
