@@ -10,7 +10,8 @@ and meet in real cross-process collectives, faults on demand, SIGTERM drain. See
 "Engine simulator", for the interface.
 
 Modules: `config` (engine facts, timing knobs), `faults` (what is asked, from annotations and env),
-`ranks` (rank processes and collectives), `ticks` (rank iterations counted on the HTTP side), `scheduler`
+`ranks` (rank processes and collectives), `rendezvous` and `meeting` (a multi-node group's collectives across its
+pods), `dns` (the pod's view of cluster DNS), `ticks` (rank iterations counted on the HTTP side), `scheduler`
 (queues, timing model, PD hand-off), `latency` (TTFT and inter-token histograms), `kv` (bootstrap server and
 KV fetch), `tokenizer`, `info`, `native_api`, `refused`, `openai_api`, `state`, `server` (lifetime).
 """

@@ -108,6 +108,7 @@ class Engine:
     model_path: str
     served_model_name: str
     transfer_backend: str
+    dist_init_addr: str | None = None  # node rank 0's rendezvous (host:port) of a multi-node group
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Engine:
@@ -128,6 +129,7 @@ class Engine:
             model_path=str(args.model_path),
             served_model_name=str(args.served_model_name or args.model_path),
             transfer_backend=str(getattr(args, "disaggregation_transfer_backend", "mooncake")),
+            dist_init_addr=getattr(args, "dist_init_addr", None) or None,
         )
 
     @property

@@ -11,8 +11,13 @@ iteration, crosses the phases and collectives SGLang's loop crosses:
 
 A collective is a real rendezvous: one `multiprocessing.Barrier` per collective kind, shared by the pod's
 ranks. So a rank that enters another collective than its peers (the `desync` fault) leaves everyone blocked,
-each in its own barrier, with the ledger showing it: exactly the failure the operator detects. Barriers do
-not cross pods: the ranks of a multi-node group rendezvous within each pod only.
+each in its own barrier, with the ledger showing it: exactly the failure the operator detects.
+
+The collectives of a multi-node group cross its pods, as NCCL's do: the rank that completes a pod's barrier
+(its action) waits, before anyone is released, until every pod of the group entered the same collective
+(`rendezvous.Link.meet`, through node rank 0's server). So a pod whose barrier never completes (a rank in
+another collective, hung or dead) holds every pod's ranks in theirs. A single-pod engine's barriers have no
+action: no network, no cost.
 
 The KV poll is recorded under the phase pdfleet's rank instrumentation gives SGLang's first KV poll of the
 role's loop: a decode rank's transfer-queue poll (DECODE_TRANSFER_POLL, in `pop_transferred`), a prefill
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import multiprocessing
 import multiprocessing.synchronize
@@ -41,6 +47,7 @@ from pdfleet.runtime.health import attach, phases
 from pdfleet.runtime.health import writer as rank_writer
 from pdfleet.runtime.simulator.config import Engine, Timing
 from pdfleet.runtime.simulator.faults import Asked, Fault
+from pdfleet.runtime.simulator.rendezvous import Crossing, Link
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +67,7 @@ class Control:
     """What the HTTP side tells the ranks, in shared memory: the fault asked for, whether a batch is running,
     and when to stop."""
 
-    def __init__(self, ranks: int) -> None:
+    def __init__(self, ranks: int, crossing: Crossing | None = None) -> None:
         self.fault: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.fault_rank: Synchronized[int] = _CTX.Value("i", ranks - 1, lock=False)  # type: ignore[assignment]
         self.delay_ms: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
@@ -69,7 +76,13 @@ class Control:
         self.stalls: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.stop: Synchronized[int] = _CTX.Value("i", 0, lock=False)  # type: ignore[assignment]
         self.busy = _CTX.Event()
-        self.barriers = {_RECV: _CTX.Barrier(ranks), _KV_POLL: _CTX.Barrier(ranks)}
+        self.crossing = crossing
+        # Collectives this pod completed (multi-node only): the number its pods meet under. Written only by the
+        # action of a completing barrier, and one barrier completes at a time: all the pod's ranks are in it.
+        self.crossed: Synchronized[int] = _CTX.Value("q", 0, lock=False)  # type: ignore[assignment]
+        self.link: Link | None = None  # per rank process: set after the fork, by the rank that owns it
+        self.barriers = {kind: _CTX.Barrier(ranks, action=functools.partial(self._cross, kind.label)
+                                            if crossing is not None else None) for kind in (_RECV, _KV_POLL)}
         # Never complete: where every rank waits under the `hang` fault.
         self.never = _CTX.Barrier(ranks + 1)
         self._ranks = ranks
@@ -90,6 +103,12 @@ class Control:
             self.stalls.value += 1
         self.fault.value = int(asked.fault)
 
+    def _cross(self, kind: str) -> None:
+        """A barrier's action, in the rank that completed it: hold the pod's ranks until every pod is there."""
+        self.crossed.value += 1
+        if self.link is not None:
+            self.link.meet(self.crossed.value, kind)
+
     def release_all(self) -> None:
         """Break every barrier: a blocked rank wakes up (with BrokenBarrierError) and can exit."""
         self.stop.value = 1
@@ -108,6 +127,12 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
     latched = Fault.NONE  # desync, hang and dead-rank never heal
     stalls_seen = control.stalls.value
     try:
+        if control.crossing is not None:
+            # torch.distributed's rendezvous comes before the event loop: the ledger says STARTING meanwhile.
+            control.link = Link(control.crossing, rank=engine.first_rank + slot,
+                                stopped=lambda: bool(control.stop.value))
+            if not control.link.join():
+                raise _Stop
         writer.set_loop(loop)
         while not control.stop.value:
             fault = Fault(control.fault.value)

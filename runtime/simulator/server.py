@@ -23,7 +23,7 @@ import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage
 
-from pdfleet.runtime.simulator import faults, info, kv, native_api, openai_api
+from pdfleet.runtime.simulator import faults, info, kv, native_api, openai_api, rendezvous
 from pdfleet.runtime.simulator.config import Engine, Timing
 from pdfleet.runtime.simulator.ranks import Control, RankGroup
 from pdfleet.runtime.simulator.scheduler import Scheduler
@@ -48,20 +48,22 @@ def run(parsed: argparse.Namespace, sglang_args: list[str], *, bind: str, env: M
                                  context_len=getattr(parsed, "context_length", None),
                                  max_prefill_tokens=getattr(parsed, "max_prefill_tokens", None))
         first = faults.from_env(env)
+        crossing = rendezvous.Crossing.of(nnodes=engine.nnodes, node_rank=engine.node_rank, world=engine.tp_size,
+                                          dist_init_addr=engine.dist_init_addr, bind=bind, env=env)
     except ValueError as e:
         _say(str(e))
         return EXIT_CRASH
     if first.fault is faults.Fault.CRASH_AT_START:
         _say(f"crashing at start, as {faults.ENV_FAULT}=crash-at-start asks")
         return EXIT_CRASH
-    return asyncio.run(_serve(engine, timing, sglang_args, env, host=bind,
+    return asyncio.run(_serve(engine, timing, sglang_args, env, host=bind, crossing=crossing,
                               enable_metrics=bool(parsed.enable_metrics)))
 
 
 async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Mapping[str, str], *, host: str,
-                 enable_metrics: bool) -> int:
+                 crossing: rendezvous.Crossing | None, enable_metrics: bool) -> int:
     loop = asyncio.get_running_loop()
-    control = Control(engine.local_ranks)
+    control = Control(engine.local_ranks, crossing)
     stop = asyncio.Event()
     crashed: list[faults.Asked] = []
 
@@ -81,7 +83,11 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     runners: list[web.AppRunner] = []
+    meeting: rendezvous.Server | None = None
     try:
+        if crossing is not None and crossing.leader:
+            # After the ranks forked, so that none of them holds the listening socket; they retry until it listens.
+            meeting = rendezvous.Server(crossing).start()
         async with aiohttp.ClientSession() as session:
             scheduler.session = session
             app = web.Application()
@@ -99,7 +105,9 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
             runners.append(await _listen(app, host, engine.port))
             state.ready = True
             _say(f"serving {engine.mode} engine on {host}:{engine.port}, {engine.local_ranks} rank(s) "
-                 f"(pids {', '.join(map(str, ranks.pids()))}), loop {engine.loop().method}")
+                 f"(pids {', '.join(map(str, ranks.pids()))}), loop {engine.loop().method}"
+                 + (f"; node {crossing.node_rank} of {crossing.nnodes}, collectives across pods through "
+                    f"{crossing.leader_host}:{crossing.port}" if crossing is not None else ""))
             await stop.wait()
             if crashed:
                 _say("crashing, as the crash fault asks" + (f" ({crashed[0].after_s:g} s, "
@@ -119,6 +127,8 @@ async def _serve(engine: Engine, timing: Timing, sglang_args: list[str], env: Ma
         for runner in reversed(runners):
             await runner.cleanup()
         await loop.run_in_executor(None, ranks.stop)
+        if meeting is not None:
+            meeting.close()
     return 0
 
 
