@@ -8,10 +8,11 @@ import base64
 import logging
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pdfleet.podrunner import commands, env, podinfo, probes, status, tokens
+from pdfleet.podrunner import commands, env, hosts, podinfo, probes, status, tokens
 from pdfleet.podrunner.container import Container
 from pdfleet.podrunner.kube import ApiError, Replaced
 from pdfleet.podrunner.node import Node
@@ -31,9 +32,10 @@ def deleting(pod: Body) -> bool:
 
 
 class PodWorker:
-    def __init__(self, node: Node, pod: Body) -> None:
+    def __init__(self, node: Node, pod: Body, hosts_text: Callable[[], str] = lambda: hosts.render([])) -> None:
         self.node = node
         self.pod = pod
+        self.hosts_text = hosts_text  # the pod's namespace's view of cluster DNS, as the runner sees it now
         meta = pod["metadata"]
         self.uid: str = meta["uid"]
         self.key = f"{meta['namespace']}/{meta['name']}"
@@ -57,6 +59,11 @@ class PodWorker:
         if self.prepared:
             podinfo.write_annotations(self.dir / "podinfo", pod["metadata"].get("annotations") or {})
         self.changed.set()
+
+    def write_hosts(self) -> None:
+        """Refresh the pod's view of cluster DNS (its namespace's pod names), once its directory is ready."""
+        if self.prepared:
+            podinfo.write_atomically(self.dir / "podinfo" / hosts.HOSTS_FILE, self.hosts_text())
 
     def gone(self) -> None:
         self.removed = True
@@ -129,6 +136,7 @@ class PodWorker:
         (self.dir / OWNER).write_text(self.uid)  # which pod of this name the directory belongs to now
         podinfo.write_annotations(self.dir / "podinfo", self.pod["metadata"].get("annotations") or {})
         self.prepared = True
+        self.write_hosts()
         kubeconfig = None
         if tokens.wants_token(self.pod):
             try:

@@ -15,6 +15,7 @@ from typing import Any
 from aiohttp import web
 
 from pdfleet.podrunner import status
+from pdfleet.podrunner.hosts import HostsView
 from pdfleet.podrunner.kube import ApiError
 from pdfleet.podrunner.node import Node
 from pdfleet.podrunner.pod import PodWorker, deleting
@@ -74,6 +75,7 @@ class Runner:
         self.synced = asyncio.Event()
         self._handled_terminal: set[str] = set()
         self._background: set[asyncio.Task[Any]] = set()
+        self.hosts = HostsView()  # cluster DNS of every pod watched, the part engine groups need
 
     async def refresh_nodes(self) -> None:
         self._nodes_listed = time.monotonic()
@@ -88,6 +90,8 @@ class Runner:
     # ------------------------------------------------------------------------------------- watch events
 
     def on_upsert(self, pod: Body) -> None:
+        if self.hosts.note(pod):
+            self._publish_hosts(pod["metadata"]["namespace"])
         node_name = pod["spec"].get("nodeName")
         if not node_name:
             return  # not scheduled yet
@@ -108,7 +112,8 @@ class Runner:
         if namespace not in self.simulate:
             self._await_namespace(pod)
             return
-        worker = PodWorker(self.node, pod) if self.simulate[namespace] else StandIn(self.node, pod)
+        worker = PodWorker(self.node, pod, lambda: self.hosts.text(namespace)) if self.simulate[namespace] \
+            else StandIn(self.node, pod)
         self.workers[uid] = worker
         task = asyncio.create_task(worker.run(), name=f"pod {worker.key}")
         self.tasks[uid] = task
@@ -116,11 +121,19 @@ class Runner:
         log.info("pod accepted", extra={"fields": {"pod": worker.key, "uid": uid, "node": node_name}})
 
     def on_delete(self, pod: Body) -> None:
+        if self.hosts.forget(pod):
+            self._publish_hosts(pod["metadata"]["namespace"])
         self._namespace_waiters.get(pod["metadata"]["namespace"], {}).pop(pod["metadata"]["uid"], None)
         self._unplaced.pop(pod["metadata"]["uid"], None)
         worker = self.workers.get(pod["metadata"]["uid"])
         if worker is not None:
             worker.gone()
+
+    def _publish_hosts(self, namespace: str) -> None:
+        """Give the played pods of `namespace` its new view of cluster DNS (only their own namespace's names)."""
+        for worker in self.workers.values():
+            if isinstance(worker, PodWorker) and worker.pod["metadata"]["namespace"] == namespace:
+                worker.write_hosts()
 
     def on_synced(self) -> None:
         self.synced.set()
