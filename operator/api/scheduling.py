@@ -188,9 +188,13 @@ class EngineScheduling(Scheduling):
     )
     spread: Spread | None = Field(
         default=None,
-        description="Spread the role's engine groups over the domains of a node label (off by default).",
+        description="Spread the role's engine groups over the domains of a node label, e.g. zones or racks (off by "
+                    "default): kube-scheduler counts each group by its first pod. With gang and topology, Kueue "
+                    "picks the domain and only a Preferred spread is allowed.",
     )
     near: Near | None = Field(
         default=None,
-        description="Prefer placing the role's pods in a domain where the other role's pods run (off by default).",
+        description="Prefer placing the role's pods in a domain of a node label where the other role's pods of the "
+                    "pool run (off by default). A preference only: a required affinity to a role that has no pods "
+                    "yet (a new pool, the other role being replaced) would leave these pods unschedulable.",
     )
