@@ -12,6 +12,7 @@ import pytest
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.planning.groups import Expectations, GroupState, classify
 from pdfleet.operator.render import desired, labels, revision
 from pdfleet.operator.render.context import RenderContext
 from tests.support.pools import pool_body
@@ -165,3 +166,26 @@ def test_with_gang_and_a_preferred_spread_a_groups_pods_stay_one_kueue_pod_set()
         first, second = group.pods
         for key in ("topologySpreadConstraints", "affinity", "nodeSelector", "tolerations"):
             assert first["spec"][key] == second["spec"][key], key
+
+
+def stored_by_the_apiserver(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod as kube-apiserver v1.34 stores it, running: it merges each matchLabelKeys key into the constraint's
+    labelSelector as an `In` expression on the pod's own value (measured on the local cluster)."""
+    out = copy.deepcopy(pod)
+    out["metadata"]["uid"] = f"uid-{pod['metadata']['name']}"
+    for constraint in out["spec"].get("topologySpreadConstraints", []):
+        constraint["labelSelector"]["matchExpressions"] = [
+            {"key": key, "operator": "In", "values": [pod["metadata"]["labels"][key]]}
+            for key in constraint["matchLabelKeys"]]
+    out["spec"]["nodeName"] = "node-1"
+    out["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    return out
+
+
+def test_the_apiservers_merge_of_match_label_keys_is_not_drift() -> None:
+    """The planner compares its applied-hash annotation only: the selector the apiserver rewrites never replaces
+    a group (on the local cluster a pool's spread pods kept their uids over 10 s of 1 s resyncs)."""
+    spec = spec_of(**scheduling(Role.DECODE, spread={"nodeLabel": ZONE, "mode": "Required"}))
+    for group in desired.desired(CTX, spec).groups:
+        stored = [stored_by_the_apiserver(p) for p in group.pods]
+        assert classify(group, stored, Expectations()) is GroupState.READY
