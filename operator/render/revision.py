@@ -11,10 +11,15 @@ import hashlib
 import json
 import weakref
 
-from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 
 _ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas", "scale_target"}
+# Role fields added after pools existed, each with the value (its default) that renders exactly the pods those
+# pools already run: left out of the revision while they hold it, so upgrading the operator rolls out no pool.
+# Another value changes the pods, and the revision. (A field whose default is None needs nothing here: the wire
+# form leaves None out.) tests/unit/test_revision_pins.py fails when a change moves the examples' revisions.
+_ADDED_WITH_A_NEUTRAL_DEFAULT = {"drainSeconds": DEFAULT_DRAIN_SECONDS}
 # Revisions of the specs alive, by the spec object's identity. One plan asks for the pool's revision in several
 # places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan), and every
 # plan and health poll of a pool asks again of the same spec object (the render cache keeps one per pool and
@@ -56,6 +61,9 @@ def role_revision(spec: InferencePoolSpec, role: Role) -> str:
 
 def _role_revision(spec: InferencePoolSpec, role: Role) -> str:
     shape = spec.role(role).model_dump(mode="json", exclude=_ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE)
+    for key, neutral in _ADDED_WITH_A_NEUTRAL_DEFAULT.items():
+        if shape.get(key) == neutral:
+            del shape[key]
     return _digest({
         "role": str(role),
         "model": spec.model.model_dump(mode="json"),
