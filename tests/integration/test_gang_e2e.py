@@ -21,6 +21,7 @@ from tests.support import fleet
 from tests.support import kueue as kq
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
+from tests.support.watches import watching
 
 pytestmark = pytest.mark.cluster
 
@@ -110,18 +111,13 @@ def test_a_pool_whose_queue_does_not_exist_says_so(cluster: Cluster, operator: O
     delete_unadmitted(cluster, namespace, "lost")
 
 
-
 def delete_unadmitted(cluster: Cluster, namespace: str, name: str) -> None:
-    """Deletes pool `name` and takes Kueue's finalizer off its pods that Kueue never admitted. Kueue v0.17 keeps
-    that finalizer on the deleted, still gated pods of a serving group it never admitted (its Workload is
-    deleted, the pods stay Terminating). The operator takes it off such pods of a pool it reconciles (a rollout
-    or restart of a waiting group: planning/gang_wait.stranded), but not once the pool itself is deleted: it
-    stops reconciling a pool at its deletion (docs/local-fleet.md, not built yet)."""
+    """Deletes pool `name`, whose pods Kueue never admitted, and waits for them to go. Kueue v0.17 keeps its
+    finalizer on the deleted, still gated pods of a serving group it never admitted (its Workload is deleted,
+    the pods would stay Terminating): the operator takes it off, for a deleted pool's pods too (the garbage
+    collector's deletion of each is queued as a reconcile of the pool: planning/gang_wait.stranded)."""
+    assert [p for p in fleet.engine_pods(cluster, namespace, name) if kq.gated(p)], "the pool's pods wait for Kueue"
     cluster.kubectl("delete", "pdpool", name, "-n", namespace, "--wait=true", "--timeout=120s")
-    for pod in fleet.engine_pods(cluster, namespace, name):
-        if kq.gated(pod) and pod["metadata"].get("finalizers"):
-            cluster.kubectl("patch", "pod", pod["metadata"]["name"], "-n", namespace, "--type=json", "-p",
-                            json.dumps([{"op": "remove", "path": "/metadata/finalizers"}]), check=False)
     wait_for(f"pool {name}'s pods gone", lambda: not fleet.engine_pods(cluster, namespace, name), timeout=60)
 
 
@@ -238,4 +234,65 @@ def test_two_groups_competing_for_two_nodes_one_placed_whole_then_a_surge_rollou
         assert fleet.events(cluster, namespace, POOL, "GroupRestarted")
         fleet.wait_ready(cluster, namespace, POOL, timeout=120)
 
+        cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
+
+
+GANG_POD_COLUMNS = (r"custom-columns=UID:.metadata.uid,GANG:.metadata.labels.kueue\.x-k8s\.io/pod-group-name,"
+                    r"REVISION:.metadata.labels.pdfleet\.dev/revision,"
+                    r"NODE:.spec.nodeName,READY:.status.conditions[?(@.type=='Ready')].status,"
+                    "DELETED:.metadata.deletionTimestamp")
+
+
+def test_a_surge_rollout_with_room_places_the_new_gang_whole_before_the_old_one_goes(
+    cluster: Cluster, operator: OperatorProcess, namespace: str, kueue: None
+) -> None:
+    """maxSurge 1, with quota for two gangs of two 1-GPU pods: the new revision's first group is a surge group
+    above replicas, a gang of its own that Kueue admits whole beside the old one, and the old group's pods are
+    deleted only once both pods of that gang are bound and Ready (then the old group is replaced in place and
+    the surge group goes, docs/rollouts.md). Every version of the pods comes from a watch, so an old pod deleted
+    while a new one still waited, even briefly, fails the test."""
+    surge = {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1}}
+    with kq.gpu_nodes(cluster, namespace, 2) as nodes, kq.queues(cluster, namespace, gpus=4):
+        fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode=GANG_DECODE, rollout=surge)
+        fleet.wait_ready(cluster, namespace, POOL, timeout=180)
+        old = decode_pods(cluster, namespace)
+        old_uids = {p["metadata"]["uid"] for p in old}
+        [old_gang] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in old}
+        labels = f"pdfleet.dev/pool={POOL},pdfleet.dev/role=decode"
+        with watching(cluster, "pods", "-n", namespace, "-l", labels, output=GANG_POD_COLUMNS) as pods:
+            fleet.apply_pool(cluster, namespace, POOL, prefill={"replicas": 1}, decode=GANG_DECODE, rollout=surge,
+                             engine={"env": [{"name": "PDFLEET_SIM_IDLE_MS", "value": "31"}]})
+
+            def rolled() -> list[dict[str, Any]] | None:
+                now = [p for p in decode_pods(cluster, namespace) if not p["metadata"].get("deletionTimestamp")]
+                fresh = not old_uids & {p["metadata"]["uid"] for p in now}
+                return now if fresh and placed_whole(now) else None
+
+            new = wait_for("the old group replaced by the new revision's gang", rolled, timeout=240)
+            wait_for("the old pods gone", lambda: not old_uids & {
+                p["metadata"]["uid"] for p in decode_pods(cluster, namespace)}, timeout=120)
+        [new_gang] = {p["metadata"]["labels"][kq.GROUP_LABEL] for p in new}
+        assert new_gang != old_gang and {p["spec"]["nodeName"] for p in new} <= set(nodes)
+
+        # Every version the watch saw, in order: the first old pod's deletion, and what the new pods were then.
+        [update] = {p["metadata"]["labels"]["pdfleet.dev/revision"] for p in new}  # the role's new revision
+        latest: dict[str, list[str]] = {}
+        first_deletion = None
+        for version in pods.seen:
+            uid, gang_, revision, node, ready, deleted = version.line.split()
+            latest[uid] = [gang_, revision, node, ready]
+            if uid in old_uids and deleted != "<none>":
+                first_deletion = {u: v for u, v in latest.items() if u not in old_uids}
+                break
+        story = "\n".join(v.line for v in pods.seen)
+        assert first_deletion is not None, f"the watch saw no old pod deleted:\n{story}"
+        assert len(first_deletion) == 2 and len({g for g, *_ in first_deletion.values()}) == 1, \
+            f"one gang of two new pods exists before an old pod goes:\n{story}"
+        assert all(r == update and n != "<none>" and ok == "True" for _, r, n, ok in first_deletion.values()), \
+            f"both pods of the new revision's gang bound and Ready before an old pod is deleted:\n{story}"
+        [surge_gang] = {g for g, *_ in first_deletion.values()}
+        assert surge_gang.startswith(f"{POOL}-decode-1-"), f"the surge group, above replicas: {surge_gang}"
+        assert not fleet.events(cluster, namespace, POOL, "RolloutSurgeUnschedulable")
+        wait_for("RolloutCompleted", lambda: fleet.events(cluster, namespace, POOL, "RolloutCompleted"), timeout=120)
+        fleet.wait_ready(cluster, namespace, POOL, timeout=120)
         cluster.kubectl("delete", "pdpool", POOL, "-n", namespace, "--wait=true", "--timeout=120s")
