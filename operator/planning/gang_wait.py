@@ -14,7 +14,7 @@ from typing import Any
 
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.render import gang
+from pdfleet.operator.render import gang, labels
 
 Body = dict[str, Any]
 FOR_GANG = "waiting for Kueue to admit its gang"
@@ -78,10 +78,13 @@ def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = Non
     live = [p for p in pods if not p["metadata"].get("deletionTimestamp")]
     waiting = [p for p in live if gated(p)]
     if waiting:
-        queue = (waiting[0]["metadata"].get("labels") or {}).get(gang.QUEUE_LABEL, "")
+        pod_labels = waiting[0]["metadata"].get("labels") or {}
+        queue = pod_labels.get(gang.QUEUE_LABEL, "")
         name = gang_name(waiting) or ""
         why = (reasons or {}).get(name)
-        return (f"{FOR_GANG} of {size} pod(s) in queue {queue} (Workload {name})" +
+        # The field that names the queue, so a queue Kueue does not know is traced to the spec that asked for it.
+        field = f"spec.{pod_labels.get(labels.ROLE, '<role>')}.scheduling.gang.queueName"
+        return (f"{FOR_GANG} of {size} pod(s) in queue {queue} ({field}; Workload {name})" +
                 (f": {why}" if why else "; no pod of it binds or holds a GPU until all are admitted"))
     if (why := unscheduled(live)) is not None:
         return f"{FOR_NODE}: {why}"

@@ -105,7 +105,8 @@ def test_a_pool_whose_queue_does_not_exist_says_so(cluster: Cluster, operator: O
         message = wait_for(f"the {role} group to say its queue does not exist", lambda group=f"lost-{role}-0":
                            waiting_message(cluster, namespace, "lost", group, "LocalQueue nosuch doesn't exist"),
                            timeout=120)
-        assert "waiting for Kueue to admit its gang of 1 pod(s) in queue nosuch" in message, message
+        assert f"waiting for Kueue to admit its gang of 1 pod(s) in queue nosuch (spec.{role}.scheduling.gang." \
+            "queueName; Workload" in message, message
     assert fleet.phase(cluster, namespace, "lost") != "Ready"
     assert not [p for p in fleet.engine_pods(cluster, namespace, "lost") if p["spec"].get("nodeName")]
     delete_unadmitted(cluster, namespace, "lost")

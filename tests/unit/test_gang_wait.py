@@ -42,7 +42,8 @@ def test_a_group_kueue_holds_says_it_waits_for_its_gang_once_and_nothing_is_dele
     hold_in_kueue(cluster, "tiny-decode-1")
     plans = [cluster.step() for _ in range(3)]
     status = group_status(cluster, "tiny-decode-1")
-    assert "waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (Workload tiny-decode-1-" in \
+    assert ("waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (spec.decode.scheduling.gang.queueName; "
+            "Workload tiny-decode-1-") in \
         status["message"], status
     assert reasons(plans).count(gang_wait.EVENT_REASON) == 1, "one Event when it starts waiting"
     assert cluster.pool["status"]["decode"]["ready"] == 1, "a waiting group does not serve"
@@ -60,11 +61,13 @@ def test_a_group_kueue_holds_says_it_waits_for_its_gang_once_and_nothing_is_dele
 
 def test_the_waiting_message_carries_kueue_s_reason_and_a_node_wait_names_the_scheduler_s() -> None:
     pod: Body = {"metadata": {"name": "p-decode-0-0", "labels": {"kueue.x-k8s.io/queue-name": "gpus",
-                                                                "kueue.x-k8s.io/pod-group-name": "p-decode-0-r1"}},
+                                                                "kueue.x-k8s.io/pod-group-name": "p-decode-0-r1",
+                                                                "pdfleet.dev/role": "decode"}},
                  "spec": {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]}}
     why = "LocalQueue gpus doesn't exist"
     assert gang_wait.message([pod], 2, {"p-decode-0-r1": why}) == \
-        f"waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (Workload p-decode-0-r1): {why}"
+        ("waiting for Kueue to admit its gang of 2 pod(s) in queue gpus (spec.decode.scheduling.gang.queueName; "
+         f"Workload p-decode-0-r1): {why}")
     placed = {"metadata": {"name": "p-decode-0-1"}, "spec": {}, "status": {"conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": "0/4 nodes fit"}]}}
     assert gang_wait.message([placed], 2) == "waiting for a node: 0/4 nodes fit"
