@@ -30,7 +30,7 @@ OWN_CLUSTER_UNIT = "tests/integration/ (own operators)"
 SHARED_OPERATOR_FIXTURES = ("operator", "chart")
 SECOND_OPERATOR_MODULES = frozenset(f"{CLUSTER_TIER}{name}.py" for name in (
     "test_bake_e2e", "test_rollback_e2e", "test_cli_e2e", "test_playbook_e2e", "test_rollout_under_load_e2e",
-    "test_verified_rollout_e2e", "test_autoscale_stories_e2e"))
+    "test_verified_rollout_e2e", "test_autoscale_stories_e2e", "test_gang_e2e"))
 _ASKS_FOR_SHARED = re.compile(r"\b(operator\s*:\s*OperatorProcess|chart\s*:\s*None)\b")
 
 
