@@ -68,9 +68,10 @@ class OperatorState:
         """A change to something the pool owns: reconcile shortly, so that the burst of pod events a new
         group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write. `health`:
         the change may change a verdict too (a pod with an address, or going): poll the pool's agents now.
-        `stranded`: the object is a pod Kueue never admitted that its finalizer keeps Terminating
+        `stranded`: the object is a deleted pod that holds nothing and that Kueue's finalizer keeps Terminating
         (planning/gang_wait.stranded); its pool's reconcile releases it even when the pool is deleted and no
-        longer reconciled (the garbage collector deleting a deleted pool's waiting pods), so it is queued then too."""
+        longer reconciled (a deleted pool's waiting pods, a namespace deleted with its pools), so it is queued then
+        too."""
         if key in self.seen:
             self.queue.add_after(key, self.options.owned_event_delay)
             if self.health and health:

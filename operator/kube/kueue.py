@@ -67,8 +67,8 @@ class WorkloadReasons:
             try:
                 await self._client.request("PATCH", f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",
                                            body=ops, content_type="application/json-patch+json", timeout=5)
-                log.info("took Kueue's finalizer off %s/%s: deleted before Kueue admitted it", meta["namespace"],
-                         meta["name"])
+                log.info("took Kueue's finalizer off %s/%s: deleted, and it holds nothing (never admitted, or its "
+                         "containers ended)", meta["namespace"], meta["name"])
             except KubeError as e:
                 if e.status not in (404, 409, 422):
                     log.warning("could not take Kueue's finalizer off %s/%s: %s", meta["namespace"], meta["name"], e)

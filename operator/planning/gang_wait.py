@@ -44,13 +44,18 @@ def held_gangs(pods: Iterable[Body]) -> set[str]:
 
 
 def stranded(pods: Iterable[Body]) -> list[Body]:
-    """The pool's pods being deleted that Kueue never admitted (still at its admission gate, never bound) and
-    that still carry Kueue's finalizer. Kueue v0.17 keeps that finalizer on the deleted pods of a serving group
-    it never admitted, after deleting the group's Workload, so they would stay Terminating for ever and the
-    group's replacement (a rollout, a fixed queue name) would wait for them for ever. Such a pod holds no quota
-    and no node: the operator takes the finalizer off (kube/kueue.py)."""
-    return [p for p in pods if p["metadata"].get("deletionTimestamp") and gated(p)
-            and not (p.get("spec") or {}).get("nodeName") and gang.FINALIZER in (p["metadata"].get("finalizers") or [])]
+    """The pool's pods being deleted that Kueue's finalizer would keep for ever, and that hold nothing: those Kueue
+    never admitted (still at its admission gate, never bound), and those whose containers have all ended (phase
+    Succeeded or Failed). Kueue v0.17 keeps its finalizer on the deleted pods of a serving group once the group's
+    Workload is gone: after it deleted the Workload of a group it never admitted, and when the Workload was
+    deleted beside the pods (a namespace deleted with its pools, measured: its pods stayed Terminating and the
+    namespace with them). A group's replacement (a rollout, a fixed queue name) would wait for them for ever too.
+    Such a pod holds no quota, no node and no process: the operator takes the finalizer off (kube/kueue.py). A
+    pod still running is left to Kueue, which releases it when the pod stops."""
+    return [p for p in pods if p["metadata"].get("deletionTimestamp")
+            and gang.FINALIZER in (p["metadata"].get("finalizers") or [])
+            and ((gated(p) and not (p.get("spec") or {}).get("nodeName"))
+                 or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))]
 
 
 def unscheduled(pods: list[Body]) -> str | None:

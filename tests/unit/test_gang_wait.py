@@ -115,16 +115,22 @@ def test_only_the_gangs_kueue_holds_are_read() -> None:
     assert gang_wait.held_gangs([held, running, going]) == {"x-r1"}
 
 
-def test_pods_deleted_before_kueue_admitted_them_lose_kueue_s_finalizer_and_no_other_pod_does() -> None:
-    def pod(name: str, *, deleting: bool = True, gated_: bool = True, node: str | None = None) -> Body:
+def test_deleted_pods_that_hold_nothing_lose_kueue_s_finalizer_and_no_other_pod_does() -> None:
+    def pod(name: str, *, deleting: bool = True, gated_: bool = True, node: str | None = None,
+            phase: str = "Pending") -> Body:
         return {"metadata": {"name": name, "namespace": "ns", "finalizers": ["kueue.x-k8s.io/managed"],
                              **({"deletionTimestamp": "2026-12-05T00:00:00Z"} if deleting else {})},
                 "spec": {**({"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]} if gated_ else {}),
-                         **({"nodeName": node} if node else {})}}
+                         **({"nodeName": node} if node else {})},
+                "status": {"phase": phase}}
 
-    stranded = pod("a")
-    others = [pod("live", deleting=False), pod("admitted", gated_=False), pod("bound", node="n1")]
-    assert gang_wait.stranded([stranded, *others]) == [stranded]
+    stranded = pod("a")  # never admitted
+    ended = [pod("done", gated_=False, node="n1", phase="Succeeded"), pod("crashed", gated_=False, node="n1",
+                                                                           phase="Failed")]
+    others = [pod("live", deleting=False), pod("admitted", gated_=False), pod("bound", node="n1"),
+              pod("running", gated_=False, node="n1", phase="Running"),
+              pod("ended, not deleted", deleting=False, gated_=False, node="n1", phase="Succeeded")]
+    assert gang_wait.stranded([stranded, *ended, *others]) == [stranded, *ended]
 
     patches: list[tuple[str, Any]] = []
 

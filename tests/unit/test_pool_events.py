@@ -74,7 +74,7 @@ def _pod_event_handler() -> Any:
     return handler.fn
 
 
-def _gang_pod(*, gated: bool, deleting: bool) -> dict[str, Any]:
+def _gang_pod(*, gated: bool, deleting: bool, phase: str = "Pending") -> dict[str, Any]:
     owner = {"apiVersion": f"{api_meta.GROUP}/{api_meta.VERSION}", "kind": api_meta.KIND, "name": "gone",
              "uid": "u", "controller": True}
     meta: dict[str, Any] = {"name": "gone-decode-0-0", "namespace": "ns", "ownerReferences": [owner],
@@ -82,21 +82,22 @@ def _gang_pod(*, gated: bool, deleting: bool) -> dict[str, Any]:
     if deleting:
         meta["deletionTimestamp"] = "2026-12-06T01:00:00Z"
     spec = {"schedulingGates": [{"name": "kueue.x-k8s.io/admission"}]} if gated else {"nodeName": "n"}
-    return {"metadata": meta, "spec": spec, "status": {"phase": "Pending"}}
+    return {"metadata": meta, "spec": spec, "status": {"phase": phase}}
 
 
-@pytest.mark.parametrize(("gated", "deleting", "queued"), [
-    (True, True, True),  # deleted before Kueue admitted it: its finalizer keeps it Terminating until released
-    (False, True, False),  # admitted and bound: Kueue itself takes its finalizer off
-    (True, False, False),  # still waiting, not deleted: nothing to release
+@pytest.mark.parametrize(("gated", "deleting", "phase", "queued"), [
+    (True, True, "Pending", True),  # deleted before Kueue admitted it: its finalizer keeps it Terminating
+    (False, True, "Succeeded", True),  # deleted, its containers ended (its Workload deleted beside it)
+    (False, True, "Running", False),  # admitted and running: Kueue takes its finalizer off once it stops
+    (True, False, "Pending", False),  # still waiting, not deleted: nothing to release
 ])
-async def test_a_deleted_pool_s_pod_kueue_never_admitted_is_still_reconciled(gated: bool, deleting: bool,
-                                                                               queued: bool) -> None:
+async def test_a_deleted_pool_s_pod_kueue_would_keep_is_still_reconciled(gated: bool, deleting: bool, phase: str,
+                                                                         queued: bool) -> None:
     """A pool no longer reconciled (deleted, forgotten) gets a reconcile for its pod that Kueue's finalizer keeps
     Terminating: that reconcile releases it (the pool's absence is checked after). Its other pods' events queue
     nothing."""
     state = OperatorState(options=Options(owned_event_delay=0.01))
-    pod = _gang_pod(gated=gated, deleting=deleting)
+    pod = _gang_pod(gated=gated, deleting=deleting, phase=phase)
     await _pod_event_handler()({"type": "MODIFIED", "object": pod}, {"state": state})
     await asyncio.sleep(0.05)
     assert len(state.queue) == int(queued)
