@@ -196,11 +196,32 @@ class Controller:
                 del deleting[obj_key]
         return Expectations(applied={k: d for k, (d, _) in applied.items()}, deleting=frozenset(deleting))
 
-    async def reconcile(self, key: PoolKey) -> None:
+    async def reconcile_detaching(self, key: PoolKey) -> Awaitable[None] | None:
+        """`reconcile`, handing back its writes once the plan is made (None when it ended before any): the work
+        queue's worker takes the next pool meanwhile (WorkQueue.run_detaching_worker) and holds this pool as being
+        handled until the writes end. In a burst of new pools a first reconcile's chain of writes took seconds
+        (objects, then what depends on them, then the status and Events) while its plan took milliseconds, and the
+        workers, not the apiserver, set the pace (docs/operator-throughput.md)."""
+        planned = asyncio.Event()
+        whole = asyncio.ensure_future(self.reconcile(key, planned=planned))
+        plan_made = asyncio.ensure_future(planned.wait())
+        try:
+            await asyncio.wait({whole, plan_made}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            whole.cancel()
+            raise
+        finally:
+            plan_made.cancel()
+        if whole.done():
+            whole.result()
+            return None
+        return whole
+
+    async def reconcile(self, key: PoolKey, *, planned: asyncio.Event | None = None) -> None:
         started = time.perf_counter()
         result = "error"
         try:
-            result = await self._reconcile(key)
+            result = await self._reconcile(key, planned)
         except KubeError as e:
             # The API said no (a terminating namespace, a conflict on a stale status, a lost connection):
             # expected in a live cluster, so one line, and a retry with backoff.
@@ -213,7 +234,7 @@ class Controller:
             metrics.RECONCILES.labels(result=result).inc()
             metrics.RECONCILE_DURATION.labels(result=result).observe(time.perf_counter() - started)
 
-    async def _reconcile(self, key: PoolKey) -> str:
+    async def _reconcile(self, key: PoolKey, on_planned: asyncio.Event | None = None) -> str:
         observed = self._cache.snapshot(key)
         pool = observed.pool
         # Pods deleted before Kueue admitted them (a waiting group replaced, restarted or scaled away): see stranded.
@@ -240,6 +261,8 @@ class Controller:
                               renders=self._renders, work=self._work(key) if self._work is not None else None,
                               gang_reasons=why)
         planned = time.perf_counter()
+        if on_planned is not None and not plan.empty:
+            on_planned.set()  # what is left is writing: the worker may go on to the next pool
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
         # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back
         # until the Secret is written. A new pool's engine pods no longer wait a request's round trip for it.

@@ -127,7 +127,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     state.role_scaler = RoleScaler(client=state.client, pool=lambda key: next(iter(pools.get(key, ())), None),
                                    objects=kwargs["role_objects"])
     for _i in range(state.options.workers):
-        state.tasks.append(asyncio.create_task(state.queue.run_worker(state.controller.reconcile)))
+        state.tasks.append(asyncio.create_task(state.queue.run_detaching_worker(
+            state.controller.reconcile_detaching)))
     state.tasks.append(asyncio.create_task(_resync(state)))
     state.ready.set()
 

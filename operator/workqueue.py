@@ -7,6 +7,9 @@
 - An urgent key (a pool whose spec the operator has not handled yet) is handled before the others, so a burst
   of owned-object events from pools already created cannot make a new pool wait behind all of them (as
   controller-runtime's priority queue does for the events of an initial list).
+- A handler may hand back the rest of its work (`run_detaching_worker`): the worker takes the next key while
+  that rest runs, and the key counts as being handled until it ends, so the key is still never handled twice
+  at once. At most `detached_limit` rests run at once; past that a worker waits for its own.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ class Retry(Exception):
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0) -> None:
+    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0, detached_limit: int = 32) -> None:
         self._urgent: collections.deque[K] = collections.deque()
         self._normal: collections.deque[K] = collections.deque()
         self._waiting = asyncio.Semaphore(0)  # one count per queued key, whichever deque holds it
@@ -38,6 +41,8 @@ class WorkQueue(Generic[K]):
         self._timers: dict[K, asyncio.TimerHandle] = {}
         self._base_delay = base_delay
         self._max_delay = max_delay
+        self._detached_room = asyncio.Semaphore(detached_limit)
+        self._detached: set[asyncio.Task[None]] = set()
 
     def add(self, key: K, *, urgent: bool = False) -> None:
         if key in self._active:
@@ -104,21 +109,58 @@ class WorkQueue(Generic[K]):
         """Handles keys forever. `handle` raising means: retry later with backoff."""
         while True:
             key = await self._next()
-            failed = False
+            self._done(key, failed=not await self._ran(key, handle(key)))
+
+    async def run_detaching_worker(self, handle: Callable[[K], Awaitable[Awaitable[None] | None]]) -> None:
+        """Handles keys forever, like `run_worker`; `handle` may return the rest of its work instead of doing it,
+        which then runs beside the next keys (the key is done, or retried, once the rest ends)."""
+        while True:
+            key = await self._next()
+            await self._detached_room.acquire()
             try:
-                await handle(key)
-            except asyncio.CancelledError:
+                rest = await handle(key)
+            except BaseException as e:
+                self._detached_room.release()
+                self._done(key, failed=not await self._ran(key, _raise(e)))
+                if isinstance(e, asyncio.CancelledError):
+                    raise
+                continue
+            if rest is None:
+                self._detached_room.release()
                 self._done(key, failed=False)
-                raise
-            except Retry:
-                failed = True
-            except Exception:
-                failed = True
-                log.exception("handling %s failed; retrying with backoff", key)
-            self._done(key, failed=failed)
+                continue
+            task = asyncio.ensure_future(self._finish(key, rest))
+            self._detached.add(task)
+            task.add_done_callback(self._detached.discard)
+
+    async def _finish(self, key: K, rest: Awaitable[None]) -> None:
+        try:
+            self._done(key, failed=not await self._ran(key, rest))
+        finally:
+            self._detached_room.release()
+
+    async def _ran(self, key: K, work: Awaitable[None]) -> bool:
+        """Awaits `work`; False when it failed (to retry later with backoff)."""
+        try:
+            await work
+        except asyncio.CancelledError:
+            self._done(key, failed=False)
+            raise
+        except Retry:
+            return False
+        except Exception:
+            log.exception("handling %s failed; retrying with backoff", key)
+            return False
+        return True
 
     def close(self) -> None:
+        for task in list(self._detached):
+            task.cancel()
         for timer in self._timers.values():
             with contextlib.suppress(Exception):
                 timer.cancel()
         self._timers.clear()
+
+
+async def _raise(error: BaseException) -> None:
+    raise error

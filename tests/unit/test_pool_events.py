@@ -102,3 +102,26 @@ async def test_a_deleted_pool_s_pod_kueue_would_keep_is_still_reconciled(gated: 
     await asyncio.sleep(0.05)
     assert len(state.queue) == int(queued)
     state.queue.close()
+
+
+async def test_a_detached_reconcile_hands_back_its_writes_once_the_plan_is_made() -> None:
+    """The worker's entry point: a new pool's reconcile returns as soon as its plan is made, with its writes still
+    to finish (the API answers nothing until let go here); awaiting what it handed back finishes them. A pool with
+    nothing to write hands back nothing."""
+    kube = FakeKube()
+    kube.seed(pool_body())
+    controller = Controller(client=kube, cache=kube.cache())
+    answer = asyncio.Event()
+    request = kube.request
+
+    async def slow(*args: Any, **kwargs: Any) -> Any:
+        await answer.wait()
+        return await request(*args, **kwargs)
+
+    kube.request = slow  # type: ignore[method-assign]
+    rest = await asyncio.wait_for(controller.reconcile_detaching(KEY), timeout=5)
+    assert rest is not None and not kube.of_kind("Pod"), "planned, nothing written yet"
+    answer.set()
+    await asyncio.wait_for(rest, timeout=5)
+    assert kube.of_kind("Pod"), "the writes it handed back are done"
+    assert await controller.reconcile_detaching(KEY) is None, "a settled pool has nothing to hand back"

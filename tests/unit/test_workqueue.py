@@ -192,3 +192,53 @@ async def test_an_urgent_poke_while_a_key_is_handled_brings_it_back_ahead_of_the
     await wait_idle(queue)
     worker.cancel()
     assert handled == ["a", "a", "b"]
+
+
+async def test_a_detaching_worker_takes_the_next_key_while_a_rest_runs_and_never_runs_a_key_twice_at_once() -> None:
+    """One worker, a handler that hands back the rest of its work: the next key is handled while the first key's
+    rest still runs; a poke of that key meanwhile waits for its rest, then the key is handled once more; a rest
+    that fails is retried with backoff; at most `detached_limit` rests run at once."""
+    queue: WorkQueue[str] = WorkQueue(base_delay=0.01, detached_limit=2)
+    release: dict[str, asyncio.Event] = {}
+    log: list[str] = []
+    failing = {"c"}
+
+    async def rest(key: str) -> None:
+        log.append(f"rest {key} starts")
+        await release.setdefault(key, asyncio.Event()).wait()
+        log.append(f"rest {key} ends")
+        if key in failing:
+            failing.discard(key)
+            raise RuntimeError("the writes failed")
+
+    async def handle(key: str) -> asyncio.Task[None]:
+        log.append(f"plan {key}")
+        release[key] = asyncio.Event()
+        return asyncio.ensure_future(rest(key))
+
+    worker = asyncio.create_task(queue.run_detaching_worker(handle))
+    queue.add("a")
+    queue.add("b")
+    await _until(lambda: "rest b starts" in log)
+    assert sorted(log) == ["plan a", "plan b", "rest a starts", "rest b starts"], "b planned while a's rest runs"
+    queue.add("a")  # poked while its rest runs: not handled again yet
+    queue.add("c")  # the limit (2 rests) is reached: c waits for a room
+    await asyncio.sleep(0.05)
+    assert log.count("plan a") == 1 and "plan c" not in log
+    release["a"].set()  # a's rest ends: its room goes to c, which the worker already holds
+    await _until(lambda: "plan c" in log)
+    assert log.index("rest a ends") < log.index("plan c") and log.count("plan a") == 1
+    release["b"].set()  # a room again: the poked a is handled once more
+    await _until(lambda: log.count("plan a") == 2)
+    release["c"].set()  # c's rest fails: it is retried with backoff
+    await _until(lambda: log.count("plan c") == 2)
+    for key in ("a", "c"):
+        release[key].set()
+    await _until(lambda: queue.idle)
+    worker.cancel()
+
+
+async def _until(condition: object) -> None:
+    async with asyncio.timeout(5):
+        while not condition():  # type: ignore[operator]
+            await asyncio.sleep(0.001)
