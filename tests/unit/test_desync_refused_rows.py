@@ -395,11 +395,11 @@ def test_a_busy_rank_refusing_the_storage_attach_leaves_its_idle_peers_in_the_gr
     assert last["message"].startswith("Reject attach: scheduler is not idle")
     for peer in peers:
         assert (peer["busy"], peer["attached"], peer["in"]) == (False, False, "broadcast"), peer
-        # Each peer waited in the group creation for gloo's timeout; at 3 ranks the peer whose wait ends second
-        # may see the first one's connection close rather than its own timeout: the group failed either way.
+        # Each peer waited in the group creation for gloo's timeout. A peer may then read its own timeout or, as
+        # its wait ends, the closing of a connection whose other end gave up at the same moment (another peer at 3
+        # ranks; seen at 2 ranks too, in a loaded suite): the group failed either way, after the full wait.
         assert any(why in peer["message"] for why in ("Timed out waiting", "Connection closed by peer")), peer
         assert peer["attach_s"] >= timeout_s * 0.9, peer
-    assert any("Timed out waiting" in peer["message"] for peer in peers), peers
 
 
 # --- Weights updated from disk (`/update_weights_from_disk`), refused at the engine ---
