@@ -65,7 +65,9 @@ lint: $(STAMP) ## ruff and the import layering contracts
 
 test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a real local control plane (started and stopped here)
 	@start=$$(date +%s); started=0; \
-	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then started=1; $(CLUSTER) up; fi; \
+	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then \
+	  parts=$$($(CLUSTER) status 2>&1 || true); case "$$parts" in *" running "*) ;; *) started=1;; esac; \
+	  $(CLUSTER) up; fi; \
 	rc=0; $(PY) -m pytest -n $(TEST_WORKERS) --dist loadscope $(PYTEST_ARGS) || rc=$$?; \
 	if [ $$started = 1 ] && [ -z "$${PDFLEET_KEEP_CLUSTER:-}" ]; then $(CLUSTER) down; fi; \
 	echo "make test: $$(( $$(date +%s) - start )) s of wall time (cluster up and down included), exit $$rc"; \

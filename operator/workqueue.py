@@ -117,19 +117,22 @@ class WorkQueue(Generic[K]):
         while True:
             key = await self._next()
             await self._detached_room.acquire()
+            handed: list[Awaitable[None]] = []
+
+            async def first_part(key: K = key, handed: list[Awaitable[None]] = handed) -> None:
+                if (rest := await handle(key)) is not None:
+                    handed.append(rest)
+
             try:
-                rest = await handle(key)
-            except BaseException as e:
+                ran = await self._ran(key, first_part())
+            except BaseException:
                 self._detached_room.release()
-                self._done(key, failed=not await self._ran(key, _raise(e)))
-                if isinstance(e, asyncio.CancelledError):
-                    raise
-                continue
-            if rest is None:
+                raise
+            if not (ran and handed):
                 self._detached_room.release()
-                self._done(key, failed=False)
+                self._done(key, failed=not ran)
                 continue
-            task = asyncio.ensure_future(self._finish(key, rest))
+            task = asyncio.ensure_future(self._finish(key, handed[0]))
             self._detached.add(task)
             task.add_done_callback(self._detached.discard)
 
@@ -160,7 +163,3 @@ class WorkQueue(Generic[K]):
             with contextlib.suppress(Exception):
                 timer.cancel()
         self._timers.clear()
-
-
-async def _raise(error: BaseException) -> None:
-    raise error

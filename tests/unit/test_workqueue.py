@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
@@ -238,7 +239,7 @@ async def test_a_detaching_worker_takes_the_next_key_while_a_rest_runs_and_never
     worker.cancel()
 
 
-async def _until(condition: object) -> None:
+async def _until(condition: Callable[[], bool]) -> None:
     async with asyncio.timeout(5):
-        while not condition():  # type: ignore[operator]
+        while not condition():
             await asyncio.sleep(0.001)
