@@ -25,6 +25,7 @@ COMPONENT = "router"
 # A terminating router pod keeps serving this long before SIGTERM: Services, proxies and gateways take a moment
 # to stop sending it new requests, and those in flight finish (a key rotation rolls the routers).
 DRAIN_S = 5
+STARTUP_S = 300  # how long a router may take to start listening before it is restarted
 
 
 def router_name(pool: str) -> str:
@@ -86,6 +87,12 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
             "env": _key_env(ctx),
             "ports": [{"name": "http", "containerPort": router.port},
                       {"name": "metrics", "containerPort": METRICS_PORT}],
+            # A router's start (its Python entry point, then the Rust server) took 40+ s on a busy node, and a
+            # liveness probe alone killed it before it listened, again at every restart: a crash loop. Startup
+            # allows it 5 minutes; liveness applies once it answers. Asked every 2 s, so the router's readiness
+            # (it needs workers) is judged seconds after it can serve.
+            "startupProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 2,
+                             "failureThreshold": STARTUP_S // 2},
             "readinessProbe": {"httpGet": {"path": "/readiness", "port": "http"}, "periodSeconds": 10},
             "lifecycle": {"preStop": {"exec": {"command": ["python3", "-c", f"import time; time.sleep({DRAIN_S})"]}}},
             "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 20,

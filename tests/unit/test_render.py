@@ -10,6 +10,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import desired, labels, revision
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.podrunner import probes
 from tests.support.pools import pool_body
 
 CTX = RenderContext(pool="p", namespace="ns", uid="u1")
@@ -118,6 +119,24 @@ def test_the_router_discovers_engines_by_label_with_a_role_that_can_only_read_po
         "pdfleet.dev/node-rank=0"]
     assert objs["Role"]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]}]
     assert objs["Deployment"]["spec"]["template"]["spec"]["serviceAccountName"] == "p-router"
+
+
+def test_a_router_slow_to_start_is_not_killed_before_it_listens() -> None:
+    """A busy node took 40+ s to start a router (its Python entry point, then the Rust server): with a liveness
+    probe alone (3 x 20 s) kubelet killed it before it listened, and again at every restart. Under kubelet's rules
+    (the pod runner's, podrunner/probes.py), two minutes of refused connections fail no probe that kills it; the
+    startup probe asks what liveness asks, and often, so the router is judged soon after it listens."""
+    deployment = next(o for o in desired.desired(CTX, spec_of()).router if o["kind"] == "Deployment")
+    container = deployment["spec"]["template"]["spec"]["containers"][0]
+    specs = probes.parse(container)
+    startup = probes.ProbeState(specs[probes.Kind.STARTUP])
+    refused_for_s = 120
+    assert not any(startup.observe(False) and startup.result is probes.Result.FAILURE
+                   for _ in range(int(refused_for_s / startup.spec.period_s)))
+    assert startup.spec.period_s * startup.spec.failure_threshold >= 240
+    assert specs[probes.Kind.STARTUP].action == specs[probes.Kind.LIVENESS].action
+    assert startup.spec.period_s <= 2
+    assert startup.observe(True) and startup.result is probes.Result.SUCCESS
 
 
 @pytest.mark.effect("spec.router.replicas")
