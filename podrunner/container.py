@@ -83,6 +83,9 @@ class Container:
         if isinstance(self.plan, commands.Launch):
             return await self.node.zygote.spawn(mode="launch", argv=self.plan.args, env=self.env, cwd=self.pod_dir,
                                                 log_file=self.log_file)
+        if isinstance(self.plan, commands.Module):
+            return await self.node.zygote.spawn(mode="module", argv=(self.plan.module, *self.plan.args),
+                                                env=self.env, cwd=self.pod_dir, log_file=self.log_file)
         return await self.node.zygote.spawn(mode="exec", argv=self.plan.argv, env=self.env, cwd=self.pod_dir,
                                             log_file=self.log_file)
 
@@ -263,6 +266,6 @@ class Container:
 def _describe(plan: commands.Plan, spec: Body) -> str:
     """What runs, as the pod spec writes it: $(VAR) unexpanded, so a value taken from a Secret is never logged."""
     written = " ".join(str(a) for a in [*(spec.get("command") or []), *(spec.get("args") or [])])
-    if isinstance(plan, commands.Launch):
+    if isinstance(plan, commands.Launch | commands.Module):
         return "zygote fork: " + written[:200]
     return written[:200]

@@ -38,7 +38,8 @@ PRELOAD = (
     "pdfleet.runtime.launcher",
     "pdfleet.runtime.engine_setup",
 )
-OPTIONAL = ("pdfleet.runtime.simulator",)  # the engine simulator, once it exists
+# The engine simulator, once it exists; sglang-router's entry point (which imports SGLang), for router pods.
+OPTIONAL = ("pdfleet.runtime.simulator", "sglang_router.launch_router")
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
 _libc = ctypes.CDLL(None, use_errno=True)

@@ -168,20 +168,21 @@ def test_engine_runs_the_launcher_in_the_zygote() -> None:
                                                                                         "1"))
 
 
-def test_router_binds_the_pod_ip() -> None:
+def test_router_runs_its_module_in_the_zygote_on_the_pod_ip() -> None:
     c = {"command": ["python3", "-m", "sglang_router.launch_router"],
          "args": ["--host", "0.0.0.0", "--port", "8000", "--prometheus-host=0.0.0.0", "--x", "0.0.0.0"]}
     plan = commands.plan(c, pod_ip="127.1.0.7", python="/v/python")
-    assert plan == commands.Exec(("/v/python", "-m", "sglang_router.launch_router", "--host", "127.1.0.7",
-                                  "--port", "8000", "--prometheus-host=127.1.0.7", "--x", "0.0.0.0"))
+    assert plan == commands.Module("sglang_router.launch_router", ("--host", "127.1.0.7", "--port", "8000",
+                                                                   "--prometheus-host=127.1.0.7", "--x", "0.0.0.0"))
 
 
 def test_args_take_the_containers_own_variables_as_kubelet_expands_them() -> None:
     c = {"command": ["python3", "-m", "sglang_router.launch_router"],
          "args": ["--control-plane-api-keys", "op:operator:admin:$(KEY)", "--other", "$(UNSET)", "$$(KEY)"]}
     plan = commands.plan(c, pod_ip="127.1.0.7", python="/v/python", variables={"KEY": "hush"})
-    assert plan == commands.Exec(("/v/python", "-m", "sglang_router.launch_router", "--control-plane-api-keys",
-                                  "op:operator:admin:hush", "--other", "$(UNSET)", "$(KEY)"))
+    assert plan == commands.Module("sglang_router.launch_router", ("--control-plane-api-keys",
+                                                                   "op:operator:admin:hush", "--other", "$(UNSET)",
+                                                                   "$(KEY)"))
 
 
 def test_chart_operator_runs_the_operator_on_the_pod_ip() -> None:
