@@ -40,7 +40,7 @@ follow_ramp() {
       if [ "${p:-1}" -gt 1 ] || [ "${d:-1}" -gt 1 ]; then GREW=1; fi
     fi
     ramp_phases
-    [ $SECONDS -lt $deadline ] || fail "timed out after ${timeout}s waiting for $3"
+    [ $SECONDS -lt $deadline ] || { fleet_state; fail "timed out after ${timeout}s waiting for $3"; }
     sleep 2
   done
 }

@@ -22,6 +22,14 @@ mkdir -p "$STATE"
 
 step() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
 fail() { printf '\033[31mdemo: %s\033[0m\n' "$*" >&2; exit 1; }
+# What a wait that timed out leaves to go on: the fleet's pods (not Ready ones say why) and its Warning Events.
+fleet_state() {
+  echo "pods of namespace $NS:" >&2
+  jp pods -n "$NS" -o wide >&2
+  jp pods -n "$NS" -o go-template='{{range .items}}{{$p := .metadata.name}}{{range .status.containerStatuses}}{{if not .ready}}{{$p}}: restarts {{.restartCount}}{{with .lastState.terminated}}, last exit {{.exitCode}} {{.reason}}{{end}}{{"\n"}}{{end}}{{end}}{{end}}' >&2
+  echo "Warning Events of namespace $NS (last 15):" >&2
+  jp events -n "$NS" --field-selector type=Warning --sort-by=.lastTimestamp 2>/dev/null | tail -15 >&2
+}
 jp() { kubectl get "$@" 2>/dev/null || true; }
 
 # Waits for a shell condition, printing what changes in `show` meanwhile.
@@ -31,7 +39,7 @@ watch_until() {
   until eval "$cond"; do
     line=$(eval "$show" 2>/dev/null || true)
     [ "$line" != "$last" ] && { echo "$line"; last=$line; }
-    [ $SECONDS -lt $deadline ] || fail "timed out after ${timeout}s waiting for $what"
+    [ $SECONDS -lt $deadline ] || { fleet_state; fail "timed out after ${timeout}s waiting for $what"; }
     sleep 0.5
   done
 }
