@@ -83,3 +83,17 @@ def test_the_runner_writes_each_played_pod_of_the_namespace_its_view(tmp_path: P
     assert dns.resolve(LEADER, workers["other"].dir / "podinfo" / hosts.HOSTS_FILE) is None, "its own namespace only"
     runner.on_delete(leader)
     assert dns.resolve(LEADER, view) is None
+
+
+def test_a_namespace_the_runner_does_not_simulate_keeps_no_names() -> None:
+    """The operator benchmark's namespaces (pdfleet.dev/simulate=false) hold hundreds of pods no process runs:
+    keeping their names cost O(pods) a pod event. A namespace not looked up yet keeps them, as before."""
+    node = cast(Node, type("FakeNode", (), {"pod_dir": lambda self, ns, n: Path("/nonexistent")})())
+    runner = Runner(node)
+    unbound = {**pod(), "spec": {**pod()["spec"], "nodeName": None}}
+    runner.simulate["ns"] = False
+    runner.on_upsert(unbound)
+    assert dns.parse_hosts(runner.hosts.text("ns")) == {}
+    runner.simulate["ns"] = True
+    runner.on_upsert(unbound)
+    assert dns.parse_hosts(runner.hosts.text("ns"))[LEADER] == dns.Address("127.1.0.7", "u0")
