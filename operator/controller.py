@@ -100,7 +100,7 @@ class Controller:
         # reconcile that runs before the watch catches up would write the same object again.
         self._applied: dict[PoolKey, dict[ObjectKey, tuple[str, float]]] = {}
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
-        self._in_flight = Slots(MAX_IN_FLIGHT)
+        self._in_flight = Slots(MAX_IN_FLIGHT, ranks=len(_RANKS) + 1)
         self._summaries: dict[PoolKey, Summary] = {}
         # How many pools are in each phase and groups in each (role, verdict), as the gauges show them.
         self._phases: collections.Counter[tuple[str, ...]] = collections.Counter()
@@ -288,7 +288,7 @@ class Controller:
                 await secret  # raises what the Secret's write raised: the Deployment is then not written
             verb = "create" if obj["kind"] in _CREATED else "apply"
             try:
-                async with self._in_flight.held(first=obj["kind"] in _GATING):
+                async with self._in_flight.held(rank=_write_rank(obj["kind"])):
                     await (self._client.create(obj) if verb == "create" else self._client.apply(obj))
             except KubeError as e:
                 if (retried := failure(verb, *key_, e)) is not None:
@@ -471,9 +471,19 @@ def _retrieved(task: asyncio.Future[None]) -> None:
 # on none of these, so they go out in the first wave: they are what a new pool waits for.
 _TIER = {"RoleBinding": 1, "Deployment": 2}
 _DEPENDED_ON = {"ServiceAccount", "Role", "RoleBinding"}
-# What a reconcile's later tiers wait for, link by link, and the NetworkPolicies (a new engine pod should find its
-# policy in place, without waiting a tier for it): these writes go ahead of the others in the queue.
-_GATING = _DEPENDED_ON | set(_TIER) | {"NetworkPolicy"}
+# The order writes get the operator's write slots in (`_write_rank`), lowest first, each rank in the order it came:
+# - NetworkPolicies: a new engine pod should find its policy in place;
+# - engine pods: what a new pool waits for longest (minutes of image pull and weight loading on a real fleet);
+#   in a burst of new pools they queued behind every pool's Roles, RoleBindings and Deployments;
+# - what the later tiers wait for, link by link (a RoleBinding, then the router Deployment), and the router
+#   Deployment itself: seconds from write to serving;
+# - everything else (Services, PodDisruptionBudgets, evidence ConfigMaps, deletions).
+_RANKS: tuple[frozenset[str], ...] = (frozenset({"NetworkPolicy"}), frozenset({"Pod"}),
+                                      frozenset(_DEPENDED_ON | set(_TIER)))
+
+
+def _write_rank(kind: str) -> int:
+    return next((rank for rank, kinds in enumerate(_RANKS) if kind in kinds), len(_RANKS))
 
 
 def _tiers(objects: tuple[dict[str, Any], ...]) -> list[list[dict[str, Any]]]:

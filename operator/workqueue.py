@@ -25,12 +25,19 @@ K = TypeVar("K", bound=Hashable)
 log = logging.getLogger(__name__)
 
 
+# Rests running at once. They wait on the operator's write slots (32 API writes at once, across all pools), not on
+# this: it only bounds the memory of pools in flight. At 32, the 33rd pool of a burst could not queue its engine
+# pods before a whole earlier pool's chain of writes (status and Events included) had ended.
+DETACHED_LIMIT = 256
+
+
 class Retry(Exception):
     """Raised by a handler that already reported why it failed: retry with backoff, log no traceback."""
 
 
 class WorkQueue(Generic[K]):
-    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0, detached_limit: int = 32) -> None:
+    def __init__(self, *, base_delay: float = 0.5, max_delay: float = 60.0,
+                 detached_limit: int = DETACHED_LIMIT) -> None:
         self._urgent: collections.deque[K] = collections.deque()
         self._normal: collections.deque[K] = collections.deque()
         self._waiting = asyncio.Semaphore(0)  # one count per queued key, whichever deque holds it

@@ -9,29 +9,34 @@ from collections.abc import AsyncIterator
 
 
 class Slots:
-    """At most `limit` holders at once. Waiters marked `first` are let in before the others, each kind in the
-    order it came: a write that other writes wait on (a Role its RoleBinding waits for) must not queue behind
-    the engine pods of every pool in a burst, once per link of its chain."""
+    """At most `limit` holders at once. Waiters are let in by rank (0 first), each rank in the order it came: in a
+    burst of new pools the writes a new pool waits for longest (its engine pods) must not queue behind every other
+    pool's Roles, RoleBindings and Deployments."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, limit: int, *, ranks: int = 2) -> None:
         self._free = limit
-        self._waiting: tuple[collections.deque[asyncio.Future[None]], collections.deque[asyncio.Future[None]]] = \
-            (collections.deque(), collections.deque())  # first, then the rest
+        self._waiting: tuple[collections.deque[asyncio.Future[None]], ...] = tuple(
+            collections.deque() for _ in range(ranks))
+
+    @property
+    def ranks(self) -> int:
+        return len(self._waiting)
 
     @contextlib.asynccontextmanager
-    async def held(self, *, first: bool = False) -> AsyncIterator[None]:
-        await self._acquire(first)
+    async def held(self, *, rank: int | None = None) -> AsyncIterator[None]:
+        """A slot for as long as the block runs; `rank` None waits with the last rank."""
+        await self._acquire(self.ranks - 1 if rank is None else rank)
         try:
             yield
         finally:
             self._release()
 
-    async def _acquire(self, first: bool) -> None:
+    async def _acquire(self, rank: int) -> None:
         if self._free > 0 and not any(self._waiting):
             self._free -= 1
             return
         waiter = asyncio.get_running_loop().create_future()
-        queue = self._waiting[0 if first else 1]
+        queue = self._waiting[rank]
         queue.append(waiter)
         try:
             await waiter

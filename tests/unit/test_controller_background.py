@@ -1,4 +1,4 @@
-"""The executor's concurrency helpers: the write slots that let gating writes ahead, and Events posted after a
+"""The executor's concurrency helpers: the write slots that let some writes ahead, and Events posted after a
 reconcile instead of during it (what the operator runs with)."""
 
 from __future__ import annotations
@@ -17,27 +17,29 @@ from tests.support.pools import pool_body
 KEY = ("ns", "tiny")
 
 
-async def test_a_waiter_marked_first_gets_the_next_slot_before_those_queued_earlier() -> None:
-    slots = Slots(1)
+async def test_waiters_get_slots_by_rank_then_in_the_order_they_came() -> None:
+    slots = Slots(1, ranks=3)
     order: list[str] = []
     release = asyncio.Event()
 
-    async def hold(name: str, *, first: bool = False) -> None:
-        async with slots.held(first=first):
+    async def hold(name: str, rank: int | None = None) -> None:
+        async with slots.held(rank=rank):
             order.append(name)
             if name == "holder":
                 await release.wait()
 
     holder = asyncio.create_task(hold("holder"))
     await asyncio.sleep(0)
-    queued = [asyncio.create_task(hold(f"pod-{i}")) for i in range(3)]
+    queued = [asyncio.create_task(hold(f"service-{i}")) for i in range(2)]
     await asyncio.sleep(0)
-    gating = asyncio.create_task(hold("role", first=True))
+    pods = [asyncio.create_task(hold(f"pod-{i}", 1)) for i in range(2)]
+    await asyncio.sleep(0)
+    policy = asyncio.create_task(hold("policy", 0))
     await asyncio.sleep(0)
     release.set()
-    await asyncio.gather(holder, *queued, gating)
+    await asyncio.gather(holder, *queued, *pods, policy)
 
-    assert order == ["holder", "role", "pod-0", "pod-1", "pod-2"]
+    assert order == ["holder", "policy", "pod-0", "pod-1", "service-0", "service-1"]
 
 
 async def test_a_cancelled_waiter_gives_its_slot_on() -> None:
