@@ -459,6 +459,24 @@ def check_binaries(ports: Ports) -> None:
                            f"`make sglang` (or set PDFLEET_SIM_PYTHON to a Python with pdfleet and SGLang).")
 
 
+ANSWER_PATIENCE_S = 60.0  # how long `up` waits for a running component to answer before it restarts it
+
+
+def _alive_and_answering(c: Component) -> bool:
+    """Whether `c` runs and answers, waiting for one that runs but is slow to (a busy machine): restarting it would
+    fail whatever uses it meanwhile, and a restarted etcd starts empty."""
+    pid = _alive_pid(c.name, c.program)
+    deadline = time.monotonic() + ANSWER_PATIENCE_S
+    while pid is not None and _alive_pid(c.name, c.program) == pid:
+        if c.ready():
+            return True
+        if time.monotonic() > deadline:
+            say(f"{c.name} (pid {pid}) did not answer for {ANSWER_PATIENCE_S:.0f} s: restarting it")
+            return False
+        time.sleep(1)
+    return False
+
+
 def up() -> None:
     if external_kubeconfig():
         kubectl("version")
@@ -472,9 +490,9 @@ def up() -> None:
     write_kubeconfig(ports)
     started = 0
     for c in components(ports):
-        if _alive_pid(c.name, c.program) is not None and c.ready():
+        if _alive_and_answering(c):
             continue
-        _stop(c.name, c.program)  # a process that is ours but not ready is restarted
+        _stop(c.name, c.program)  # a process that is ours but does not answer is restarted
         if c.name == "etcd":
             # A fresh etcd starts empty: no pools, namespaces or events left by a run that was killed
             # without `down`. Components restarted while etcd runs keep the cluster's state.

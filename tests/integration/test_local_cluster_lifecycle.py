@@ -118,3 +118,20 @@ def test_up_restarts_only_a_component_that_died(private_cluster: tuple[Path, dic
     assert slow.returncode == 0, out + err
     assert f"already running (pid {kueue})" in out + err
     assert pids(cluster_dir)["kueue"] == str(kueue)
+
+    # The same for the control plane's own components: kube-scheduler stopped for 5 s while `up` runs.
+    before = pids(cluster_dir)
+    scheduler = int(before["kube-scheduler"])
+    os.kill(scheduler, signal.SIGSTOP)
+    try:
+        slow = subprocess.Popen([sys.executable, str(ROOT / "hack" / "localcluster.py"), "up"], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            slow.wait(timeout=5)
+        assert slow.poll() is None, slow.communicate()
+    finally:
+        os.kill(scheduler, signal.SIGCONT)
+    out, err = slow.communicate(timeout=120)
+    assert slow.returncode == 0, out + err
+    assert "cluster was already up" in err
+    assert pids(cluster_dir) == before
