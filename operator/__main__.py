@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 
 from pdfleet.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
+    kopf_fixes,
     metrics,
 )
 from pdfleet.operator.api.scalars import parse_duration
@@ -196,6 +197,7 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
 
 async def run_kopf(state: OperatorState) -> None:
     options = state.options
+    kopf_fixes.install()
     await kopf.operator(
         standalone=True,
         clusterwide=not options.namespaces,
