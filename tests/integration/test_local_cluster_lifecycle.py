@@ -105,33 +105,26 @@ def test_up_restarts_only_a_component_that_died(private_cluster: tuple[Path, dic
     # A component that is alive but slow to answer (a busy machine) is waited for, not restarted: here Kueue, stopped
     # for 5 s while `up` runs. A restart once refused another test module's queue writes meanwhile.
     kueue = int(after["kueue"])
-    os.kill(kueue, signal.SIGSTOP)
-    try:
-        slow = subprocess.Popen([sys.executable, str(ROOT / "hack" / "kueue.py"), "up"], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            slow.wait(timeout=5)  # the fault lasts 5 s; `up` must still be waiting at its end
-        assert slow.poll() is None, slow.communicate()
-    finally:
-        os.kill(kueue, signal.SIGCONT)
-    out, err = slow.communicate(timeout=120)
-    assert slow.returncode == 0, out + err
-    assert f"already running (pid {kueue})" in out + err
+    assert f"already running (pid {kueue})" in up_while_stopped(kueue, "kueue.py", env)
     assert pids(cluster_dir)["kueue"] == str(kueue)
 
     # The same for the control plane's own components: kube-scheduler stopped for 5 s while `up` runs.
     before = pids(cluster_dir)
-    scheduler = int(before["kube-scheduler"])
-    os.kill(scheduler, signal.SIGSTOP)
+    assert "cluster was already up" in up_while_stopped(int(before["kube-scheduler"]), "localcluster.py", env)
+    assert pids(cluster_dir) == before
+
+
+def up_while_stopped(pid: int, tool: str, env: dict[str, str]) -> str:
+    """Runs hack/<tool> up while `pid` is SIGSTOPped for 5 s (the fault); what it printed, once it succeeded."""
+    os.kill(pid, signal.SIGSTOP)
     try:
-        slow = subprocess.Popen([sys.executable, str(ROOT / "hack" / "localcluster.py"), "up"], env=env, text=True,
+        slow = subprocess.Popen([sys.executable, str(ROOT / "hack" / tool), "up"], env=env, text=True,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         with contextlib.suppress(subprocess.TimeoutExpired):
             slow.wait(timeout=5)
-        assert slow.poll() is None, slow.communicate()
+        assert slow.poll() is None, ("`up` must still be waiting at the fault's end", slow.communicate())
     finally:
-        os.kill(scheduler, signal.SIGCONT)
+        os.kill(pid, signal.SIGCONT)
     out, err = slow.communicate(timeout=120)
     assert slow.returncode == 0, out + err
-    assert "cluster was already up" in err
-    assert pids(cluster_dir) == before
+    return out + err
