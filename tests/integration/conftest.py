@@ -3,6 +3,7 @@ ServiceAccount token, one operator process per test module."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,10 +52,17 @@ def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFac
              request: pytest.FixtureRequest) -> Iterator[OperatorProcess]:
     shared = scheduling.shared_operator(scheduling.module_path(request.module.__file__))
     tmp = tmp_path_factory.mktemp("operator")
-    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, shared.release, tmp / "kubeconfig")
-    # Only the namespaces of the tests on it: the other cluster tests run alongside (tests/support/scheduling.py).
-    with running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1",
-                          "--namespace", shared.namespaces) as op:
+    with contextlib.ExitStack() as stack:
+        # Started while holding the cluster shared, as a test does: a disruptive test (it restarts the apiserver)
+        # once did so while this operator was starting, and kopf, told by the restarting apiserver that none of
+        # its kinds was served, never watched them (it rediscovers only when a CRD changes). The hold ends once
+        # the operator is ready; kopf's discovery follows within about a second, a window this does not close.
+        with cluster_share_mod.hold(cluster.kubeconfig, exclusive=False):
+            kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, shared.release, tmp / "kubeconfig")
+            # Only the namespaces of the tests on it: the other cluster tests run alongside
+            # (tests/support/scheduling.py).
+            op = stack.enter_context(running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1",
+                                                      "--namespace", shared.namespaces))
         yield op
         assert "Traceback" not in op.logs(), op.logs()[-5000:]
         # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...
