@@ -182,7 +182,8 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
         # A standby is ready: it does what it should (nothing), and rollouts and `helm --wait` need it Ready.
         if elector is not None and standby():
             return web.Response(text=f"ok: standby, the leader is {elector.holder or 'not known yet'}")
-        # The leader (or the only replica) is ready once the first listing of pools has arrived and workers run.
+        # The leader (or the only replica) is ready once kopf's startup handler has built the controller and started
+        # the workers. Not yet that kopf's discovery and first listings succeeded (docs/architecture.md).
         ok = state.ready.is_set() and state.controller is not None
         return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
 
