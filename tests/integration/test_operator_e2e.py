@@ -162,6 +162,55 @@ def test_the_operator_catches_up_after_the_apiserver_restarts(cluster: Cluster, 
     wait_pool_ready(cluster, namespace, decode=2, name="steady")
 
 
+def test_an_operator_on_a_namespace_glob_forgets_the_pools_of_a_deleted_namespace_and_writes_there_no_more(
+    cluster: Cluster, chart: None, tmp_path: Path
+) -> None:
+    """kopf stops watching a namespace at the namespace controller's first status write of its deletion, while
+    its pools and pods are still there (operator/kopf_fixes.py). The pool's deletion then came through no watch:
+    the operator kept it, and reconciled it every resync with status writes the API refused, 409 and then 404
+    for good (this suite's CI saw that in three modules). Here a pool's namespace is deleted under an operator
+    watching a glob, beside a pool in another namespace the operator keeps reconciling."""
+    if not cluster.is_local:
+        pytest.skip("counts writes in the local apiserver's audit log")
+    tag = os.urandom(4).hex()
+    doomed, kept = f"gone-{tag}-a", f"gone-{tag}-b"
+    for namespace in (doomed, kept):
+        cluster.kubectl("create", "namespace", namespace)
+        cluster.kubectl("label", "namespace", namespace, "pdfleet.dev/test=true")
+    kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, SERVICE_ACCOUNT, tmp_path / "kubeconfig")
+    try:
+        with running_operator(kubeconfig, tmp_path / "operator.log", "--namespace", f"gone-{tag}-*",
+                              "--resync-period", "1") as op:
+            for namespace in (doomed, kept):
+                apply_pool(cluster, namespace, name="p")
+            for namespace in (doomed, kept):
+                wait_pool_ready(cluster, namespace, decode=1, name="p")
+            wait_for("both pools counted", lambda: op.metric("pdfleet_pools") == 2, timeout=10)
+            cluster.kubectl("delete", "namespace", doomed, "--wait=false")
+            wait_for(f"namespace {doomed} to be gone",
+                     lambda: cluster.kubectl("get", "namespace", doomed, check=False).returncode != 0, timeout=180)
+            gone_at, retried = cluster.audit_log.stat().st_size, _retries(op, doomed)
+            wait_for("the operator to forget the deleted namespace's pool", lambda: op.metric("pdfleet_pools") == 1,
+                     timeout=30)
+            reconciles = op.metric("pdfleet_reconcile_total")
+            wait_for("three more reconciles (the other pool's resyncs)",
+                     lambda: op.metric("pdfleet_reconcile_total") >= reconciles + 3, timeout=60)
+            assert op.metric("pdfleet_pools") == 1
+            assert pool_status(cluster, kept, "p").get("phase") == "Ready"
+            writes = audit_writes_by(cluster, OPERATOR_USER, gone_at)
+            assert [w for w in writes if f"/namespaces/{doomed}/" in w["uri"]] == []
+            assert _retries(op, doomed) == retried
+            assert "Traceback" not in op.logs()
+    finally:
+        for namespace in (doomed, kept):
+            cluster.kubectl("delete", "namespace", namespace, "--wait=false", "--ignore-not-found", check=False)
+
+
+def _retries(op: OperatorProcess, namespace: str) -> int:
+    """How many reconciles of a pool in `namespace` the operator has logged as failed (to be retried)."""
+    return sum(1 for r in op.log_records() if r.get("namespace") == namespace and "will retry" in r.get("message", ""))
+
+
 def test_a_restarted_operator_writes_nothing_for_a_converged_pool(
     cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: Path
 ) -> None:
