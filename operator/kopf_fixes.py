@@ -66,18 +66,8 @@ def _watcher(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[Non
     async def wrapped(*args: Any, **kwargs: Any) -> None:
         processor = kwargs["processor"]
         known: dict[str, Mapping[str, Any]] = {}  # uid -> the last body processed, while not deleted
-
-        async def recording(*, raw_event: Mapping[str, Any], **rest: Any) -> str | None:
-            body = raw_event.get("object") or {}
-            uid = (body.get("metadata") or {}).get("uid")
-            if uid:
-                if raw_event.get("type") == "DELETED":
-                    known.pop(uid, None)
-                else:
-                    known[uid] = body
-            return await processor(raw_event=raw_event, **rest)
-
-        kwargs["processor"] = recording
+        if kwargs.get("namespace") is not None:  # a cluster-wide watch has no namespace to leave
+            kwargs["processor"] = _recording(processor, known)
         try:
             await run(*args, **kwargs)
         finally:
@@ -89,6 +79,22 @@ def _watcher(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[Non
 
     setattr(wrapped, _INSTALLED, True)
     return wrapped
+
+
+def _recording(processor: Callable[..., Awaitable[str | None]],
+               known: dict[str, Mapping[str, Any]]) -> Callable[..., Awaitable[str | None]]:
+    """`processor`, keeping in `known` the last body of each object it processed and has not seen deleted."""
+    async def recording(*, raw_event: Mapping[str, Any], **rest: Any) -> str | None:
+        body = raw_event.get("object") or {}
+        uid = (body.get("metadata") or {}).get("uid")
+        if uid:
+            if raw_event.get("type") == "DELETED":
+                known.pop(uid, None)
+            else:
+                known[uid] = body
+        return await processor(raw_event=raw_event, **rest)
+
+    return recording
 
 
 async def _deleted(processor: Callable[..., Awaitable[Any]], resource: Any, namespace: str | None,
