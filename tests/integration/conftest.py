@@ -12,6 +12,7 @@ import pytest
 
 from tests.support import cluster_share as cluster_share_mod
 from tests.support import kueue as kueue_support
+from tests.support import private_cluster as private_cluster_mod
 from tests.support import release_users, scheduling
 from tests.support.cluster import Cluster
 from tests.support.operator_process import OperatorProcess, running_operator, token_kubeconfig
@@ -56,7 +57,7 @@ def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFac
         # Started while holding the cluster shared, as a test does: a disruptive test (it restarts the apiserver)
         # once did so while this operator was starting, and kopf, told by the restarting apiserver that none of
         # its kinds was served, never watched them (it rediscovers only when a CRD changes). The hold ends once
-        # the operator is ready; kopf's discovery follows within about a second, a window this does not close.
+        # the operator is ready, which it is only once kopf watches every kind it handles (kopf_watch.py).
         with cluster_share_mod.hold(cluster.kubeconfig, exclusive=False):
             kubeconfig = token_kubeconfig(cluster, RELEASE_NAMESPACE, shared.release, tmp / "kubeconfig")
             # Only the namespaces of the tests on it: the other cluster tests run alongside
@@ -82,3 +83,13 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     """In the process that started the run (not a pytest-xdist worker), once every worker is done."""
     if not hasattr(session.config, "workerinput"):
         kueue_support.stop_if_started_by_this_run()
+
+
+@pytest.fixture
+def private_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A private control plane's directory and the environment that names it (tests/support/private_cluster.py),
+    not brought up: the test does; brought down at the end whatever happened."""
+    cluster_dir = tmp_path / "cluster"
+    env = private_cluster_mod.environment(cluster_dir)
+    yield cluster_dir, env
+    private_cluster_mod.localcluster(env, "down")

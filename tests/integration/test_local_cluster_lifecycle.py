@@ -11,24 +11,16 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.support.ports import outside_ephemeral
+from tests.support.private_cluster import COMPONENTS, localcluster
 
 pytestmark = pytest.mark.cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(os.environ.get("PDFLEET_CACHE", Path.home() / ".cache" / "pdfleet")) / "bin"
-# Apart from the shared cluster's defaults, and below the ephemeral range.
-PORTS = {
-    "PDFLEET_ETCD_PORT": "24790", "PDFLEET_ETCD_PEER_PORT": "24800", "PDFLEET_APISERVER_PORT": "26443",
-    "PDFLEET_CONTROLLER_MANAGER_PORT": "24257", "PDFLEET_SCHEDULER_PORT": "24259", "PDFLEET_KWOK_PORT": "24247",
-    "PDFLEET_SIM_PORT": "24248", "PDFLEET_KUEUE_WEBHOOK_PORT": "24251", "PDFLEET_KUEUE_HEALTH_PORT": "24252",
-}
-COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok", "pdfleet-sim", "kueue"}
 SIM_PYTHON = str(ROOT / ".venv" / "bin" / "python")
 
 
@@ -48,20 +40,6 @@ def processes_of(cluster_dir: Path) -> list[str]:
         if str(cluster_dir) in cmdline and state not in ("Z", "X") and ours:
             found.append(cmdline)
     return found
-
-
-@pytest.fixture
-def private_cluster(tmp_path: Path) -> Iterator[tuple[Path, dict[str, str]]]:
-    env = os.environ | outside_ephemeral(PORTS) | {
-        "PDFLEET_CLUSTER_DIR": str(tmp_path / "cluster"), "PDFLEET_GPU_NODES": "1", "PDFLEET_CPU_NODES": "0"}
-    env.pop("PDFLEET_KUBECONFIG", None)
-    yield tmp_path / "cluster", env
-    subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), "down"], env=env, capture_output=True)
-
-
-def localcluster(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, str(ROOT / "hack" / "localcluster.py"), *args], env=env, text=True,
-                          capture_output=True, timeout=300)
 
 
 def pids(cluster_dir: Path) -> dict[str, str]:
