@@ -16,11 +16,13 @@ from typing import Any
 
 import kopf
 from aiohttp import web
+from kopf._cogs.structs import references
 from prometheus_client import start_http_server
 
 from pdfleet.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
     kopf_fixes,
+    kopf_watch,
     metrics,
 )
 from pdfleet.operator.api.scalars import parse_duration
@@ -70,6 +72,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--metrics-port", type=int, default=9090, help="Prometheus /metrics port (0 disables)")
     p.add_argument("--health-port", type=int, default=8080, help="/healthz and /readyz port (0 disables)")
     p.add_argument("--bind-address", default="0.0.0.0", help="address the metrics and health servers bind")
+    p.add_argument("--watch-deadline", type=_seconds, default=120.0, metavar="DURATION",
+                   help="how long kopf may watch fewer kinds than the operator handles (the API's discovery said "
+                   "they are not served: a restarting apiserver, a missing CRD) before /healthz fails, so that "
+                   "kubelet restarts the operator (default: 2m; /readyz fails at once)")
     p.add_argument("--runtime-image", help="image of the init container that brings pdfleet's runtime into "
                    "engine pods (default: the runtime image of this operator's version)")
     net = p.add_argument_group("network policies", "each pool's NetworkPolicies (docs/security.md)")
@@ -176,16 +182,21 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
         return elector is not None and not elector.is_leader
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.Response(text="ok: standby" if standby() else "ok")
+        if standby():
+            return web.Response(text="ok: standby")
+        why = state.watch.dead() if state.watch is not None else None
+        return web.Response(text=f"not alive: {why}" if why else "ok", status=503 if why else 200)
 
     async def readyz(_: web.Request) -> web.Response:
         # A standby is ready: it does what it should (nothing), and rollouts and `helm --wait` need it Ready.
         if elector is not None and standby():
             return web.Response(text=f"ok: standby, the leader is {elector.holder or 'not known yet'}")
         # The leader (or the only replica) is ready once kopf's startup handler has built the controller and started
-        # the workers. Not yet that kopf's discovery and first listings succeeded (docs/architecture.md).
-        ok = state.ready.is_set() and state.controller is not None
-        return web.Response(text="ok" if ok else "not ready", status=200 if ok else 503)
+        # the workers, and kopf watches every kind the operator handles (kopf_watch.py).
+        if not state.ready.is_set() or state.controller is None:
+            return web.Response(text="not ready: starting", status=503)
+        why = state.watch.missing() if state.watch is not None else None
+        return web.Response(text=f"not ready: {why}" if why else "ok", status=503 if why else 200)
 
     app = web.Application()
     app.router.add_get("/healthz", healthz)
@@ -199,11 +210,15 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
 async def run_kopf(state: OperatorState) -> None:
     options = state.options
     kopf_fixes.install()
+    insights = references.Insights()
+    state.watch = kopf_watch.WatchCoverage(insights, kopf_watch.watched_selectors(kopf.get_default_registry()),
+                                           deadline=options.watch_deadline)
     await kopf.operator(
         standalone=True,
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),
         memo=kopf.Memo(state=state),
+        insights=insights,
     )
 
 
@@ -269,7 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     options = Options(
         namespaces=tuple(args.namespace), kubeconfig=args.kubeconfig, workers=args.workers,
         resync_period=args.resync_period, metrics_port=args.metrics_port, health_port=args.health_port,
-        bind_address=args.bind_address, render=_render_settings(args),
+        bind_address=args.bind_address, watch_deadline=args.watch_deadline, render=_render_settings(args),
         leader_election=LeaderElection(namespace=args.leader_elect_namespace, name=args.leader_elect_id,
                                        identity=_identity(), timings=_timings(args)) if args.leader_elect else None,
     )

@@ -11,6 +11,7 @@ from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
+from pdfleet.operator.kopf_watch import WatchCoverage
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.render.context import Settings
@@ -35,6 +36,7 @@ class Options:
     metrics_port: int = 9090
     health_port: int = 8080
     bind_address: str = "0.0.0.0"
+    watch_deadline: float = 120.0  # seconds kopf may watch fewer kinds than the operator handles (kopf_watch.py)
     # What shapes rendered objects: the runtime image, NetworkPolicies.
     render: Settings = dataclasses.field(default_factory=Settings)
     owned_event_delay: float = 0.2  # seconds owned-object events wait to coalesce
@@ -56,6 +58,7 @@ class OperatorState:
     autoscaler: Autoscaler | None = None  # spec.autoscaling, after each health poll
     tasks: list[asyncio.Task[None]] = dataclasses.field(default_factory=list)
     ready: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    watch: WatchCoverage | None = None  # what kopf watches against what the handlers need; set when kopf starts
 
     def poke(self, key: PoolKey, *, urgent: bool = False) -> None:
         """A change to the pool itself: reconcile now; `urgent` (a spec not handled yet) before other work."""

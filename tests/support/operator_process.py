@@ -63,9 +63,13 @@ class OperatorProcess:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
-            return e.code, ""
+            return e.code, e.read().decode(errors="replace")
         except OSError:
             return 0, ""
+
+    def probe(self, path: str) -> tuple[int, str]:
+        """The operator's answer on its health port to `path` (/healthz, /readyz): status (0 if none) and body."""
+        return self._get(self.health_port, path)
 
     def wait_ready(self, timeout: float = 60) -> None:
         def ready() -> bool:
