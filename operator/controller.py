@@ -261,6 +261,10 @@ class Controller:
                               renders=self._renders, work=self._work(key) if self._work is not None else None,
                               gang_reasons=why)
         planned = time.perf_counter()
+        applied, deleting = self._applied.get(key), self._deleting.get(key)
+        if applied is None or deleting is None:
+            # Forgotten while this plan was made (the pool deleted, or its namespace going): nothing to write.
+            return "deleted"
         if on_planned is not None and not plan.empty:
             on_planned.set()  # what is left is writing: the worker may go on to the next pool
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
@@ -269,7 +273,6 @@ class Controller:
         secret = asyncio.ensure_future(write_secret()) if write_secret is not None else None
         if secret is not None:
             secret.add_done_callback(_retrieved)
-        applied, deleting = self._applied[key], self._deleting[key]
 
         failed: set[ObjectKey] = set()
         # Writes refused for good (refusals.is_refusal) are noted here, not raised: they go into the status.
@@ -347,7 +350,8 @@ class Controller:
         if status is not None and not deferred:
             await self._write_status(pool, status)
         events = await self._change_pool(key, pool, plan.pool_changes, events)
-        self._record_summary(key, status if status is not None and not deferred else pool.get("status"))
+        if key in self._applied:  # not forgotten since this reconcile began: a pool gone is not counted again
+            self._record_summary(key, status if status is not None and not deferred else pool.get("status"))
         await self._post_events(pool, events)
         if error is not None:
             raise error  # what may pass on its own is retried with backoff, refusals or not

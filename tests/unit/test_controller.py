@@ -306,6 +306,36 @@ async def test_a_deleted_pool_is_forgotten_and_nothing_is_written(kube: FakeKube
     assert sorted(objects_written(kube.take_writes())) == sorted(ROUTER_OBJECTS + GROUP_OBJECTS)
 
 
+@pytest.mark.parametrize("when", ["planning", "writing"])
+async def test_a_pool_forgotten_while_its_reconcile_runs_is_not_written_nor_counted_again(
+        kube: FakeKube, when: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its DELETED event (or its namespace going, operator/kopf_fixes.py) comes while a reconcile of it awaits the
+    API: that reconcile raised KeyError when it went on to its writes, and could count the pool again after."""
+    controller = executor(kube)
+    await settle(kube, controller)
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    if when == "planning":
+        prepare = controller.router_keys.prepare
+
+        async def forgotten_meanwhile(*args: Any, **kwargs: Any) -> Any:
+            controller.forget(KEY)
+            return await prepare(*args, **kwargs)
+        monkeypatch.setattr(controller.router_keys, "prepare", forgotten_meanwhile)
+    else:
+        write_status = controller._write_status
+
+        async def forgotten_meanwhile(*args: Any, **kwargs: Any) -> None:
+            await write_status(*args, **kwargs)
+            controller.forget(KEY)
+        monkeypatch.setattr(controller, "_write_status", forgotten_meanwhile)
+
+    await controller.reconcile(KEY)
+
+    if when == "planning":
+        assert kube.take_writes() == []
+    assert pools_by_phase() == {}
+
+
 def restarts_counted(reason: str) -> float:
     return sum(s.value for m in metrics.GROUP_RESTARTS.collect() for s in m.samples
                if s.name.endswith("_total") and s.labels["reason"] == reason)
