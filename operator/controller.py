@@ -129,6 +129,11 @@ class Controller:
         self.router_keys.forget(*key)
         self._summarise(key, None)
 
+    async def release_stranded(self, pods: list[Mapping[str, Any]]) -> None:
+        """Takes Kueue's finalizer off pods that hold nothing and whose pool is no longer reconciled: those of a
+        namespace being deleted, which the operator no longer watches (planning/gang_wait)."""
+        await self._kueue.release(pods, gang.FINALIZER)
+
     def wrote(self, key: PoolKey, resource_version: str | None) -> bool:
         """Whether `resource_version` is the pool as this process's last write of it (status or annotation) left it:
         its watch event is the echo of that write, which the next reconcile covers, not news."""

@@ -214,8 +214,13 @@ def _register_owned(group: str, version: str, plural: str, kind: str) -> None:
 
     async def on_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
         pool = cache_mod.owning_pool(event["object"].get("metadata", {}))
+        pod = kind == "Pod"
+        if pod and event["type"] == "DELETED" and gang_wait.stranded_with_its_namespace(event["object"]):
+            state: OperatorState = memo["state"]
+            if state.controller is not None:  # its namespace is going and no reconcile will see the pod again
+                await state.controller.release_stranded([event["object"]])
+            return
         if pool:
-            pod = kind == "Pod"
             memo["state"].poke_soon((event["object"]["metadata"]["namespace"], pool),
                                     health=pod and _pod_news_for_health(event),
                                     stranded=pod and bool(gang_wait.stranded([event["object"]])))

@@ -52,10 +52,20 @@ def stranded(pods: Iterable[Body]) -> list[Body]:
     namespace with them). A group's replacement (a rollout, a fixed queue name) would wait for them for ever too.
     Such a pod holds no quota, no node and no process: the operator takes the finalizer off (kube/kueue.py). A
     pod still running is left to Kueue, which releases it when the pod stops."""
-    return [p for p in pods if p["metadata"].get("deletionTimestamp")
-            and gang.FINALIZER in (p["metadata"].get("finalizers") or [])
-            and ((gated(p) and not (p.get("spec") or {}).get("nodeName"))
-                 or (p.get("status") or {}).get("phase") in ("Succeeded", "Failed"))]
+    return [p for p in pods if p["metadata"].get("deletionTimestamp") and _kept_by_kueue_for_nothing(p)]
+
+
+def stranded_with_its_namespace(pod: Body) -> bool:
+    """Whether a pod the operator last saw before its namespace's deletion began would be `stranded`: the operator
+    then hears of it once more, as deleted, with the body it last saw (operator/kopf_fixes.py), and never again.
+    A pod really gone never carries a finalizer, so only such a pod can be both deleted and held by Kueue."""
+    return _kept_by_kueue_for_nothing(pod)
+
+
+def _kept_by_kueue_for_nothing(pod: Body) -> bool:
+    return gang.FINALIZER in (pod["metadata"].get("finalizers") or []) and (
+        (gated(pod) and not (pod.get("spec") or {}).get("nodeName"))
+        or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"))
 
 
 def unscheduled(pods: list[Body]) -> str | None:

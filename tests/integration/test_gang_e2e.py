@@ -112,6 +112,21 @@ def test_a_pool_whose_queue_does_not_exist_says_so(cluster: Cluster, operator: O
     delete_unadmitted(cluster, namespace, "lost")
 
 
+def test_a_namespace_deleted_with_a_gang_kueue_never_admitted_goes(cluster: Cluster, operator: OperatorProcess,
+                                                                    namespace: str, kueue: None) -> None:
+    """Deleting the namespace, not the pool: the operator stops watching it (kopf does, at the namespace
+    controller's first status write) while its pods still wait at Kueue's gate with Kueue's finalizer, which Kueue
+    never takes off a pod it never admitted. Seen: the namespace Terminating for good, a prefill pod kept. The
+    operator hears of each pod once more as deleted (operator/kopf_fixes.py) and takes the finalizer off."""
+    lost = {"scheduling": {"gang": {"queueName": "nosuch"}}}
+    fleet.apply_pool(cluster, namespace, "lost", prefill={"replicas": 1, **lost}, decode={"replicas": 1, **lost})
+    wait_for("both groups' pods at Kueue's gate", lambda: len(
+        [p for p in fleet.engine_pods(cluster, namespace, "lost") if kq.gated(p)]) == 2, timeout=120)
+    cluster.kubectl("delete", "namespace", namespace, "--wait=false")
+    wait_for(f"namespace {namespace} gone", timeout=120,
+             probe=lambda: cluster.kubectl("get", "namespace", namespace, check=False).returncode != 0)
+
+
 def delete_unadmitted(cluster: Cluster, namespace: str, name: str) -> None:
     """Deletes pool `name`, whose pods Kueue never admitted, and waits for them to go. Kueue v0.17 keeps its
     finalizer on the deleted, still gated pods of a serving group it never admitted (its Workload is deleted,
