@@ -202,9 +202,6 @@ def webhook_answers() -> bool:
     return any(g["name"] == SCHEDULING_GATE for g in gates)
 
 
-ANSWER_PATIENCE_S = 60.0  # how long `up` waits for a running Kueue to answer before it restarts it
-
-
 def running() -> int | None:
     return lc._alive_pid(NAME, binary())
 
@@ -214,18 +211,11 @@ def up() -> None:
         raise lc.ClusterError("PDFLEET_KUBECONFIG names an external cluster: install Kueue there yourself "
                               "(its release manifests), this tool runs it only against the local control plane")
     check_installed()
-    if (pid := running()) is not None:
-        # A running Kueue slow to answer (a busy machine) is waited for, not restarted: a restart refuses every
-        # queue write of whoever uses it meanwhile (a test module's `up` once broke another module's test so).
-        deadline = time.monotonic() + ANSWER_PATIENCE_S
-        while running() == pid:
-            if healthy() and webhook_answers():
-                lc.say(f"kueue {version()} already running (pid {pid})")
-                return
-            if time.monotonic() > deadline:
-                lc.say(f"kueue (pid {pid}) did not answer for {ANSWER_PATIENCE_S:.0f} s: restarting it")
-                break
-            time.sleep(1)
+    # A running Kueue slow to answer (a busy machine) is waited for, not restarted: a restart refuses every queue
+    # write of whoever uses it meanwhile (a test module's `up` once broke another module's test so).
+    if lc.alive_and_answering(NAME, binary(), lambda: healthy() and webhook_answers()):
+        lc.say(f"kueue {version()} already running (pid {running()})")
+        return
     lc._stop(NAME, binary())
     started = time.monotonic()
     install_api()

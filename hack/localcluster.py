@@ -462,16 +462,16 @@ def check_binaries(ports: Ports) -> None:
 ANSWER_PATIENCE_S = 60.0  # how long `up` waits for a running component to answer before it restarts it
 
 
-def _alive_and_answering(c: Component) -> bool:
-    """Whether `c` runs and answers, waiting for one that runs but is slow to (a busy machine): restarting it would
-    fail whatever uses it meanwhile, and a restarted etcd starts empty."""
-    pid = _alive_pid(c.name, c.program)
+def alive_and_answering(name: str, program: Path, ready: Callable[[], bool]) -> bool:
+    """Whether our `name` runs and answers (`ready`), waiting for one that runs but is slow to (a busy machine):
+    restarting it would fail whatever uses it meanwhile, and a restarted etcd starts empty."""
+    pid = _alive_pid(name, program)
     deadline = time.monotonic() + ANSWER_PATIENCE_S
-    while pid is not None and _alive_pid(c.name, c.program) == pid:
-        if c.ready():
+    while pid is not None and _alive_pid(name, program) == pid:
+        if ready():
             return True
         if time.monotonic() > deadline:
-            say(f"{c.name} (pid {pid}) did not answer for {ANSWER_PATIENCE_S:.0f} s: restarting it")
+            say(f"{name} (pid {pid}) did not answer for {ANSWER_PATIENCE_S:.0f} s: restarting it")
             return False
         time.sleep(1)
     return False
@@ -490,7 +490,7 @@ def up() -> None:
     write_kubeconfig(ports)
     started = 0
     for c in components(ports):
-        if _alive_and_answering(c):
+        if alive_and_answering(c.name, c.program, c.ready):
             continue
         _stop(c.name, c.program)  # a process that is ours but does not answer is restarted
         if c.name == "etcd":
