@@ -36,7 +36,7 @@ from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
-from pdfleet.operator.render import gang, stamp
+from pdfleet.operator.render import gang, router_secret, stamp
 from pdfleet.operator.render.context import Settings
 from pdfleet.operator.workqueue import Retry
 
@@ -334,7 +334,8 @@ class Controller:
                 if rotated:
                     key_events = (Event("Normal", "RouterKeyRotated",
                                         f"router control-plane key rotated to {keys.current}; the router pods "
-                                        f"restart to take it, the old key stays valid until they have"),)
+                                        f"restart to take it, the old key stays valid until they have",
+                                        about=(("Secret", router_secret.secret_name(key[1])),)),)
         for restart in plan.restarted:
             if not failed & set(restart.pods):
                 metrics.GROUP_RESTARTS.labels(reason=restart.cause).inc()
@@ -349,11 +350,15 @@ class Controller:
             log.warning("%s/%s: %s", key[0], key[1], refusals.describe(refused),
                         extra={"pool": key[1], "namespace": key[0]})
         elif error is not None:
-            await self._post_events(pool, events)
+            await self._post_events(pool, _acts_done(key, events))
             raise error
         deferred = status is not None and not refused and self._deferred(key, pool, plan)
         if status is not None and not deferred:
-            await self._write_status(pool, status)
+            try:
+                await self._write_status(pool, status)
+            except KubeError:
+                await self._post_events(pool, _acts_done(key, events))
+                raise
         events = await self._change_pool(key, pool, plan.pool_changes, events)
         if key in self._applied:  # not forgotten since this reconcile began: a pool gone is not counted again
             self._record_summary(key, status if status is not None and not deferred else pool.get("status"))
@@ -466,6 +471,18 @@ _CREATED = {"Pod"}
 
 # What a reconcile writes only once the router-key Secret holds the key it names (`RouterKeys.prepare`).
 _NEEDS_ROUTER_KEY = {"Deployment"}
+
+
+def _acts_done(key: PoolKey, events: tuple[Event, ...]) -> tuple[Event, ...]:
+    """The Events to post when a reconcile fails before its status is written: those reporting object writes that
+    were made (`about`, none failed: filtered already). They are true, and the retry will not make those writes
+    again, so it will not say them again. Events that say what the status says (no `about`: PoolReady, Scaled,
+    RolloutSurgeUnschedulable...) wait for the retry, which plans them again from the same previous status:
+    posted now, they were posted twice (seen in this suite's runs); and a replacement's Event was lost when the
+    status write after it was refused (409), seen there too. Changes to the pool itself come after the status: they
+    were not made."""
+    pool = ("InferencePool", key[1])
+    return tuple(e for e in events if e.about and pool not in e.about)
 
 
 def _retrieved(task: asyncio.Future[None]) -> None:

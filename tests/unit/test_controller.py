@@ -267,6 +267,48 @@ async def test_a_scale_down_deletes_with_the_uid_precondition_and_waits_for_term
     await settle(kube, controller)
 
 
+def reasons(kube: FakeKube) -> list[str]:
+    return sorted(e["reason"] for e in kube.of_kind("Event", "ns"))
+
+
+async def test_a_status_write_refused_after_a_scale_down_still_says_the_deletion_once_and_the_scale_once(
+        kube: FakeKube) -> None:
+    """The group's deletion is made and will not be made again: its Event is posted although the status write
+    after it fails. 'Scaled' says what the status says: it waits for the retry (before: GroupDeleted lost)."""
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    controller = executor(kube)
+    await settle(kube, controller)
+    before = reasons(kube)
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=1))
+    kube.fail("status", status=409)
+
+    with pytest.raises(Retry):
+        await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "delete") == [("Pod", "tiny-decode-1-0")]
+    assert reasons(kube) == sorted([*before, "GroupDeleted"])
+
+    await settle(kube, controller)
+    assert reasons(kube) == sorted([*before, "GroupDeleted", "Scaled"])
+
+
+async def test_a_failed_write_holds_back_the_events_the_status_says_and_the_retry_says_them_once(
+        kube: FakeKube) -> None:
+    """A scale-up whose new pod is refused for now: 'Scaled' is not posted with the failure (the retry plans it
+    again from the same previous status: before, it was posted twice)."""
+    controller = executor(kube)
+    await settle(kube, controller)
+    before = reasons(kube)
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    kube.fail("create", kind="Pod", name="tiny-decode-1-0", status=500)
+
+    with pytest.raises(Retry):
+        await controller.reconcile(KEY)
+    assert reasons(kube) == before
+
+    await settle(kube, controller)
+    assert reasons(kube) == sorted([*before, "GroupCreated", "Scaled"])
+
+
 async def test_a_lost_event_does_not_fail_the_reconcile(kube: FakeKube) -> None:
     kube.fail("create", kind="Event", status=500, times=2)
 
