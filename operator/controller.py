@@ -280,6 +280,7 @@ class Controller:
             secret.add_done_callback(_retrieved)
 
         failed: set[ObjectKey] = set()
+        made: set[ObjectKey] = set()  # writes the API took: what a failed reconcile's Events may report
         # Writes refused for good (refusals.is_refusal) are noted here, not raised: they go into the status.
         refused: list[refusals.Refusal] = []
 
@@ -303,6 +304,7 @@ class Controller:
                     raise retried from None
                 raise Refused from e
             applied[key_] = (stamp.applied_hash(obj) or "", time.monotonic())
+            made.add(key_)
 
         async def delete(ref: ObjectRef) -> None:
             try:
@@ -314,6 +316,7 @@ class Controller:
                     raise retried from None
                 raise Refused from e
             deleting[(ref.kind, ref.name)] = time.monotonic()
+            made.add((ref.kind, ref.name))
             applied.pop((ref.kind, ref.name), None)
 
         # Events are posted for what succeeded even when something failed, then the first failure is raised.
@@ -331,6 +334,7 @@ class Controller:
             except KubeError as e:
                 error = error or e
             else:
+                made.add(("Secret", router_secret.secret_name(key[1])))
                 if rotated:
                     key_events = (Event("Normal", "RouterKeyRotated",
                                         f"router control-plane key rotated to {keys.current}; the router pods "
@@ -350,14 +354,14 @@ class Controller:
             log.warning("%s/%s: %s", key[0], key[1], refusals.describe(refused),
                         extra={"pool": key[1], "namespace": key[0]})
         elif error is not None:
-            await self._post_events(pool, _acts_done(key, events))
+            await self._post_events(pool, _acts_done(events, made))
             raise error
         deferred = status is not None and not refused and self._deferred(key, pool, plan)
         if status is not None and not deferred:
             try:
                 await self._write_status(pool, status)
             except KubeError:
-                await self._post_events(pool, _acts_done(key, events))
+                await self._post_events(pool, _acts_done(events, made))
                 raise
         events = await self._change_pool(key, pool, plan.pool_changes, events)
         if key in self._applied:  # not forgotten since this reconcile began: a pool gone is not counted again
@@ -473,16 +477,15 @@ _CREATED = {"Pod"}
 _NEEDS_ROUTER_KEY = {"Deployment"}
 
 
-def _acts_done(key: PoolKey, events: tuple[Event, ...]) -> tuple[Event, ...]:
-    """The Events to post when a reconcile fails before its status is written: those reporting object writes that
-    were made (`about`, none failed: filtered already). They are true, and the retry will not make those writes
-    again, so it will not say them again. Events that say what the status says (no `about`: PoolReady, Scaled,
+def _acts_done(events: tuple[Event, ...], made: set[ObjectKey]) -> tuple[Event, ...]:
+    """The Events to post when a reconcile fails before its status is written: those reporting writes the API took
+    (`about`, all of it in `made`; not a write left undone behind a failed one, nor a change to the pool itself,
+    which comes after the status). They are true, and the retry will not make those writes again, so it will not
+    say them again. Events that say what the status says (no `about`: PoolReady, Scaled,
     RolloutSurgeUnschedulable...) wait for the retry, which plans them again from the same previous status:
     posted now, they were posted twice (seen in this suite's runs); and a replacement's Event was lost when the
-    status write after it was refused (409), seen there too. Changes to the pool itself come after the status: they
-    were not made."""
-    pool = ("InferencePool", key[1])
-    return tuple(e for e in events if e.about and pool not in e.about)
+    status write after it was refused (409), seen there too."""
+    return tuple(e for e in events if e.about and set(e.about) <= made)
 
 
 def _retrieved(task: asyncio.Future[None]) -> None:

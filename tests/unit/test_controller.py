@@ -309,6 +309,26 @@ async def test_a_failed_write_holds_back_the_events_the_status_says_and_the_retr
     assert reasons(kube) == sorted([*before, "GroupCreated", "Scaled"])
 
 
+async def test_a_deletion_left_undone_behind_a_failed_write_is_not_said(kube: FakeKube) -> None:
+    """The scale-down's deletion waits for the objects' writes; one of them fails, so the deletion is not made,
+    and its Event must not say it was (before: posted, as nothing about it had failed)."""
+    kube.update("InferencePool", *KEY, lambda p: p["spec"]["decode"].update(replicas=2))
+    controller = executor(kube)
+    await settle(kube, controller)
+    before = reasons(kube)
+    kube.update("InferencePool", *KEY, lambda p: (p["spec"]["decode"].update(replicas=1),
+                                                   p["spec"].update(router={"replicas": 3})))
+    kube.fail("apply", kind="Deployment", name="tiny-router", status=500)
+
+    with pytest.raises(Retry):
+        await controller.reconcile(KEY)
+    assert what(kube.take_writes(), "delete") == []
+    assert reasons(kube) == before
+
+    await settle(kube, controller)
+    assert reasons(kube) == sorted([*before, "GroupDeleted", "Scaled"])
+
+
 async def test_a_lost_event_does_not_fail_the_reconcile(kube: FakeKube) -> None:
     kube.fail("create", kind="Event", status=500, times=2)
 
