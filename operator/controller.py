@@ -482,9 +482,9 @@ def _acts_done(events: tuple[Event, ...], made: set[ObjectKey]) -> tuple[Event, 
     (`about`, all of it in `made`; not a write left undone behind a failed one, nor a change to the pool itself,
     which comes after the status). They are true, and the retry will not make those writes again, so it will not
     say them again. Events that say what the status says (no `about`: PoolReady, Scaled,
-    RolloutSurgeUnschedulable...) wait for the retry, which plans them again from the same previous status:
-    posted now, they were posted twice (seen in this suite's runs); and a replacement's Event was lost when the
-    status write after it was refused (409), seen there too."""
+    RolloutSurgeUnschedulable...) wait for the retry, which plans them again from the same previous status (posted
+    now, the retry would post them again). A replacement's Event was lost when the status write after it was
+    refused (409): seen in this suite's runs."""
     return tuple(e for e in events if e.about and set(e.about) <= made)
 
 
