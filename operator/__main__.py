@@ -16,13 +16,11 @@ from typing import Any
 
 import kopf
 from aiohttp import web
-from kopf._cogs.structs import references
 from prometheus_client import start_http_server
 
 from pdfleet.operator import (
     handlers,  # noqa: F401  (registers the kopf handlers)
-    kopf_fixes,
-    kopf_watch,
+    kopf_support,
     metrics,
 )
 from pdfleet.operator.api.scalars import parse_duration
@@ -208,6 +206,12 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
 
 
 async def run_kopf(state: OperatorState) -> None:
+    # kopf's private modules, imported only once main() has checked the installed kopf is one they were written
+    # for (kopf_support.py): another version may not have them.
+    from kopf._cogs.structs import references
+
+    from pdfleet.operator import kopf_fixes, kopf_watch
+
     options = state.options
     kopf_fixes.install()
     insights = references.Insights()
@@ -278,7 +282,16 @@ async def run(options: Options) -> None:
             await client.close()
 
 
+# Exit status when the installed kopf is not one the operator's fixes to it were written for.
+EXIT_UNSUPPORTED_KOPF = 2
+
+
 def main(argv: list[str] | None = None) -> int:
+    # Before anything else (arguments included): a kopf the fixes were not written for is refused with one message.
+    why = kopf_support.problem()
+    if why is not None:
+        print(f"pdfleet-operator: refusing to start: {why}", file=sys.stderr)
+        return EXIT_UNSUPPORTED_KOPF
     args = parse_args(argv)
     configure_logging(args.log_format, args.log_level)
     options = Options(

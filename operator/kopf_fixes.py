@@ -34,6 +34,8 @@ from typing import Any
 
 from kopf._core.reactor import orchestration, queueing
 
+from pdfleet.operator import kopf_support
+
 log = logging.getLogger(__name__)
 
 _INSTALLED = "_pdfleet_fixed"
@@ -125,7 +127,9 @@ def _terminator(run: Callable[..., Awaitable[None]]) -> Callable[..., Awaitable[
 
 def install() -> None:
     """Wraps kopf's watcher, per-object worker and the orchestrator's terminate_redundancies (each looked up by
-    name when it is called); idempotent."""
+    name when it is called); idempotent. Installs nothing, and raises kopf_support.UnsupportedKopf, on a kopf
+    these fixes were not written for (another version, or any of the functions they rely on changed)."""
+    kopf_support.require()
     for module, name, fix in ((queueing, "watcher", _watcher), (queueing, "worker", _worker),
                               (orchestration, "terminate_redundancies", _terminator)):
         run = getattr(module, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from typing import TYPE_CHECKING
 
 from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import Cache, PoolKey
@@ -11,12 +12,14 @@ from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
-from pdfleet.operator.kopf_watch import WatchCoverage
 from pdfleet.operator.kube.client import KubeClient
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.render.context import Settings
 from pdfleet.operator.role_scaler import RoleScaler
 from pdfleet.operator.workqueue import WorkQueue
+
+if TYPE_CHECKING:  # kopf_watch imports kopf's private modules: only after kopf_support accepted kopf (__main__.py)
+    from pdfleet.operator.kopf_watch import WatchCoverage
 
 
 @dataclasses.dataclass(frozen=True)
