@@ -1,7 +1,8 @@
 """Why an engine group whose pods exist but do not run is waiting: for Kueue to admit its gang (its pods carry
 Kueue's admission gate: none binds or holds a GPU until the whole group is admitted), or, admitted or not
-gang-scheduled, for a node (kube-scheduler found none). Said in the group's status message, and once in an
-Event when the group starts waiting. Pure.
+gang-scheduled, for a node (kube-scheduler found none), or, placed, for an image its node cannot pull. Said in
+the group's status message, and once in an Event when the group starts waiting (a Warning for an image: no
+wait ends that by itself). Pure.
 
 Why Kueue has not admitted a gang is on its Workload (condition QuotaReserved=False: quota short in the queue,
 no such LocalQueue, no topology domain with room), not on the pods; `reasons` carries what was read there, by
@@ -19,7 +20,12 @@ from pdfleet.operator.render import gang, labels
 Body = dict[str, Any]
 FOR_GANG = "waiting for Kueue to admit its gang"
 FOR_NODE = "waiting for a node"
+FOR_IMAGE = "waiting for an image"
 EVENT_REASON = "GroupWaiting"
+IMAGE_EVENT_REASON = "ImagePullFailed"
+# The kubelet's waiting reasons of a container whose image it could not get (pkg/kubelet/images/types.go).
+PULL_FAILURES = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "ErrImageNeverPull",
+                           "RegistryUnavailable", "ErrImageInspect", "SignatureValidationFailed"})
 # Kueue v0.17's QuotaReserved=False message when its scheduler found no room for the gang: quota short in the
 # queue's flavors or no topology domain that holds it (pkg/scheduler/flavorassigner Assignment.Message). Other
 # refusals (no such or an inactive queue, a namespace the ClusterQueue does not select) are no shortage of room.
@@ -78,6 +84,20 @@ def unscheduled(pods: list[Body]) -> str | None:
     return None
 
 
+def image_pull(pods: list[Body]) -> str | None:
+    """The first container (init containers first) whose image its node could not pull: which pod, which
+    container, which image, and the kubelet's reason and message."""
+    for pod in pods:
+        status = pod.get("status") or {}
+        for c in [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]:
+            waiting = (c.get("state") or {}).get("waiting") or {}
+            if waiting.get("reason") in PULL_FAILURES:
+                detail = f": {waiting['message']}" if waiting.get("message") else ""
+                return (f"container {c.get('name')} of pod {pod['metadata'].get('name')} (image {c.get('image')}): "
+                        f"{waiting['reason']}{detail}")
+    return None
+
+
 def no_room(pods: list[Body], reasons: Mapping[str, str]) -> str | None:
     """Kueue's reason when it holds the group's gang for want of room (quota or a topology domain), not for a
     queue it cannot find or while it preempts to make room; None otherwise. `reasons`: as for `message`."""
@@ -103,15 +123,28 @@ def message(pods: list[Body], size: int, reasons: Mapping[str, str] | None = Non
                 (f": {why}" if why else "; no pod of it binds or holds a GPU until all are admitted"))
     if (why := unscheduled(live)) is not None:
         return f"{FOR_NODE}: {why}"
+    if (why := image_pull(live)) is not None:
+        return f"{FOR_IMAGE}: {why}"
     return None
 
 
 def is_waiting(text: str | None) -> bool:
-    return bool(text) and (FOR_GANG in text or FOR_NODE in text)
+    return bool(text) and (FOR_GANG in text or FOR_NODE in text or FOR_IMAGE in text)
+
+
+def _for_image(text: str | None) -> bool:
+    return bool(text) and FOR_IMAGE in str(text)
 
 
 def events(groups: Iterable[GroupStatus], previous: InferencePoolStatus) -> list[Event]:
-    """One Event per group that waits now and did not at the last status (an operator restart posts none)."""
+    """One Event per group that waits now and did not at the last status (an operator restart posts none); a
+    Warning when what it waits for is an image, which no wait brings (the kubelet retries, with backoff, what
+    someone must fix), once however often the kubelet's reason turns between ErrImagePull and ImagePullBackOff."""
     before = {g.name: g.message for g in previous.groups}
-    return [Event("Normal", EVENT_REASON, f"group {g.name} {g.message}") for g in groups
-            if is_waiting(g.message) and not is_waiting(before.get(g.name))]
+    out = []
+    for g in groups:
+        if _for_image(g.message) and not _for_image(before.get(g.name)):
+            out.append(Event("Warning", IMAGE_EVENT_REASON, f"group {g.name} {g.message}"))
+        elif is_waiting(g.message) and not _for_image(g.message) and not is_waiting(before.get(g.name)):
+            out.append(Event("Normal", EVENT_REASON, f"group {g.name} {g.message}"))
+    return out

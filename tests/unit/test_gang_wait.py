@@ -74,6 +74,39 @@ def test_the_waiting_message_carries_kueue_s_reason_and_a_node_wait_names_the_sc
     assert gang_wait.message([{**placed, "status": {}}], 2) is None
 
 
+def pulling(reason: str, init: bool = False) -> Body:
+    failed = 'failed to pull "ghcr.io/pdfleet/nosuch:1": not found'
+    status = {"name": "runtime" if init else "engine", "image": "ghcr.io/pdfleet/nosuch:1",
+              "state": {"waiting": {"reason": reason, "message": failed}}}
+    key = "initContainerStatuses" if init else "containerStatuses"
+    return {"metadata": {"name": "p-decode-0-0"}, "spec": {"nodeName": "n"}, "status": {key: [status]}}
+
+
+def test_an_image_its_node_cannot_pull_is_named_with_the_kubelet_s_reason() -> None:
+    assert gang_wait.message([pulling("ErrImagePull")], 1) == (
+        "waiting for an image: container engine of pod p-decode-0-0 (image ghcr.io/pdfleet/nosuch:1): ErrImagePull: "
+        'failed to pull "ghcr.io/pdfleet/nosuch:1": not found')
+    assert "container runtime of pod" in (gang_wait.message([pulling("ImagePullBackOff", init=True)], 1) or "")
+    # Waiting for another reason (the container is being created) is no image problem
+    assert gang_wait.message([pulling("ContainerCreating")], 1) is None
+
+
+def test_an_image_wait_is_one_warning_however_the_kubelet_s_reason_turns() -> None:
+    def status(message: str) -> InferencePoolStatus:
+        return InferencePoolStatus.model_validate({"groups": [
+            {"name": "g", "role": "decode", "revision": "r", "message": message}]})
+
+    first = status(f"Starting; {gang_wait.message([pulling('ErrImagePull')], 1)}")
+    said = gang_wait.events(first.groups, status("Starting: 0/1 pod(s) ready"))
+    assert [(e.type, e.reason) for e in said] == [("Warning", "ImagePullFailed")]
+    assert "ghcr.io/pdfleet/nosuch:1" in said[0].message
+    backoff = status(f"Starting; {gang_wait.message([pulling('ImagePullBackOff')], 1)}")
+    assert gang_wait.events(backoff.groups, first) == []
+    # A group that waited for a node and now waits for an image is told about: the new wait needs a person
+    node_wait = status(f"Starting; {gang_wait.FOR_NODE}: 0/4 nodes fit")
+    assert [e.reason for e in gang_wait.events(first.groups, node_wait)] == ["ImagePullFailed"]
+
+
 def test_an_operator_restart_does_not_say_it_again() -> None:
     status = InferencePoolStatus.model_validate({"groups": [
         {"name": "g", "role": "decode", "revision": "r", "message": f"Starting; {gang_wait.FOR_GANG} of 2"}]})
