@@ -75,7 +75,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "they are not served: a restarting apiserver, a missing CRD) before /healthz fails, so that "
                    "kubelet restarts the operator (default: 2m; /readyz fails at once)")
     p.add_argument("--runtime-image", help="image of the init container that brings pdfleet's runtime into "
-                   "engine pods (default: the runtime image of this operator's version)")
+                   "engine pods, e.g. REPO:TAG or REPO@sha256:... (the chart passes its runtime.image; default: "
+                   f"{DEFAULT_RUNTIME_IMAGE})")
     net = p.add_argument_group("network policies", "each pool's NetworkPolicies (docs/security.md)")
     net.add_argument("--network-policies", choices=["true", "false"], default="true",
                      help="render NetworkPolicies for pools that do not say (spec.networkPolicy.enabled); "

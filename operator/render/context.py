@@ -7,6 +7,9 @@ from typing import Any
 
 from pdfleet.operator.api import meta
 
+# The runtime image an operator run without --runtime-image gives engine pods. The chart always passes
+# --runtime-image (its runtime.image value), and its default is this same reference (charts/pdfleet/values.yaml,
+# tag = the chart's appVersion); tests/unit/test_chart.py asserts they agree.
 DEFAULT_RUNTIME_IMAGE = "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"
 DEFAULT_OPERATOR_NAMESPACE = "pdfleet-system"
 # The chart's operator pods carry these (its selector labels, less the release's instance).

@@ -10,6 +10,7 @@ import functools
 import os
 import re
 import subprocess
+import tomllib
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,13 @@ def test_the_chart_passes_strict_lint(scenario: str) -> None:
     ({"healthPort": 0}, "/healthPort'"),
     ({"watchNamespaces": ["Not_A_Namespace"]}, "/watchNamespaces/0'"),
     ({"resources": {"limits": {"memory": "lots"}}}, "/resources/limits/memory'"),
+    ({"image": {"digest": "sha256:abc"}}, "/image/digest'"),
+    ({"image": {"digest": "deadbeef" * 8}}, "/image/digest'"),
+    ({"runtime": {"image": {"digest": "sha256:" + "A" * 64}}}, "/runtime/image/digest'"),
+    ({"runtime": {"image": {"digest": "sha512:" + "a" * 64}}}, "/runtime/image/digest'"),
+    ({"runtime": {"image": {"repository": "ghcr.io/pdfleet/pdfleet-runtime:0.1.0"}}}, "/runtime/image/repository'"),
+    ({"runtime": {"image": {"tag": "0.1.0@sha256:" + "a" * 64}}}, "/runtime/image/tag'"),
+    ({"runtime": {"imag": {}}}, "additional properties 'imag' not allowed"),
 ])
 def test_a_bad_value_is_rejected_by_the_schema_with_a_message_naming_it(values: dict[str, Any],
                                                                          message: str) -> None:
@@ -296,6 +304,76 @@ def test_with_leader_election_a_rollout_starts_a_standby_before_it_stops_the_lea
 
 def test_the_image_tag_defaults_to_the_app_version() -> None:
     assert operator_container()["image"].endswith(":0.1.0")
+
+
+# --- the images ------------------------------------------------------------------------------------------------
+
+DIGEST = "sha256:" + "0123456789abcdef" * 4
+
+
+def app_version() -> str:
+    return yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+
+
+def operator_container_of(values: dict[str, Any]) -> dict[str, Any]:
+    (container,) = one(documents(template(values).stdout), "Deployment")["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def runtime_image_arg(values: dict[str, Any]) -> str:
+    (arg,) = [a for a in operator_container_of(values)["args"] if a.startswith("--runtime-image=")]
+    return arg.removeprefix("--runtime-image=")
+
+
+def test_the_defaults_name_the_images_this_project_builds_at_the_charts_app_version() -> None:
+    version = app_version()
+    assert version == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert operator_container()["image"] == f"ghcr.io/pdfleet/pdfleet-operator:{version}"
+    assert runtime_image_arg({}) == f"ghcr.io/pdfleet/pdfleet-runtime:{version}"
+
+
+def test_the_chart_and_the_operator_default_to_the_same_runtime_image_and_the_chart_always_passes_it() -> None:
+    """One source of truth: the chart passes --runtime-image whatever its values, and an operator started without
+    the flag (out of cluster, by hand) uses the same image the chart's defaults name."""
+    from pdfleet.operator.__main__ import _render_settings, parse_args
+    from pdfleet.operator.render.context import DEFAULT_RUNTIME_IMAGE
+
+    assert runtime_image_arg({}) == DEFAULT_RUNTIME_IMAGE
+    assert _render_settings(parse_args([])).runtime_image == DEFAULT_RUNTIME_IMAGE
+    for scenario in SCENARIOS:
+        deployments = of_kind(render(scenario), "Deployment")
+        assert all(any(a.startswith("--runtime-image=") for a in d["spec"]["template"]["spec"]["containers"][0]["args"])
+                   for d in deployments), scenario
+
+
+@pytest.mark.parametrize(("image", "reference"), [
+    ({}, "{repo}:{version}"),
+    ({"tag": "0.2.0"}, "{repo}:0.2.0"),
+    ({"digest": DIGEST}, "{repo}@" + DIGEST),
+    ({"tag": "0.2.0", "digest": DIGEST}, "{repo}:0.2.0@" + DIGEST),
+    ({"repository": "127.0.0.1:5000/mirror/img", "digest": DIGEST}, "127.0.0.1:5000/mirror/img@" + DIGEST),
+])
+def test_an_image_renders_with_its_tag_and_digest(image: dict[str, str], reference: str) -> None:
+    """Both images follow the same rule: a digest pins (the tag shown only when given), else tag or appVersion."""
+    version = app_version()
+    repo = image.get("repository")
+    assert operator_container_of({"image": image})["image"] == reference.format(
+        repo=repo or "ghcr.io/pdfleet/pdfleet-operator", version=version)
+    assert runtime_image_arg({"runtime": {"image": image}}) == reference.format(
+        repo=repo or "ghcr.io/pdfleet/pdfleet-runtime", version=version)
+
+
+def test_the_runtime_image_the_chart_passes_reaches_the_engine_pods_init_container() -> None:
+    from pdfleet.operator.__main__ import _render_settings, parse_args
+    from pdfleet.operator.render.context import RenderContext
+
+    pinned = f"127.0.0.1:5000/pdfleet/pdfleet-runtime:0.1.0@{DIGEST}"
+    args = operator_container_of({"runtime": {"image": {"repository": "127.0.0.1:5000/pdfleet/pdfleet-runtime",
+                                                        "tag": "0.1.0", "digest": DIGEST}}})["args"]
+    settings = _render_settings(parse_args(args))
+    assert settings.runtime_image == pinned
+    body = {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}
+    assert RenderContext.of(body, settings).runtime_image == pinned  # what render/engine_group.py puts in the pod
 
 
 def test_the_deployment_can_be_disabled_or_scaled_to_zero_while_the_account_and_rbac_stay() -> None:

@@ -57,13 +57,32 @@ app.kubernetes.io/component: operator
 {{- end }}
 {{- end }}
 
-{{/* The operator image reference: repository, then @digest if set, else :tag (default: appVersion). */}}
-{{- define "pdfleet.image" -}}
-{{- if .Values.image.digest }}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{/*
+An image reference from {repository, tag, digest} and the chart (as "image" and "chart" of a dict): with a
+digest, repository[:tag]@digest (the tag only when given; the digest decides what runs); without one,
+repository:tag, the tag defaulting to the chart's appVersion.
+*/}}
+{{- define "pdfleet.imageRef" -}}
+{{- $image := .image }}
+{{- if $image.digest }}
+{{- if $image.tag }}
+{{- printf "%s:%s@%s" $image.repository $image.tag $image.digest }}
 {{- else }}
-{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- printf "%s@%s" $image.repository $image.digest }}
 {{- end }}
+{{- else }}
+{{- printf "%s:%s" $image.repository (default .chart.AppVersion $image.tag) }}
+{{- end }}
+{{- end }}
+
+{{/* The operator image reference. */}}
+{{- define "pdfleet.image" -}}
+{{- include "pdfleet.imageRef" (dict "image" .Values.image "chart" .Chart) }}
+{{- end }}
+
+{{/* The runtime image reference: what the operator passes to engine pods' init container (--runtime-image). */}}
+{{- define "pdfleet.runtimeImage" -}}
+{{- include "pdfleet.imageRef" (dict "image" .Values.runtime.image "chart" .Chart) }}
 {{- end }}
 
 {{/* True (non-empty) in cluster-wide mode: no watchNamespaces given. */}}
