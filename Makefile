@@ -19,7 +19,7 @@ GPU_CHECK_ARGS ?=
 # directory under ~/.cache/pdfleet.
 SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean
+.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean images
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,6 +39,16 @@ binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, schedule
 
 sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
 	hack/install-sglang.sh $(PY)
+
+# Debian packages `make images` needs on this machine (the images' own packages come from Debian's mirrors):
+# mmdebstrap makes the root filesystems; umoci, runc and skopeo run and inspect the result (tests, docs/images.md).
+IMAGE_DEBS := mmdebstrap umoci runc skopeo
+images: $(STAMP) ## build the operator, runtime and CPU engine images (OCI archives in ~/.cache/pdfleet/images; docs/images.md)
+	@missing=$$(for p in $(IMAGE_DEBS); do dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then echo "make images: installing $$missing"; apt-get update -q && apt-get install -y -q --no-install-recommends $$missing; \
+	  else echo "make images: needs the Debian packages: $$(echo $$missing) (sudo apt-get install $$(echo $$missing)), and root (mmdebstrap, chroot)"; exit 1; fi; fi
+	$(PY) -m hack.images build
 
 sglang-releases: $(STAMP) ## install older SGLang releases (no deps) that tests run, into ~/.cache/pdfleet/sglang-VERSION
 	@for version in $(SGLANG_RELEASES); do hack/install-sglang-release.sh $$version $(PY); done
@@ -63,7 +73,7 @@ lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) binaries sglang sglang-releases ## the whole suite, against a real local control plane (started and stopped here)
+test: $(STAMP) binaries sglang sglang-releases images ## the whole suite, against a real local control plane (started and stopped here)
 	@start=$$(date +%s); started=0; \
 	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then \
 	  parts=$$($(CLUSTER) status 2>&1 || true); case "$$parts" in *" running "*) ;; *) started=1;; esac; \

@@ -6,7 +6,6 @@ from __future__ import annotations
 import inspect
 import json
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from pdfleet.runtime.patches import catalogue, targets
 from tests.support import refused_sglang_routes, requires
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCKERFILE = ROOT / "docker" / "runtime.Dockerfile"
 
 
 def bare_python(*args: str, lib: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -87,27 +85,6 @@ def test_installing_again_replaces_the_runtime_in_place(tmp_path: Path) -> None:
     second = install.install(tmp_path)
     assert second == first and not (second / "stale.py").exists()
     assert sorted(p.name for p in (tmp_path / "lib" / "pdfleet").iterdir()) == ["kernels", "runtime"]
-
-
-def test_the_images_installer_script_lays_out_the_same_tree_as_the_python_installer(
-        installed: Path, tmp_path: Path) -> None:
-    text = DOCKERFILE.read_text()
-    script = re.search(r"<<'SH' /usr/local/bin/pdfleet-install-runtime\n(.*?)\nSH\n", text, re.S)
-    assert script is not None
-    body = script.group(1).replace("/opt/pdfleet-runtime/lib", str(installed / "lib"))
-    (tmp_path / "dest").mkdir()
-    for _ in range(2):  # a restarted init container runs it again
-        result = subprocess.run(["sh", "-c", body, "sh", str(tmp_path / "dest")], capture_output=True, text=True,
-                                timeout=60)
-        assert result.returncode == 0, result.stderr
-    assert files(tmp_path / "dest") == files(installed)
-
-
-def test_the_runtime_image_copies_only_what_exists_and_its_ignore_file_admits_it() -> None:
-    copies = re.findall(r"^COPY (runtime/\S*)", DOCKERFILE.read_text(), re.M)
-    assert copies == ["runtime/"] and (ROOT / "runtime").is_dir()
-    ignore = (ROOT / "docker" / "runtime.Dockerfile.dockerignore").read_text().split()
-    assert "*" in ignore and "!runtime/" in ignore
 
 
 # --- the agent the launcher starts ----------------------------------------------------------------------
