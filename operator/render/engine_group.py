@@ -15,7 +15,7 @@ from pdfleet.operator.api.model import ModelSource
 from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.transfer import TransferBackend
-from pdfleet.operator.render import engine_args, gang, labels, layout, placement
+from pdfleet.operator.render import engine_args, gang, labels, layout, placement, pod_security
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_args import Flag
 from pdfleet.runtime.health import agent
@@ -140,9 +140,9 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     if isinstance(role_spec, PrefillSpec):
         # sglang-router's Kubernetes service discovery reads a prefill worker's bootstrap port from here.
         annotations["sglang.ai/bootstrap-port"] = str(role_spec.bootstrap_port)
-    capabilities: Body = {"drop": ["ALL"]}
-    if spec.transfer.backend in (TransferBackend.MOONCAKE, TransferBackend.NIXL) and spec.transfer.ib_device:
-        capabilities["add"] = ["IPC_LOCK"]  # RDMA memory registration pins pages
+    # RDMA memory registration pins pages: IPC_LOCK, and only then (it takes the pod out of Pod Security's
+    # baseline; render/pod_security.py).
+    rdma = spec.transfer.backend in (TransferBackend.MOONCAKE, TransferBackend.NIXL) and bool(spec.transfer.ib_device)
     # Only node rank 0 runs SGLang's HTTP server; the other nodes of a multi-node group serve a placeholder with
     # just /ping, /health and /health_generate, all answered without generating. /v1/models on them would never
     # answer, and the group would never be Ready.
@@ -154,6 +154,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
         "terminationGracePeriodSeconds": role_spec.drain_seconds + SHUTDOWN_SECONDS,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # engines never talk to the Kubernetes API
+        "securityContext": pod_security.engine_pod(),
         "nodeSelector": dict(role_spec.scheduling.node_selector),
         "tolerations": _tolerations(role_spec),
         "initContainers": [{
@@ -161,8 +162,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
             "image": ctx.runtime_image,
             "command": ["pdfleet-install-runtime", RUNTIME_MOUNT],
             "volumeMounts": [{"name": "pdfleet-runtime", "mountPath": RUNTIME_MOUNT}],
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "readOnlyRootFilesystem": True},
+            "securityContext": pod_security.container(read_only_root=True),
         }],
         "containers": [{
             "name": "engine",
@@ -195,7 +195,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
             "livenessProbe": {"httpGet": {"path": "/livez", "port": "agent"}, "periodSeconds": 20,
                               "failureThreshold": 3},
             "lifecycle": {"preStop": {"exec": {"command": _drain_command(role_spec.drain_seconds)}}},
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": capabilities},
+            "securityContext": pod_security.container(add=["IPC_LOCK"] if rdma else []),
         }],
         "volumes": [
             {"name": "pdfleet-runtime", "emptyDir": {}},

@@ -16,7 +16,7 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.render import labels, router_secret
+from pdfleet.operator.render import labels, pod_security, router_secret
 from pdfleet.operator.render.context import RenderContext
 
 Body = dict[str, Any]
@@ -76,6 +76,7 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
     pod_spec: Body = {
         "serviceAccountName": name,
         "enableServiceLinks": False,
+        "securityContext": pod_security.router_pod(),  # Pod Security's restricted (render/pod_security.py)
         "nodeSelector": dict(router.scheduling.node_selector),
         "tolerations": [t.model_dump(mode="json", by_alias=True) for t in router.scheduling.tolerations],
         "containers": [{
@@ -98,8 +99,7 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
             "livenessProbe": {"httpGet": {"path": "/liveness", "port": "http"}, "periodSeconds": 20,
                               "failureThreshold": 3},
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
-            "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]},
-                                "readOnlyRootFilesystem": True},
+            "securityContext": pod_security.container(read_only_root=True),
         }],
     }
     if router.scheduling.affinity:
