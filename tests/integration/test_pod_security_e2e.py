@@ -13,7 +13,7 @@ import contextlib
 import copy
 import json
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -97,18 +97,11 @@ def violates(level: str, refusal: str | None, *fields: str) -> None:
         assert field in refusal, refusal
 
 
-def test_the_operator_pod_the_chart_renders_is_admitted_under_restricted(cluster: Cluster) -> None:
+@pytest.mark.parametrize("render", [operator_pod, router_pod], ids=["operator (chart)", "router (operator)"])
+def test_the_operator_and_router_pods_are_admitted_under_restricted(cluster: Cluster,
+                                                                   render: Callable[[str], Body]) -> None:
     with enforcing(cluster, "restricted") as namespace:
-        pod = operator_pod(namespace)
-        assert dry_run(cluster, pod) is None
-        violates("restricted", dry_run(cluster, without_security_contexts(pod)),
-                 "allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
-                 "seccompProfile")
-
-
-def test_the_router_pod_the_operator_renders_is_admitted_under_restricted(cluster: Cluster) -> None:
-    with enforcing(cluster, "restricted") as namespace:
-        pod = router_pod(namespace)
+        pod = render(namespace)
         assert dry_run(cluster, pod) is None
         violates("restricted", dry_run(cluster, without_security_contexts(pod)),
                  "allowPrivilegeEscalation != false", "unrestricted capabilities", "runAsNonRoot != true",
