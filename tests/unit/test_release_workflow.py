@@ -124,12 +124,14 @@ DIGESTS = {"pdfleet-operator": "sha256:" + "1" * 64, "pdfleet-runtime": "sha256:
 
 @pytest.fixture
 def built(tmp_path: Path) -> Path:
-    """An images index naming three archives (one not published), nested as an index may nest them."""
+    """An images index as hack/images writes it, naming three archives (one not published)."""
     images = tmp_path / "images"
     images.mkdir()
-    entries = {name: {"archive": archive(images / f"{name}.tar", f"ghcr.io/pdfleet/{name}:{VERSION}", digest).name,
-                      "size": 1} for name, digest in DIGESTS.items()}
-    (images / "index.json").write_text(json.dumps({"images": entries}))
+    entries = {name: {"reference": f"ghcr.io/pdfleet/{name}:{VERSION}", "digest": digest,
+                      "archive": str(archive(images / f"{name}.oci.tar", f"ghcr.io/pdfleet/{name}:{VERSION}", digest)),
+                      "layers": [{"name": "debian-python", "digest": "sha256:" + "9" * 64}]}
+               for name, digest in DIGESTS.items()}
+    (images / "index.json").write_text(json.dumps({"schemaVersion": 1, "images": entries}))
     return images / "index.json"
 
 
@@ -162,7 +164,7 @@ def test_push_copies_each_published_archive_keeping_its_digest_and_writes_what_i
     publish("push", str(built), "ghcr.io/pdfleet/", VERSION, str(tmp_path / "published.json"), skopeo=skopeo)
     calls = [json.loads(line) for line in (tmp_path / "calls").read_text().splitlines()]
     assert [c[:2] + c[4:] for c in calls] == [
-        ["copy", "--preserve-digests", f"oci-archive:{built.parent / name}.tar",
+        ["copy", "--preserve-digests", f"oci-archive:{built.parent / name}.oci.tar",
          f"docker://ghcr.io/pdfleet/{name}:{VERSION}"] for name in ("pdfleet-operator", "pdfleet-runtime")]
     assert all(c[2] == "--digestfile" for c in calls)
     assert json.loads((tmp_path / "published.json").read_text()) == [
