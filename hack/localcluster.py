@@ -92,11 +92,14 @@ class Ports:
 class Component:
     name: str
     binary: str
-    port: int
+    port: int | None  # the host loopback port it listens on, checked free before it starts; None: none
     port_env: str
     args: list[str]
     ready: Callable[[], bool]
     exe: Path | None = None  # the program when it is not one of the built binaries in BIN
+    # Run before the program, which it must exec (the pid stays the program's): `nsenter --net=...` for the
+    # real node's processes.
+    launcher: tuple[str, ...] = ()
 
     @property
     def program(self) -> Path:
@@ -120,16 +123,16 @@ def _pidfile(name: str) -> Path:
 
 
 def _alive_pid(name: str, program: Path) -> int | None:
-    """The pid of our running `name`, or None. A pid is ours only if its command line is our program, so a
-    recycled pid never gets signalled."""
+    """The pid of our running `name`, or None. A pid is ours only if its command line is our program (or, for a
+    script, the interpreter's first argument is), so a recycled pid never gets signalled."""
     try:
         pid = int(_pidfile(name).read_text().strip())
         stat = Path(f"/proc/{pid}/stat").read_text()
-        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode()
+        cmdline = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:2]]
     except (OSError, ValueError):
         return None
     state = stat.rsplit(")", 1)[1].split()[0]
-    if state in ("Z", "X") or cmdline != str(program):
+    if state in ("Z", "X") or str(program) not in cmdline:
         return None
     return pid
 
@@ -152,7 +155,7 @@ def _tail(path: Path, lines: int = 25) -> str:
 
 
 def _start(c: Component) -> None:
-    if _port_taken(c.port):
+    if c.port is not None and _port_taken(c.port):
         raise ClusterError(
             f"port {HOST}:{c.port} for {c.name} is already in use by another process. Stop that process or "
             f"choose another port: export {c.port_env}=<free port>"
@@ -160,7 +163,7 @@ def _start(c: Component) -> None:
     log = DIR / "logs" / f"{c.name}.log"
     with log.open("ab") as out:
         proc = subprocess.Popen(
-            [str(c.program), *c.args],
+            [*c.launcher, str(c.program), *c.args],
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,
@@ -229,9 +232,24 @@ def _issue(name: str, subject: str, ext: str) -> None:
     key.chmod(0o600)
 
 
+CLIENT_EXT = ("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
+              "extendedKeyUsage=clientAuth\n")
+
+
+# How the apiserver authenticates to the real node's kubelet (logs, exec, port-forward).
+KUBELET_CLIENT = "/O=system:masters/CN=kube-apiserver-kubelet-client"
+
+
+def issue_client(name: str, subject: str) -> None:
+    """A client certificate signed by the cluster's CA, once (hack/realnode.py's kubelet identity)."""
+    if not (DIR / "pki" / f"{name}.crt").exists():
+        _issue(name, subject, CLIENT_EXT)
+
+
 def ensure_pki() -> None:
     pki = DIR / "pki"
     if (pki / "complete").exists():
+        issue_client("kubelet-client", KUBELET_CLIENT)  # a cluster directory made before the real node was
         return
     if shutil.which("openssl") is None:
         raise ClusterError("openssl is not installed; it makes the cluster's certificates. "
@@ -248,10 +266,10 @@ def ensure_pki() -> None:
     _issue("apiserver", "/CN=kube-apiserver",
            f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
            f"extendedKeyUsage=serverAuth\nsubjectAltName={sans}\n")
-    _issue("admin", "/O=system:masters/CN=pdfleet-admin",
-           "basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=clientAuth\n")
+    _issue("admin", "/O=system:masters/CN=pdfleet-admin", CLIENT_EXT)
     _openssl("genrsa", "-out", str(pki / "sa.key"), "2048")
     _openssl("rsa", "-in", str(pki / "sa.key"), "-pubout", "-out", str(pki / "sa.pub"))
+    issue_client("kubelet-client", KUBELET_CLIENT)
     (pki / "complete").write_text("")
 
 
@@ -337,6 +355,11 @@ def components(ports: Ports) -> list[Component]:
             "--enable-priority-and-fairness=false", "--profiling=false", "--v=1",
             f"--audit-policy-file={HACK / 'audit-policy.yaml'}", f"--audit-log-path={DIR / 'logs' / 'audit.log'}",
             "--audit-log-maxsize=200", "--audit-log-maxbackup=2",
+            # The real node (hack/realnode.py) is reached at the loopback address the cluster gives it, never
+            # through a name the host's resolver would look up.
+            "--kubelet-preferred-address-types=InternalIP",
+            f"--kubelet-client-certificate={pki / 'kubelet-client.crt'}",
+            f"--kubelet-client-key={pki / 'kubelet-client.key'}",
         ], lambda: _https_ok(ports.apiserver, "/readyz", client_cert=True)),
         Component("kube-controller-manager", "kube-controller-manager", ports.controller_manager,
                   "PDFLEET_CONTROLLER_MANAGER_PORT", [
@@ -502,6 +525,8 @@ def up() -> None:
     ensure_nodes()
     say("cluster is up" if started else "cluster was already up")
     _kueue().up()
+    if _realnode().enabled():
+        _realnode().up()
     print(f"export KUBECONFIG={DIR / 'kubeconfig'}")
 
 
@@ -514,6 +539,14 @@ def _kueue() -> types.ModuleType:
     return kueue
 
 
+def _realnode() -> types.ModuleType:
+    """hack/realnode.py (the kubelet node), imported as hack/kueue.py is."""
+    sys.modules.setdefault("localcluster", sys.modules[__name__])
+    sys.path.insert(0, str(HACK))
+    import realnode
+    return realnode
+
+
 def down() -> None:
     if external_kubeconfig():
         say("PDFLEET_KUBECONFIG names an external cluster; stopping nothing")
@@ -522,6 +555,8 @@ def down() -> None:
     # Kueue (hack/kueue.py), when a test or a person started it against this control plane, goes first: it would
     # otherwise be left running against a cluster that is gone.
     stopped = int(_stop("kueue", BIN / "kueue"))
+    # The real node next, while the apiserver still answers its kubelet; it removes its pods' sandboxes itself.
+    _realnode().down()
     # Reversed: the pod runner stops first, and stops every pod's processes while the apiserver still runs.
     stopped += sum(_stop(c.name, c.program) for c in reversed(components(ports)))
     # A fresh etcd next time: no pools, nodes or events left over from an earlier run.
@@ -540,7 +575,8 @@ def status() -> int:
         running += pid is not None
         print(f"{c.name:24} {state}")
     kueue = _kueue().status() == 0
-    return 0 if running == len(components(ports)) and kueue else 1
+    node = _realnode().status() == 0 if _realnode().enabled() else True
+    return 0 if running == len(components(ports)) and kueue and node else 1
 
 
 def env() -> None:

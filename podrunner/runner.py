@@ -60,6 +60,7 @@ class Runner:
     def __init__(self, node: Node) -> None:
         self.node = node
         self.nodes: set[str] = set()
+        self.others: set[str] = set()  # nodes without NODE_LABEL: a real kubelet runs their pods
         self._nodes_listed = 0.0
         self.workers: dict[str, PodWorker | StandIn] = {}
         # Whether the pods of a namespace get processes (`standin`), by namespace, and the pods that wait for
@@ -79,8 +80,14 @@ class Runner:
 
     async def refresh_nodes(self) -> None:
         self._nodes_listed = time.monotonic()
-        listing = await self.node.client.list("/api/v1/nodes", {"labelSelector": NODE_LABEL})
-        self.nodes = {n["metadata"]["name"] for n in listing["items"]}
+        listing = await self.node.client.list("/api/v1/nodes", {})
+        key, value = NODE_LABEL.split("=")
+        ours = {n["metadata"]["name"]: (n["metadata"].get("labels") or {}).get(key) == value
+                for n in listing["items"]}
+        self.nodes = {name for name, mine in ours.items() if mine}
+        # Nodes that are someone else's (the local cluster's real kubelet node): their pods are never placed here,
+        # so they are not kept waiting for a node listing that would never bring them.
+        self.others = {name for name, mine in ours.items() if not mine}
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.create_task(coro)
@@ -98,6 +105,8 @@ class Runner:
         if not node_name:
             return  # not scheduled yet
         uid = pod["metadata"]["uid"]
+        if node_name in self.others:
+            return
         if node_name not in self.nodes:
             self._unplaced[uid] = pod
             self._place_later()

@@ -24,7 +24,9 @@ COMPONENTS = {"etcd", "kube-apiserver", "kube-controller-manager", "kube-schedul
 def environment(cluster_dir: Path) -> dict[str, str]:
     """The environment hack/localcluster.py reads to act on the private cluster in `cluster_dir`."""
     env = os.environ | outside_ephemeral(PORTS) | {
-        "PDFLEET_CLUSTER_DIR": str(cluster_dir), "PDFLEET_GPU_NODES": "1", "PDFLEET_CPU_NODES": "0"}
+        "PDFLEET_CLUSTER_DIR": str(cluster_dir), "PDFLEET_GPU_NODES": "1", "PDFLEET_CPU_NODES": "0",
+        # One real node per machine: its network namespace and ports are the shared cluster's.
+        "PDFLEET_REAL_NODE": "0"}
     env.pop("PDFLEET_KUBECONFIG", None)
     return env
 

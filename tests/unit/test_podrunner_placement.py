@@ -15,6 +15,7 @@ from pdfleet.podrunner.standin import StandIn
 
 Body = dict[str, Any]
 NODE = "pdfleet-gpu-2"
+REAL_NODE = "pdfleet-real-0"  # a real kubelet's node: its pods are not the runner's
 
 
 class Cluster:
@@ -37,7 +38,8 @@ class Cluster:
         await self.answer.wait()
         self.answer.clear()
         self.listing.clear()
-        return {"items": [{"metadata": {"name": n}} for n in nodes]}
+        return {"items": [{"metadata": {"name": n, "labels": {"pdfleet.dev/local-cluster": "true"}}} for n in nodes]
+                + [{"metadata": {"name": REAL_NODE, "labels": {"pdfleet.dev/real-node": "true"}}}]}
 
     async def request(self, method: str, path: str, **_: Any) -> Body:
         return {"metadata": {"name": path.rsplit("/", 1)[1], "labels": {"pdfleet.dev/simulate": "false"}}}
@@ -100,3 +102,24 @@ async def test_a_pod_deleted_while_its_node_is_looked_up_is_never_taken_on(tmp_p
         while r._placing is not None and not r._placing.done():
             await asyncio.sleep(0.01)
     assert r.workers == {}
+
+
+async def test_a_pod_on_a_real_kubelet_s_node_is_neither_run_nor_kept_waiting(tmp_path: Path) -> None:
+    cluster = Cluster()
+    r = runner(cluster, tmp_path)
+    r.on_upsert(pod(ip=None))  # one of ours, unknown yet: the runner lists the nodes
+    async with asyncio.timeout(5):
+        await cluster.listing.wait()
+    cluster.answer.set()
+    async with asyncio.timeout(5):
+        while r._placing is not None and not r._placing.done():
+            await asyncio.sleep(0.01)
+    real = pod(ip="10.244.0.5")
+    real["metadata"] |= {"name": "b", "uid": "uid-b"}
+    real["spec"]["nodeName"] = REAL_NODE
+    r.on_upsert(real)
+    assert "uid-b" not in r.workers and "uid-b" not in r._unplaced
+    assert r._placing.done() and cluster.listings == 1  # no listing started for it
+    for task in r.tasks.values():
+        task.cancel()
+    await asyncio.gather(*r.tasks.values(), return_exceptions=True)

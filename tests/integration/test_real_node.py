@@ -1,0 +1,87 @@
+"""The local cluster's real node (hack/realnode.py): a real kubelet with containerd and runc, whose pods run in
+real containers, and whose network reaches nothing outside the machine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cluster import Cluster, wait_for
+
+pytestmark = pytest.mark.cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "hack"))
+import realnode  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def node(cluster: Cluster) -> dict:
+    if not cluster.is_local:
+        pytest.skip("the real node belongs to the local cluster (PDFLEET_KUBECONFIG names another)")
+    found = cluster.kubectl("get", "node", realnode.NODE_NAME, "-o", "json", check=False)
+    assert found.returncode == 0, (
+        f"node {realnode.NODE_NAME} is missing: the local cluster starts it unless PDFLEET_REAL_NODE=0 "
+        f"(hack/realnode.py; `make node-deps` installs its packages). {found.stderr}")
+    return json.loads(found.stdout)
+
+
+def on_real_node(name: str, containers: list[dict], **spec: object) -> dict:
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name}, "spec": {
+        "nodeSelector": {realnode.LABEL: "true"},
+        "tolerations": [{"key": realnode.TAINT["key"], "operator": "Exists"}],
+        "containers": containers, **spec}}
+
+
+def test_the_node_is_a_real_kubelet_on_containerd(node: dict, cluster: Cluster) -> None:
+    info = node["status"]["nodeInfo"]
+    assert info["kubeletVersion"] == cluster.get("node", realnode.NODE_NAME)["status"]["nodeInfo"]["kubeletVersion"]
+    assert info["kubeletVersion"].startswith("v1.")
+    assert info["containerRuntimeVersion"].startswith("containerd://")
+    assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
+    taints = {t["key"] for t in node["spec"].get("taints", [])}
+    assert realnode.TAINT["key"] in taints  # nothing lands here without asking
+    assert "node.cloudprovider.kubernetes.io/uninitialized" not in taints
+    assert node["status"]["allocatable"]["nvidia.com/gpu"] == str(realnode.FAKE_GPUS)
+    # kwok does not play it: its own annotation is absent, and its heartbeat is the kubelet's
+    assert "kwok.x-k8s.io/node" not in node["metadata"].get("annotations", {})
+
+
+def test_the_node_namespace_has_no_route_out() -> None:
+    routes = subprocess.run(["ip", "-n", realnode.NETNS, "-j", "route", "show", "table", "all"], text=True,
+                            capture_output=True, check=True).stdout
+    destinations = {r.get("dst") for r in json.loads(routes) if r.get("type", "unicast") == "unicast"}
+    assert "default" not in destinations
+    # Asked of the kernel's routing (nothing is sent): an address outside, one of the documentation ranges
+    # (RFC 5737), has no way out of the namespace; the apiserver's Service address is the namespace's own.
+    outside = subprocess.run(["ip", "-n", realnode.NETNS, "route", "get", "198.51.100.1"], text=True,
+                             capture_output=True)
+    assert outside.returncode != 0 and "unreachable" in outside.stderr.lower(), outside.stdout
+    vip = subprocess.run(["ip", "-n", realnode.NETNS, "route", "get", realnode.API_VIP], text=True,
+                         capture_output=True, check=True).stdout
+    assert vip.startswith(f"local {realnode.API_VIP} dev lo")
+
+
+def test_a_pod_runs_in_a_real_container_and_is_stopped_with_sigterm(node: dict, cluster: Cluster,
+                                                                     namespace: str) -> None:
+    """The sandbox image is the node's own pause; the pod's container is the same image run with its entrypoint
+    (catatonit, which exits on SIGTERM): Running through a real runc, then gone within its grace period."""
+    pod = on_real_node("pause", [{"name": "main", "image": realnode.SANDBOX_IMAGE,
+                                  "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False}}],
+                       terminationGracePeriodSeconds=30)
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+    running = wait_for("the pod Running on the real node", lambda: (
+        p if (p := cluster.get("pod", "pause", "-n", namespace))["status"].get("phase") == "Running" else None),
+        timeout=120)
+    assert running["spec"]["nodeName"] == realnode.NODE_NAME
+    assert running["status"]["podIP"].startswith(realnode.POD_SUBNET.rsplit(".", 2)[0])
+    container_id = running["status"]["containerStatuses"][0]["containerID"]
+    assert container_id.startswith("containerd://")
+    listed = realnode.crictl("ps", "-q", "--name", "main").stdout.split()
+    assert container_id.removeprefix("containerd://") in listed
+    cluster.kubectl("delete", "pod", "pause", "-n", namespace, "--wait=true", timeout=60)
+    assert container_id.removeprefix("containerd://") not in realnode.crictl("ps", "-a", "-q").stdout.split()
