@@ -139,6 +139,22 @@ def ensure_netns() -> None:
             _ip("addr", "add", f"{vip}/32", "dev", "lo", netns=NETNS)
 
 
+# On the host, these ranges lead nowhere: a host process given a pod IP of the node (an operator run as a local
+# process, reading an engine's rank health) or a Service address fails at once, instead of sending it out of the
+# machine along the host's default route.
+GUARDED = (POD_SUBNET, lc.SERVICE_CIDR)
+
+
+def guard_host_routes() -> None:
+    for net in GUARDED:
+        _ip("route", "replace", "unreachable", net)
+
+
+def unguard_host_routes() -> None:
+    for net in GUARDED:
+        _ip("route", "delete", "unreachable", net, check=False)
+
+
 def in_netns() -> tuple[str, ...]:
     """The launcher of a process of the node: its network namespace, the host's mount namespace (the kubelet's
     volume mounts must be the ones containerd bind-mounts into containers; `ip netns exec` would give each
@@ -409,6 +425,7 @@ def up() -> None:
     for sub in ("run", "logs"):
         (lc.DIR / sub).mkdir(parents=True, exist_ok=True)
     _owner_mark().write_text(f"{NETNS}\n")
+    guard_host_routes()
     ensure_netns()
     write_configs()
     for c in components():
@@ -454,6 +471,7 @@ def down() -> None:
     if netns_exists():
         _ip("netns", "delete", NETNS, check=False)
         stopped = True
+    unguard_host_routes()
     _owner_mark().unlink(missing_ok=True)
     say(f"node {NODE_NAME} stopped" if stopped else "nothing was running")
 

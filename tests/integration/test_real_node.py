@@ -66,6 +66,14 @@ def test_the_node_namespace_has_no_route_out() -> None:
     assert vip.startswith(f"local {realnode.API_VIP} dev lo")
 
 
+@pytest.mark.parametrize("address", ["10.244.0.7", "10.0.0.1"])
+def test_the_host_cannot_send_to_the_node_s_pod_or_service_addresses(node: dict, address: str) -> None:
+    """A host process handed a pod IP of the node or a Service address (an operator run as a local process
+    reading an engine's rank health) fails at once instead of sending along the host's default route."""
+    route = subprocess.run(["ip", "route", "get", address], text=True, capture_output=True)
+    assert route.returncode != 0 and "no route to host" in route.stderr.lower(), route.stdout
+
+
 def test_a_pod_runs_in_a_real_container_and_is_stopped_with_sigterm(node: dict, cluster: Cluster,
                                                                      namespace: str) -> None:
     """The sandbox image is the node's own pause; the pod's container is the same image run with its entrypoint
