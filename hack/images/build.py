@@ -44,14 +44,16 @@ SGLANG_REQUIREMENTS = ROOT / "requirements" / "sglang-cpu.txt"
 INSTALLER_SCRIPT = HERE / "pdfleet-install-runtime.sh"
 # What `pip install .` builds pdfleet from (setup.py maps these folders into the pdfleet namespace).
 PDFLEET_SOURCES = ("pyproject.toml", "setup.py", "README.md", "operator", "runtime", "kernels", "podrunner")
-BASE_PACKAGES = ("python3", "ca-certificates")
+# libstdc++6: torch's, numpy's and most other native wheels of the engine image link it (found by running the
+# image: `import numpy` failed without it). 2.6 MB in the operator image too, so that both share this layer.
+BASE_PACKAGES = ("python3", "ca-certificates", "libstdc++6")
 # The engine's build root also compiles the CUDA stubs (gcc, binutils) and makes a venv with pip (python3-venv);
 # none of it reaches the image: only /opt/sglang does.
 SGLANG_BUILD_PACKAGES = (*BASE_PACKAGES, "python3-venv", "gcc", "libc6-dev", "binutils")
 BUSYBOX_APPLETS = ("sh", "cp", "mv", "rm", "mkdir", "echo", "ls", "cat", "env", "id", "true", "test", "[")
 PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-# gzip level per layer: level 1 is 3-4x faster than 6 on torch's libraries and only a few percent larger
-# (docs/images.md has the numbers); small layers get 6.
+# gzip level per layer: on the SGLang layer level 1 compresses 1.5-3x faster than 6 for 5-10% more bytes (about
+# 40 s of a cold build on 2 cores; docs/images.md has the numbers); small layers get 6.
 GZIP_SMALL = 6
 GZIP_LARGE = 1
 LABELS = {"org.opencontainers.image.source": "https://github.com/pdfleet/pdfleet",
