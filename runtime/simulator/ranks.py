@@ -185,11 +185,13 @@ def _collective(writer: rank_writer.RankWriter, control: Control, barrier: phase
     control.barriers[barrier].wait()
 
 
-def _rank_main(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int) -> None:
+def _rank_main(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: int, parent: int) -> None:
     # Die with the engine process, however it ends: never leave a rank behind.
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() == 1:
+    # The engine died before the signal was armed. Not `getppid() == 1`: in a container the engine is pid 1, and
+    # every rank exited at once that way (seen on a real kubelet node: ranks never in the event loop).
+    if os.getppid() != parent:
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
@@ -216,7 +218,7 @@ class RankGroup:
     def start(self) -> RankGroup:
         for slot in range(self.engine.local_ranks):
             p = _CTX.Process(target=_rank_main, name=f"pdfleet-sim-rank-{slot}", daemon=True,
-                             args=(self.engine, self.timing, self.control, slot, self._tick_write))
+                             args=(self.engine, self.timing, self.control, slot, self._tick_write, os.getpid()))
             p.start()
             self.procs.append(p)
         return self
