@@ -100,7 +100,11 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
                               "failureThreshold": 3},
             "resources": {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"memory": "4Gi"}},
             "securityContext": pod_security.container(read_only_root=True),
+            # Its root filesystem is read-only, and Python's tempfile (imported on the entry point's path) finds
+            # no writable directory without one: the router exited at import in a real container.
+            "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
         }],
+        "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
     if router.scheduling.affinity:
         pod_spec["affinity"] = router.scheduling.affinity

@@ -48,4 +48,7 @@ def test_the_router_pod_runs_as_non_root_with_everything_restricted_asks() -> No
                                        "seccompProfile": RUNTIME_DEFAULT}
     (router,) = spec["containers"]
     assert router["securityContext"] == {**NO_ESCALATION_NO_CAPABILITIES, "readOnlyRootFilesystem": True}
-    assert "volumes" not in spec  # restricted allows only some volume types; the router needs none
+    # Its only volume is a writable /tmp, an emptyDir (which restricted allows): Python's tempfile needs one, and
+    # without it the router exited at import in a real container (tests/integration/test_real_node_chart.py).
+    assert spec["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
+    assert router["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
