@@ -54,7 +54,8 @@ NAMESPACED_RULES: Rules = {
     ("kueue.x-k8s.io", "workloads"): _verbs("get"),  # why Kueue holds a gang, by name only
 }
 CRD_DISCOVERY_RULES: Rules = {("apiextensions.k8s.io", "customresourcedefinitions"): _verbs(*READ)}
-CLUSTER_WIDE_RULES: Rules = NAMESPACED_RULES | CRD_DISCOVERY_RULES | {("", "namespaces"): _verbs("list", "watch")}
+NAMESPACE_RULES: Rules = {("", "namespaces"): _verbs("list", "watch")}
+CLUSTER_WIDE_RULES: Rules = NAMESPACED_RULES | CRD_DISCOVERY_RULES | NAMESPACE_RULES
 # RBAC cannot restrict create by name; get and update only the release's own Lease (`leases[<name>]`).
 LEADER_ELECTION_RULES: Rules = {("coordination.k8s.io", "leases"): _verbs("create"),
                                 ("coordination.k8s.io", "leases[pdfleet]"): _verbs("get", "update")}
@@ -416,10 +417,12 @@ def test_namespaced_mode_grants_the_table_by_a_role_in_each_watched_namespace() 
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
 
 
-def test_namespaced_mode_has_no_cluster_role_granting_pods_or_anything_but_crd_discovery() -> None:
+def test_namespaced_mode_has_no_cluster_role_granting_pods_or_anything_but_discovery() -> None:
+    """CRDs, and namespace objects: kopf lists those in namespaced mode too, and a refusal held the operator's
+    first reconcile back about 40 s at every start on a real node (tests/integration/test_real_node_chart.py)."""
     (cluster_role,) = of_kind(render("namespaced"), "ClusterRole")
     assert ("", "pods") not in rule_table(cluster_role)
-    assert_rules(cluster_role, CRD_DISCOVERY_RULES)
+    assert_rules(cluster_role, CRD_DISCOVERY_RULES | NAMESPACE_RULES)
 
 
 def test_leases_are_granted_only_with_leader_election_and_only_in_the_release_namespace() -> None:
