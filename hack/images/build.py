@@ -304,7 +304,11 @@ def images() -> list[Image]:
                     "org.opencontainers.image.description":
                         "pdfleet's engine-pod runtime, copied into SGLang pods by an init container"})),
         Image("pdfleet-engine-cpu", ("debian-python", "sglang"), oci.ImageConfig(
-            env=(f"PATH=/opt/sglang/bin:{PATH}", *common, "PDFLEET_ENGINE_MODE=simulate"), cmd=("python3",),
+            # Simulated engines and their router never need the Hugging Face hub, and must not try: with a hub id
+            # as the model, the engine's /generate waited on the hub's retries (a real container on the local
+            # cluster's real node, which has no route out) and the router's requests with it.
+            env=(f"PATH=/opt/sglang/bin:{PATH}", *common, "PDFLEET_ENGINE_MODE=simulate", "HF_HUB_OFFLINE=1"),
+            cmd=("python3",),
             labels={**LABELS, "org.opencontainers.image.title": "pdfleet-engine-cpu",
                     "org.opencontainers.image.description":
                         "SGLang (CPU install, CUDA stubs) for local use: pdfleet's engine simulator and the router"})),
