@@ -140,6 +140,19 @@ def wait_until_drained(fetch: Callable[[], Mapping[str, Any]], *, timeout_s: flo
         sleep(interval_s)
 
 
+def container_log(proc: Path = Path("/proc")) -> Any:
+    """The container's own log, when this hook runs beside the engine as the first process of its container (a
+    kubelet's exec hook: its output is kept only when it fails, so the drain's decisions would be lost): the
+    engine's stderr, opened for appending. None elsewhere (the local fleet's pod runner logs the hook's own
+    output with the container's, and its pid 1 is no engine's)."""
+    try:
+        if b"pdfleet.runtime.launcher" not in (proc / "1" / "cmdline").read_bytes():
+            return None
+        return open(proc / "1" / "fd" / "2", "a")  # lives as long as the hook
+    except OSError:
+        return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="pdfleet-drain", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -150,8 +163,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = parser.parse_args(argv)
     url = engine_url(explicit=options.url, env=os.environ, endpoint_file=endpoint_path())
 
+    also = container_log()
+
     def log(message: str) -> None:
         print(f"pdfleet-drain: {message}", file=sys.stderr, flush=True)
+        if also is not None:
+            print(f"pdfleet-drain: {message}", file=also, flush=True)
 
     log(f"draining the engine at {url} (at most {options.timeout:.0f} s)")
     started = time.monotonic()

@@ -129,3 +129,22 @@ def test_the_module_runs_as_the_prestop_command_with_the_launchers_endpoint_file
     assert result.returncode == 0
     assert f"draining the engine at {engine.url}" in result.stderr
     assert "drained after" in result.stderr
+
+
+def test_the_drain_writes_to_the_container_s_log_only_beside_the_engine(tmp_path: Path) -> None:
+    """A kubelet keeps an exec hook's output only when it fails: beside the engine (pid 1 of its container) the
+    drain also writes to the engine's stderr, the container's log. Elsewhere (the pod runner, whose pid 1 is the
+    machine's init) it writes nowhere else."""
+    proc = tmp_path / "proc"
+    (proc / "1" / "fd").mkdir(parents=True)
+    log = proc / "1" / "fd" / "2"
+    log.write_text("")
+    (proc / "1" / "cmdline").write_bytes(b"/sbin/init\0")
+    assert drain.container_log(proc) is None
+    (proc / "1" / "cmdline").write_bytes(b"python3\0-m\0pdfleet.runtime.launcher\0--agent-port=8470\0")
+    stream = drain.container_log(proc)
+    assert stream is not None
+    print("pdfleet-drain: drained", file=stream, flush=True)
+    stream.close()
+    assert log.read_text() == "pdfleet-drain: drained\n"
+    assert drain.container_log(tmp_path / "nowhere") is None
