@@ -59,7 +59,7 @@ SANDBOX_IMAGE = "registry.k8s.io/pause:3.10"
 # A pod lands here only if it asks to: every other pod of the suite belongs on kwok's nodes.
 TAINT = {"key": "pdfleet.dev/real-node", "value": "true", "effect": "NoSchedule"}
 LABEL = "pdfleet.dev/real-node"
-FAKE_GPUS = 2  # what engine pods request; the node has none, the CPU engine image simulates the engine
+FAKE_GPUS = 4  # what engine pods request; the node has none, the CPU engine image simulates the engine
 PACKAGES = {  # a program we need -> the Debian package that has it
     "containerd": "containerd", "runc": "runc", "/usr/lib/cni/bridge": "containernetworking-plugins",
     "docker-registry": "docker-registry", "skopeo": "skopeo", "catatonit": "catatonit", "nsenter": "util-linux",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -50,3 +51,10 @@ def push_images(*names: str) -> dict[str, Pushed]:
         repository, tag = entry["reference"].rsplit(":", 1)
         out[name] = Pushed(repository, tag, held)
     return out
+
+
+def kill_container(container_id: str) -> None:
+    """SIGKILL a container of the node through its runc, as a crash or an OOM kill would end it (no preStop)."""
+    cid = container_id.removeprefix("containerd://")
+    subprocess.run(["runc", "--root", str(realnode.RUN / "runc" / "k8s.io"), "kill", cid, "KILL"], check=True,
+                   capture_output=True, text=True)
