@@ -19,7 +19,7 @@ GPU_CHECK_ARGS ?=
 # directory under ~/.cache/pdfleet.
 SGLANG_RELEASES := 0.5.6.post2 0.5.7
 
-.PHONY: help venv binaries node-deps sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean images
+.PHONY: help venv binaries node-deps sglang sglang-releases cluster-up cluster-down cluster-env cluster-status test test-unit test-fast lint crds bench gpu-check demo clean images images-push
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -52,6 +52,9 @@ images: $(STAMP) ## build the operator, runtime and CPU engine images (OCI archi
 	  if [ "$$(id -u)" = 0 ]; then echo "make images: installing $$missing"; apt-get update -q && apt-get install -y -q --no-install-recommends $$missing; \
 	  else echo "make images: needs the Debian packages: $$(echo $$missing) (sudo apt-get install $$(echo $$missing)), and root (mmdebstrap, chroot)"; exit 1; fi; fi
 	$(PY) -m hack.images build
+
+images-push: ## push the images `make images` built into the local cluster's real node registry (ghcr.io/pdfleet/... there)
+	$(PY) hack/realnode.py push-built
 
 sglang-releases: $(STAMP) ## install older SGLang releases (no deps) that tests run, into ~/.cache/pdfleet/sglang-VERSION
 	@for version in $(SGLANG_RELEASES); do hack/install-sglang-release.sh $$version $(PY); done

@@ -9,6 +9,7 @@ container engine. Run by hack/localcluster.py `up` and `down` (PDFLEET_REAL_NODE
     realnode.py down    remove its pods' sandboxes, stop its processes, delete its network namespace
     realnode.py status  say what runs
     realnode.py push ARCHIVE REF   copy an OCI archive into the node's registry as REF (a real pull then finds it)
+    realnode.py push-built          push every image `make images` built, under its own name (`make images-push`)
 
 Network: the node lives in a network namespace the cluster makes (`pdfleet-node`), with no link and no route out
 of it. Its pods sit on a bridge in that namespace (POD_SUBNET); nothing outside 127.0.0.0/8 is ever sent to but
@@ -510,9 +511,30 @@ def push(archive: Path, ref: str) -> str:
     return "sha256:" + hashlib.sha256(inspect.stdout).hexdigest()
 
 
+def push_built(names: list[str] | None = None) -> dict[str, tuple[str, str]]:
+    """The images of `make images`' index (all, or `names`) pushed into the node's registry under their own
+    references (ghcr.io/pdfleet/...: the node mirrors every registry name there), each checked to hold the very
+    digest the build made. Returns name -> (reference, digest)."""
+    index_path = lc.CACHE / "images" / "index.json"
+    if not index_path.exists():
+        raise lc.ClusterError(f"no images built ({index_path} is missing): run `make images` first")
+    index = json.loads(index_path.read_text())["images"]
+    if missing := sorted(set(names or ()) - set(index)):
+        raise lc.ClusterError(f"not built: {', '.join(missing)} (not in {index_path}): run `make images`")
+    out = {}
+    for name in sorted(names or index):
+        entry = index[name]
+        held = push(Path(entry["archive"]), entry["reference"])
+        if held != entry["digest"]:
+            raise lc.ClusterError(f"the registry holds {held} for {name}, the build made {entry['digest']}")
+        say(f"{entry['reference']}@{held} pushed")
+        out[name] = (entry["reference"], held)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "push"])
+    parser.add_argument("command", choices=["up", "down", "status", "push", "push-built"])
     parser.add_argument("args", nargs="*")
     args = parser.parse_args(argv)
     try:
@@ -522,6 +544,8 @@ def main(argv: list[str] | None = None) -> int:
             down()
         elif args.command == "push":
             print(push(Path(args.args[0]), args.args[1]))
+        elif args.command == "push-built":
+            push_built()
         else:
             return status()
     except lc.ClusterError as e:

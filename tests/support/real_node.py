@@ -5,7 +5,6 @@ pod there (the node's own taint keeps everything else away)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import subprocess
 import sys
 from pathlib import Path
@@ -15,8 +14,6 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "hack"))
 import realnode  # noqa: E402  (hack/ is not a package)
-
-from hack.images import build  # noqa: E402
 
 NODE = realnode.NODE_NAME
 NODE_SELECTOR = {realnode.LABEL: "true"}
@@ -35,22 +32,13 @@ class Pushed:
 
 
 def push_images(*names: str) -> dict[str, Pushed]:
-    """Each image of `make images`' index pushed into the node's registry; the registry must hold the very digest
-    the build made (a copy that changed it would be running something else)."""
-    index_path = build.CACHE / "index.json"
-    if not index_path.exists():
-        pytest.fail(f"no images built ({index_path} is missing): run `make images` (make test does)", pytrace=False)
-    index = json.loads(index_path.read_text())["images"]
-    out = {}
-    for name in names:
-        if name not in index:
-            pytest.fail(f"image {name} is not in {index_path}: run `make images`", pytrace=False)
-        entry = index[name]
-        held = realnode.push(Path(entry["archive"]), entry["reference"])
-        assert held == entry["digest"], f"the registry holds {held} for {name}, the build made {entry['digest']}"
-        repository, tag = entry["reference"].rsplit(":", 1)
-        out[name] = Pushed(repository, tag, held)
-    return out
+    """Each image of `make images`' index pushed into the node's registry (hack/realnode.py checks that the
+    registry holds the very digest the build made)."""
+    try:
+        pushed = realnode.push_built(list(names))
+    except realnode.lc.ClusterError as e:
+        pytest.fail(str(e), pytrace=False)
+    return {name: Pushed(*ref.rsplit(":", 1), digest) for name, (ref, digest) in pushed.items()}
 
 
 def kill_container(container_id: str) -> None:
