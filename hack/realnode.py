@@ -428,6 +428,11 @@ def up() -> None:
     _owner_mark().write_text(f"{NETNS}\n")
     guard_host_routes()
     ensure_netns()
+    comps = {c.name: c for c in components()}
+    if not any(lc._alive_pid(name, comps[name].program) for name in ("containerd", "kubelet")):
+        # Neither runs: whatever an earlier node left (its processes killed, as at the end of a session, without
+        # `down`) is stale: sandboxes' shims, the kubelet's volume mounts and pod state, the containers' state.
+        clear_runtime_state()
     write_configs()
     for c in components():
         if lc.alive_and_answering(c.name, c.program, c.ready):
@@ -464,17 +469,23 @@ def down() -> None:
             crictl("rmp", "--force", pod, check=False)
     for name in ("containerd", "node-proxy", "registry"):
         stopped |= lc._stop(name, comps[name].program)
-    _kill_shims()
-    for point in _mounts_under(NODE_DIR / "kubelet") + _mounts_under(RUN):
-        subprocess.run(["umount", "-l", point], capture_output=True)
-    shutil.rmtree(NODE_DIR / "kubelet", ignore_errors=True)
-    shutil.rmtree(RUN, ignore_errors=True)
+    clear_runtime_state()
     if netns_exists():
         _ip("netns", "delete", NETNS, check=False)
         stopped = True
     unguard_host_routes()
     _owner_mark().unlink(missing_ok=True)
     say(f"node {NODE_NAME} stopped" if stopped else "nothing was running")
+
+
+def clear_runtime_state() -> None:
+    """The node's runtime state gone (kept: containerd's images, the registry): its shims killed, the kubelet's
+    volume mounts and the containers' mounts unmounted, the kubelet's pod state and containerd's state removed."""
+    _kill_shims()
+    for point in _mounts_under(NODE_DIR / "kubelet") + _mounts_under(RUN):
+        subprocess.run(["umount", "-l", point], capture_output=True)
+    shutil.rmtree(NODE_DIR / "kubelet", ignore_errors=True)
+    shutil.rmtree(RUN, ignore_errors=True)
 
 
 def _kill_shims() -> None:
