@@ -584,6 +584,23 @@ def env() -> None:
     print(f"export PATH={BIN}:$PATH")
 
 
+def run_command(tool: str, doc: str, commands: dict[str, Callable[[list[str]], int | None]],
+                argv: list[str] | None) -> int:
+    """The command line of the local cluster's tools: `TOOL COMMAND [ARGS...]`, a ClusterError printed as one
+    line and exit 1, a command's own exit code (None: 0)."""
+    parser = argparse.ArgumentParser(prog=tool, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("command", choices=list(commands))
+    parser.add_argument("args", nargs="*")
+    args = parser.parse_args(argv)
+    try:
+        return commands[args.command](args.args) or 0
+    except ClusterError as e:
+        print(f"{tool}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("command", choices=["up", "down", "env", "status", "nodes"])

@@ -30,7 +30,6 @@ kubelet from hack/build-binaries.sh.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import ipaddress
@@ -543,26 +542,17 @@ def push_built(names: list[str] | None = None) -> dict[str, tuple[str, str]]:
     return out
 
 
+def _push(args: list[str]) -> None:
+    if len(args) != 2:
+        raise lc.ClusterError("usage: realnode.py push ARCHIVE REF")
+    print(push(Path(args[0]), args[1]))
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status", "push", "push-built"])
-    parser.add_argument("args", nargs="*")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "up":
-            up()
-        elif args.command == "down":
-            down()
-        elif args.command == "push":
-            print(push(Path(args.args[0]), args.args[1]))
-        elif args.command == "push-built":
-            push_built()
-        else:
-            return status()
-    except lc.ClusterError as e:
-        print(f"realnode: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return lc.run_command("realnode", __doc__ or "", {
+        "up": lambda _: up(), "down": lambda _: down(), "status": lambda _: status(), "push": _push,
+        "push-built": lambda _: push_built() and None,
+    }, argv)
 
 
 if __name__ == "__main__":
