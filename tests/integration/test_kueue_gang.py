@@ -168,10 +168,15 @@ def test_a_topology_aware_flavor_admits_a_group_only_where_its_pods_fit(cluster:
             "Kueue's topology ungater pins each pod to the node it counted it on"
 
 
+@pytest.mark.disruptive
 def test_with_kueue_down_only_pods_that_ask_for_a_queue_are_refused(cluster: Cluster, namespace: str,
                                                                     kueue: None) -> None:
     """Kueue killed with its webhooks still installed (a crash): a pod without a queue name is created as ever,
-    one that asks for a queue is refused rather than started ungated. Kueue is started again afterwards."""
+    one that asks for a queue is refused rather than started ungated. Kueue is started again afterwards.
+
+    Disruptive: it holds the cluster alone. Kueue's webhooks refuse every gang pod's create and every change to
+    one while it is down, and a clean-clone make test once failed test_gang_e2e on that ('failed calling webhook
+    vpod.kb.io ... connection refused' while annotating a gang pod in another worker)."""
     if not cluster.is_local:
         pytest.skip("kills the local cluster's Kueue process; an external cluster's Kueue is not this test's")
     pid = int((cluster.kubeconfig.parent / "run" / "kueue.pid").read_text())
