@@ -10,14 +10,13 @@ import contextlib
 import dataclasses
 import os
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.repro import scenario as scenario_mod
-from tests.support import forkserver
+from tests.support import forkserver, ports
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -29,9 +28,9 @@ Launcher = forkserver.Forked
 Launch = Callable[..., tuple[scenario_mod.Scenario, Launcher]]
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A rendezvous port for the group (tests/support/ports.py: never one the kernel hands out as an ephemeral
+    port)."""
+    return ports.free_port()
 
 
 def start(sc: scenario_mod.Scenario, module: str = "tests.repro.decode_loop",

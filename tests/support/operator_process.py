@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -20,14 +19,11 @@ from pathlib import Path
 import yaml
 
 from tests.support.cluster import Cluster, wait_for
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +12,7 @@ from pathlib import Path
 from pdfleet.runtime.health import ledger
 from pdfleet.runtime.health.phases import Phase
 from tests.support import requires
+from tests.support.ports import free_port
 
 _RANK = """
 import json, sys
@@ -34,12 +34,6 @@ received = [
 dist.destroy_process_group()
 print(json.dumps(received))
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_two_ranks_count_each_real_gloo_broadcast_through_the_patched_receiver(tmp_path: Path) -> None:

@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.support.ports import free_port
+
 SERVE = ("from pdfleet.podrunner import zygote; zygote._prctl(zygote.PR_SET_CHILD_SUBREAPER, 1); "
          "zygote.Zygote().serve()")  # the zygote without its SGLang imports, which this test does not need
 
@@ -30,12 +32,6 @@ def send(zygote: subprocess.Popen[bytes], request: dict[str, Any]) -> None:
     assert zygote.stdin is not None
     zygote.stdin.write((json.dumps(request) + "\n").encode())
     zygote.stdin.flush()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def test_an_exit_is_reported_only_once_the_containers_other_processes_are_gone(tmp_path: Path) -> None:

@@ -22,6 +22,7 @@ from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import seams
 from pdfleet.runtime.patches import catalogue, targets
 from tests.support import refused_sglang_routes, requires
+from tests.support.ports import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -88,12 +89,6 @@ def test_installing_again_replaces_the_runtime_in_place(tmp_path: Path) -> None:
 
 
 # --- the agent the launcher starts ----------------------------------------------------------------------
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
 
 def get(url: str) -> tuple[int, Any]:
     with urllib.request.urlopen(url, timeout=10) as response:
