@@ -7,7 +7,8 @@ plays kubelet for pdfleet's own pods, see docs/local-fleet.md) run as local proc
 and a pid file under the cluster directory; `up` then starts Kueue, the gang scheduler (hack/kueue.py), against
 them. kwok turns fake GPU nodes Ready and pods Running without
 containers; every node's podCIDR lies inside 127.0.0.0/8, so a pod's IP is a loopback address a local process
-can listen on and nothing is ever sent to a private range.
+can listen on and nothing is ever sent to a private range. Last, `up` starts the real node (hack/realnode.py: a
+kubelet with containerd, in a network namespace of its own; PDFLEET_REAL_NODE=0 leaves it out).
 
     localcluster.py up       start what is not running (idempotent), create the nodes, wait until Ready
     localcluster.py down     stop the processes this tool started, by pid, and wipe etcd's data
