@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""A real Kubernetes control plane on loopback, without a container runtime.
+"""A real Kubernetes control plane on loopback: fake nodes without a container runtime, and one real node.
 
 etcd, kube-apiserver (TLS, client-certificate admin, RBAC enforced, service-account tokens),
 kube-controller-manager, kube-scheduler, the kwok controller and pdfleet's pod runner (`pdfleet-sim`, which
