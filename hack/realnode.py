@@ -39,7 +39,6 @@ import shutil
 import socket
 import subprocess
 import sys
-import tarfile
 import tempfile
 import urllib.error
 import urllib.request
@@ -48,6 +47,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import localcluster as lc  # beside this file; hack/ is not a package
 import netns_proxy
+from images import oci  # hack/images/: `make images`' OCI writer
 
 NETNS = os.environ.get("PDFLEET_NODE_NETNS", "pdfleet-node")
 NODE_NAME = "pdfleet-real-0"
@@ -297,63 +297,24 @@ def components() -> list[lc.Component]:
 
 
 def sandbox_image() -> Path:
-    """The pause image every pod's sandbox runs: catatonit (Debian's, static) in its pause mode, one layer."""
+    """The pause image every pod's sandbox runs: catatonit (Debian's, static) in its pause mode, one layer,
+    written by `make images`' own OCI writer (hack/images/oci.py, standard library only)."""
     out = NODE_DIR / "pause.oci.tar"
     if out.exists():
         return out
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        binary = Path(shutil.which("catatonit") or "/usr/bin/catatonit")
-        layer = work / "layer.tar"
-        with tarfile.open(layer, "w") as tar:
-            info = tar.gettarinfo(str(binary), arcname="pause")
-            info.uid = info.gid = 0
-            info.uname = info.gname = ""
-            info.mtime = 0
-            info.mode = 0o755
-            with binary.open("rb") as f:
-                tar.addfile(info, f)
-        digest = _sha256(layer)
-        config = json.dumps({
-            "architecture": "amd64", "os": "linux",
-            "config": {"Entrypoint": ["/pause", "-P"], "User": "65535:65535"},
-            "rootfs": {"type": "layers", "diff_ids": [f"sha256:{digest}"]},
-        }, sort_keys=True).encode()
-        blobs = work / "oci" / "blobs" / "sha256"
-        blobs.mkdir(parents=True)
-        shutil.copy(layer, blobs / digest)
-        config_digest = _write_blob(blobs, config)
-        manifest = json.dumps({
-            "schemaVersion": 2, "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json",
-                       "digest": f"sha256:{config_digest}", "size": len(config)},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": f"sha256:{digest}",
-                        "size": layer.stat().st_size}],
-        }, sort_keys=True).encode()
-        manifest_digest = _write_blob(blobs, manifest)
-        (work / "oci" / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
-        (work / "oci" / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [{
-            "mediaType": "application/vnd.oci.image.manifest.v1+json", "digest": f"sha256:{manifest_digest}",
-            "size": len(manifest), "annotations": {"org.opencontainers.image.ref.name": SANDBOX_IMAGE}}]}))
-        partial = out.with_suffix(".partial")
-        with tarfile.open(partial, "w") as tar:
-            tar.add(work / "oci", arcname=".")
-        partial.rename(out)
+        (work / "root").mkdir()
+        shutil.copy(shutil.which("catatonit") or "/usr/bin/catatonit", work / "root" / "pause")
+        (work / "root" / "pause").chmod(0o755)
+        layer = oci.write_layer(work / "root", work / "layer", gzip_level=None)
+        blob = oci.blob_path(work / "blobs", layer.descriptor.digest)
+        blob.parent.mkdir(parents=True)
+        (work / "layer").rename(blob)
+        config = oci.config_document(oci.ImageConfig(user="65535:65535", entrypoint=("/pause", "-P")), [layer],
+                                     ["catatonit -P, Debian's static build"])
+        oci.write_archive(out, work / "blobs", SANDBOX_IMAGE, config, [layer])
     return out
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def _write_blob(blobs: Path, data: bytes) -> str:
-    digest = hashlib.sha256(data).hexdigest()
-    (blobs / digest).write_bytes(data)
-    return digest
 
 
 def ctr(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
