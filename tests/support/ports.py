@@ -6,6 +6,7 @@ cluster's clients open hundreds), so a fixed port there fails now and then with 
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 from pathlib import Path
@@ -32,15 +33,37 @@ def outside_ephemeral(ports: dict[str, str]) -> dict[str, str]:
 FREE_PORTS = range(27000, 32768)
 
 
+def worker_slice(ports: range | list[int], env: dict[str, str] | None = None) -> list[int]:
+    """This pytest-xdist worker's share of `ports`: workers get disjoint shares, so two of them never hand out the
+    same port (a random pick from one common pool did, now and then: one engine's agent found its port taken)."""
+    env = os.environ if env is None else env
+    count = int(env.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    worker = env.get("PYTEST_XDIST_WORKER", "gw0")
+    index = int(worker[2:]) if worker.startswith("gw") and worker[2:].isdigit() else 0
+    return [p for i, p in enumerate(ports) if i % count == index % count]
+
+
+_handed_out: list[int] = []
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port on `host` that nothing listens on now and that the kernel never hands out as the local end of an
     outgoing connection: a port the kernel picks (bind to 0) is an ephemeral one, which another process's
     connection can take between this check and the server's bind (a clean-clone make test once lost an
-    operator's health port that way). Random in FREE_PORTS, so that workers seldom try the same one; the
-    kernel's own pick where this machine's ephemeral range covers FREE_PORTS."""
-    ephemeral = ephemeral_range()
-    candidates = [p for p in FREE_PORTS if p not in ephemeral]
-    for port in random.sample(candidates, min(len(candidates), 200)):
+    operator's health port that way).
+
+    Ports come from this worker's own share of FREE_PORTS, in a shuffled order walked round once before any port
+    comes again: callers often ask for several ports before binding any (an engine's HTTP, agent and bootstrap
+    ports), and a fresh random pick could return the same one twice. The kernel's own pick where this machine's
+    ephemeral range covers FREE_PORTS."""
+    if not _handed_out:
+        ephemeral = ephemeral_range()
+        share = worker_slice([p for p in FREE_PORTS if p not in ephemeral])
+        random.shuffle(share)
+        _handed_out.extend(share)
+    for _ in range(min(len(_handed_out), 200)):
+        port = _handed_out.pop(0)
+        _handed_out.append(port)
         with socket.socket() as s:
             try:
                 s.bind((host, port))
