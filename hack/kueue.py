@@ -15,7 +15,6 @@ standard library (the project's interpreter has it), for Kueue's webhook manifes
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
@@ -43,10 +42,7 @@ def version() -> str:
     value = os.environ.get("KUEUE_VERSION")
     if value:
         return value
-    for line in (lc.HACK / "versions.env").read_text().splitlines():
-        if line.startswith("KUEUE_VERSION="):
-            return line.split("=", 1)[1].strip()
-    raise lc.ClusterError("KUEUE_VERSION is not pinned in hack/versions.env")
+    return lc.pinned("KUEUE_VERSION")
 
 
 def binary() -> Path:
@@ -283,20 +279,8 @@ def status() -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "status"])
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "up":
-            up()
-        elif args.command == "down":
-            down()
-        else:
-            return status()
-    except lc.ClusterError as e:
-        print(f"kueue: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+    return lc.run_command("kueue", __doc__ or "", {
+        "up": lambda _: up(), "down": lambda _: down(), "status": lambda _: status()}, argv)
 
 
 if __name__ == "__main__":

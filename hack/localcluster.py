@@ -585,6 +585,15 @@ def env() -> None:
     print(f"export PATH={BIN}:$PATH")
 
 
+def pinned(name: str) -> str:
+    """A version pinned in hack/versions.env (`NAME=value` lines), the one place the local cluster's tools are
+    pinned."""
+    for line in (HACK / "versions.env").read_text().splitlines():
+        if line.startswith(f"{name}="):
+            return line.split("=", 1)[1].strip()
+    raise ClusterError(f"{name} is not pinned in {HACK / 'versions.env'}")
+
+
 def run_command(tool: str, doc: str, commands: dict[str, Callable[[list[str]], int | None]],
                 argv: list[str] | None) -> int:
     """The command line of the local cluster's tools: `TOOL COMMAND [ARGS...]`, a ClusterError printed as one
@@ -603,26 +612,10 @@ def run_command(tool: str, doc: str, commands: dict[str, Callable[[list[str]], i
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("command", choices=["up", "down", "env", "status", "nodes"])
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "up":
-            up()
-        elif args.command == "down":
-            down()
-        elif args.command == "env":
-            env()
-        elif args.command == "nodes":
-            ensure_nodes()
-        else:
-            return status()
-    except ClusterError as e:
-        print(f"localcluster: error: {e}", file=sys.stderr)
-        return 1
-    except KeyboardInterrupt:
-        return 130
-    return 0
+    return run_command("localcluster", __doc__ or "", {
+        "up": lambda _: up(), "down": lambda _: down(), "env": lambda _: env(), "status": lambda _: status(),
+        "nodes": lambda _: ensure_nodes(),
+    }, argv)
 
 
 if __name__ == "__main__":

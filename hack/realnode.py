@@ -9,7 +9,8 @@ container engine. Run by hack/localcluster.py `up` and `down` (PDFLEET_REAL_NODE
     realnode.py down    remove its pods' sandboxes, stop its processes, delete its network namespace
     realnode.py status  say what runs
     realnode.py push ARCHIVE REF   copy an OCI archive into the node's registry as REF (a real pull then finds it)
-    realnode.py push-built          push every image `make images` built, under its own name (`make images-push`)
+    realnode.py push-built [NAME...]  push the images `make images` built (all by default), each under its own
+                                      name (`make images-push`)
 
 Network: the node lives in a network namespace the cluster makes (`pdfleet-node`), with no link and no route out
 of it. Its pods sit on a bridge in that namespace (POD_SUBNET); nothing outside 127.0.0.0/8 is ever sent to but
@@ -509,10 +510,14 @@ def _push(args: list[str]) -> None:
     print(push(Path(args[0]), args[1]))
 
 
+def _push_built(names: list[str]) -> None:
+    push_built(names or None)
+
+
 def main(argv: list[str] | None = None) -> int:
     return lc.run_command("realnode", __doc__ or "", {
         "up": lambda _: up(), "down": lambda _: down(), "status": lambda _: status(), "push": _push,
-        "push-built": lambda _: push_built() and None,
+        "push-built": _push_built,
     }, argv)
 
 

@@ -6,23 +6,13 @@ import ipaddress
 import json
 import zlib
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
+from hack.localcluster import pinned
 from tests.support.cluster import Cluster, wait_for
 
 pytestmark = pytest.mark.cluster
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def pinned(name: str) -> str:
-    for line in (ROOT / "hack" / "versions.env").read_text().splitlines():
-        if line.startswith(f"{name}="):
-            return line.split("=", 1)[1].strip()
-    raise KeyError(name)
-
 
 def gpu_pod_template(gpus: int) -> dict[str, object]:
     return {

@@ -40,9 +40,7 @@ def on_real_node(name: str, containers: list[dict], **spec: object) -> dict:
 def test_the_node_is_a_real_kubelet_on_containerd(node: dict) -> None:
     info = node["status"]["nodeInfo"]
     # The kubelet make binaries built from the pinned Kubernetes module, not one that happened to be on the machine
-    pinned = next(line.split("=", 1)[1].strip() for line in (ROOT / "hack" / "versions.env").read_text().splitlines()
-                  if line.startswith("KUBE_VERSION="))
-    assert info["kubeletVersion"] == pinned
+    assert info["kubeletVersion"] == realnode.lc.pinned("KUBE_VERSION")
     assert info["containerRuntimeVersion"].startswith("containerd://")
     assert {"type": "InternalIP", "address": "127.0.0.1"} in node["status"]["addresses"]
     taints = {t["key"] for t in node["spec"].get("taints", [])}

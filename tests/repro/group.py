@@ -16,7 +16,7 @@ from pathlib import Path
 
 from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.repro import scenario as scenario_mod
-from tests.support import forkserver, ports
+from tests.support import forkserver
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,12 +26,6 @@ Launcher = forkserver.Forked
 # Starts a reproduction run: (patches, world, **story) -> (its scenario, the launcher process). The `launch`
 # fixture of tests/unit/conftest.py is one.
 Launch = Callable[..., tuple[scenario_mod.Scenario, Launcher]]
-
-def free_port() -> int:
-    """A rendezvous port for the group (tests/support/ports.py: never one the kernel hands out as an ephemeral
-    port)."""
-    return ports.free_port()
-
 
 def start(sc: scenario_mod.Scenario, module: str = "tests.repro.decode_loop",
           args: tuple[str, ...] = ()) -> Launcher:

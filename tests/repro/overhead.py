@@ -163,7 +163,7 @@ def bench_rank(sc: scenario_mod.Scenario, rank: int, rounds: int) -> None:
 def main(argv: list[str]) -> int:
     import argparse
 
-    from tests.repro import group
+    from tests.support import ports
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--world", type=int, required=True)
@@ -174,7 +174,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--role", choices=("decode", "prefill"), default="decode", help="the loops to run")
     args = parser.parse_args(argv)
     sc = scenario_mod.Scenario(
-        port=group.free_port(), ledger=str(Path(args.workdir) / "ledger"), workdir=args.workdir,
+        port=ports.free_port(), ledger=str(Path(args.workdir) / "ledger"), workdir=args.workdir,
         patches=tuple(args.patches), world=args.world, iterations=args.iterations, local_aborts={},
         forward_s=0.0, idle_s=0.0, role=args.role,
     )

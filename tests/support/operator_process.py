@@ -24,8 +24,6 @@ from tests.support.ports import free_port
 ROOT = Path(__file__).resolve().parents[2]
 
 
-
-
 def token_kubeconfig(cluster: Cluster, namespace: str, service_account: str, path: Path) -> Path:
     token = cluster.kubectl("create", "token", service_account, "-n", namespace, "--duration=2h").stdout.strip()
     path.write_text(yaml.safe_dump({

@@ -17,6 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
+from hack.localcluster import pinned
+
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "charts" / "pdfleet"
 RELEASE, RELEASE_NS = "pdfleet", "pdfleet-system"
@@ -75,9 +77,7 @@ RBAC_KINDS = ("ClusterRole", "Role")
 
 
 def kube_version() -> str:
-    env = dict(line.split("=", 1) for line in (ROOT / "hack" / "versions.env").read_text().splitlines()
-               if line and not line.startswith("#"))
-    return env["KUBE_VERSION"]
+    return pinned("KUBE_VERSION")
 
 
 def helm(*args: str, values: dict[str, Any] | None = None, check: bool = True) -> subprocess.CompletedProcess[str]:
