@@ -27,7 +27,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from pdfleet.runtime.health import ledger
 
@@ -140,7 +140,7 @@ def wait_until_drained(fetch: Callable[[], Mapping[str, Any]], *, timeout_s: flo
         sleep(interval_s)
 
 
-def container_log(proc: Path = Path("/proc")) -> Any:
+def container_log(proc: Path = Path("/proc")) -> TextIO | None:
     """The container's own log, when this hook runs beside the engine as the first process of its container (a
     kubelet's exec hook: its output is kept only when it fails, so the drain's decisions would be lost): the
     engine's stderr, opened for appending. None elsewhere (the local fleet's pod runner logs the hook's own

@@ -53,8 +53,36 @@ def ran(cluster: Cluster) -> Iterator[subprocess.CompletedProcess[str]]:
         clean(cluster)
 
 
+def cluster_view(cluster: Cluster) -> str:
+    """What a person would look at when the walkthrough stops: the pool's conditions and groups, every pod's phase
+    and containers' states in both namespaces, and the pool namespace's Events."""
+    try:
+        return _cluster_view(cluster)
+    except Exception as e:  # a walkthrough that stopped before the CRD or the namespaces existed
+        return f"(the cluster could not be read: {e})"
+
+
+def _cluster_view(cluster: Cluster) -> str:
+    lines = []
+    for item in cluster.get("pdpool", "-n", "demo")["items"]:
+        status = item.get("status") or {}
+        lines += [f"pool {item['metadata']['name']}: phase {status.get('phase')}"]
+        lines += [f"  {c['type']}={c['status']} {c.get('reason')}: {c.get('message')}" for c in status.get(
+            "conditions", [])]
+        lines += [f"  group {g['name']}: {g.get('phase')} {g.get('verdict')} {g.get('message') or ''}"
+                  for g in status.get("groups", [])]
+    for namespace in NAMESPACES:
+        for pod in cluster.get("pods", "-n", namespace)["items"]:
+            states = {c["name"]: next(iter(c.get("state") or {"unknown": {}}))
+                      for c in (pod.get("status") or {}).get("containerStatuses") or []}
+            lines.append(f"pod {namespace}/{pod['metadata']['name']}: {(pod.get('status') or {}).get('phase')} "
+                         f"on {pod['spec'].get('nodeName')}, ready {fleet.is_ready(pod)}, containers {states}")
+    return "\n".join([*lines, *fleet.event_lines(cluster, "demo")[-40:]])
+
+
 def test_the_readme_walkthrough_runs_as_written(cluster: Cluster, ran: subprocess.CompletedProcess[str]) -> None:
-    assert ran.returncode == 0, f"the README walkthrough failed:\n{ran.stderr[-6000:]}\n{ran.stdout[-3000:]}"
+    assert ran.returncode == 0, (f"the README walkthrough failed:\n{ran.stderr[-6000:]}\n{ran.stdout[-3000:]}\n"
+                                 f"what the cluster shows:\n{cluster_view(cluster)}")
     # The chat completion curl printed
     # (curl prints no newline after it: the next command's output follows on the same line)
     answer, _ = json.JSONDecoder().raw_decode(ran.stdout[ran.stdout.index('{"id"'):])

@@ -166,7 +166,7 @@ def live(pods: list[dict]) -> list[dict]:
 
 def generate(port: int) -> dict:
     code, body = http_post(f"http://127.0.0.1:{port}/generate",
-                                 {"text": "hello", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
+                           {"text": "hello", "sampling_params": {"max_new_tokens": 4}}, timeout=30)
     assert code == 200, body
     return json.loads(body)
 
@@ -186,8 +186,8 @@ def test_a_pool_on_the_real_node_serves_chat_and_generate_through_its_router(
         assert group["verdict"] == "Healthy", group
     assert generate(router_port)["meta_info"]["completion_tokens"] == 4
     code, body = http_post(f"http://127.0.0.1:{router_port}/v1/chat/completions",
-                                 {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
-                                 timeout=30)
+                           {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 8},
+                           timeout=30)
     assert code == 200, body
     assert json.loads(body)["choices"][0]["message"]["content"]
 
