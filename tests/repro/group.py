@@ -17,6 +17,7 @@ from pathlib import Path
 from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.repro import scenario as scenario_mod
 from tests.support import forkserver
+from tests.support.ports import free_port as free_port  # re-exported: the scenarios' rendezvous port
 
 REPO = Path(__file__).resolve().parents[2]
 
