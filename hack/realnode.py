@@ -480,7 +480,22 @@ def push(archive: Path, ref: str) -> str:
     if proc.returncode != 0:
         raise lc.ClusterError(f"skopeo copy {archive} -> {dest} failed: {proc.stderr.strip()}")
     inspect = subprocess.run(["skopeo", "inspect", "--tls-verify=false", "--raw", dest], capture_output=True)
-    return "sha256:" + hashlib.sha256(inspect.stdout).hexdigest()
+    digest = "sha256:" + hashlib.sha256(inspect.stdout).hexdigest()
+    forget_stale(ref, digest)
+    return digest
+
+
+def forget_stale(ref: str, digest: str) -> None:
+    """The node's containerd forgets its copy of `ref` when that is not `digest`: a pod asking for a tag it already
+    holds is never pulled again (IfNotPresent, the default for a tag), so it would go on running an earlier build
+    of the same name. Containers already running keep their image."""
+    if not CONTAINERD_SOCK.exists():
+        return  # the node is down: its containerd pulls afresh whatever is asked next
+    listed = ctr("images", "ls", f"name=={ref}", check=False).stdout.splitlines()[1:]
+    held = [line.split()[2] for line in listed if len(line.split()) > 2]
+    if held and held[0] != digest:
+        ctr("images", "rm", ref, check=False)
+        say(f"{ref}: the node forgot its copy {held[0][:19]}, the next pod pulls {digest[:19]}")
 
 
 def push_built(names: list[str] | None = None) -> dict[str, tuple[str, str]]:

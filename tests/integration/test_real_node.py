@@ -93,3 +93,30 @@ def test_a_pod_runs_in_a_real_container_and_is_stopped_with_sigterm(node: dict, 
     assert container_id.removeprefix("containerd://") in listed
     cluster.kubectl("delete", "pod", "pause", "-n", namespace, "--wait=true", timeout=60)
     assert container_id.removeprefix("containerd://") not in realnode.crictl("ps", "-a", "-q").stdout.split()
+
+
+def test_a_tag_pushed_again_is_what_the_next_pod_runs(node: dict, cluster: Cluster, namespace: str) -> None:
+    """`make images-push` after a rebuild pushes a new image under the same tag. A pod asking for a tag the node
+    already holds is not pulled again (IfNotPresent, the default for a tag), so without the push making the node
+    forget its stale copy, every pod would go on running the first build of that name."""
+    index_path = realnode.lc.CACHE / "images" / "index.json"
+    assert index_path.exists(), f"{index_path} is missing: run `make images` (make test does)"
+    images = json.loads(index_path.read_text())["images"]
+    ref = f"ghcr.io/pdfleet/retag-check:{namespace}"
+
+    def run(name: str, image: str) -> str:
+        """The digest of the image the pod's container ran, as the kubelet reports it."""
+        pod = on_real_node(name, [{"name": "main", "image": image, "command": ["true"],
+                                   "securityContext": {"runAsNonRoot": True, "allowPrivilegeEscalation": False}}],
+                           restartPolicy="Never")
+        cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+        ran = wait_for(f"pod {name}'s container started", lambda: next(
+            (s["imageID"] for s in cluster.get("pod", name, "-n", namespace)["status"].get("containerStatuses") or []
+             if s.get("imageID")), None), timeout=180)
+        return str(ran).rsplit("@", 1)[-1]
+
+    first = realnode.push(Path(images["pdfleet-runtime"]["archive"]), ref)
+    assert run("first", ref) == first == images["pdfleet-runtime"]["digest"]
+    second = realnode.push(Path(images["pdfleet-operator"]["archive"]), ref)
+    assert second == images["pdfleet-operator"]["digest"] != first
+    assert run("second", ref) == second, "the node ran its stale copy of the tag, not what was pushed"
