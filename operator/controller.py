@@ -34,6 +34,7 @@ from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
+from pdfleet.operator.planning.router_breakers import RouterView
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import gang, router_secret, stamp
@@ -75,6 +76,14 @@ def _no_engines(_: PoolKey) -> Mapping[str, EngineFacts]:
     return {}
 
 
+# What each router pod of a pool could route to at the last health poll, by pod name (`engines.membership`).
+RoutersView = Callable[[PoolKey], Mapping[str, RouterView]]
+
+
+def _no_routers(_: PoolKey) -> Mapping[str, RouterView]:
+    return {}
+
+
 # What the last health poll read of a pool's groups' load, for a scale-down's choice (`engines.monitor`).
 WorkView = Callable[[PoolKey], Work]
 
@@ -85,7 +94,8 @@ class Controller:
                  requeue: Callable[[PoolKey, float], None] | None = None,
                  engines: EnginesView = _no_engines, background_events: bool = False,
                  router_keys: RouterKeys | None = None, renders: Renders | None = None,
-                 status_pause: float = 0.0, work: WorkView | None = None) -> None:
+                 status_pause: float = 0.0, work: WorkView | None = None,
+                 routers: RoutersView = _no_routers) -> None:
         self._client = client
         self.router_keys = router_keys or RouterKeys(client)
         self._kueue = WorkloadReasons(client)  # why Kueue holds a gang, for the group's status
@@ -93,6 +103,7 @@ class Controller:
         self._settings = settings
         self._health = health
         self._engines = engines
+        self._routers = routers
         self._work = work  # None: no monitor reads loads, and a scale-down does not wait for them
         self._agents = agents  # evidence before a restart; without agents every pod is noted as not answering
         self._requeue = requeue  # reconcile a pool again after a delay (the work queue's add_after)
@@ -264,7 +275,7 @@ class Controller:
                               settings=self._settings,
                               health=self._health(key), engines=self._engines(key), router_key=keys.current,
                               renders=self._renders, work=self._work(key) if self._work is not None else None,
-                              gang_reasons=why)
+                              gang_reasons=why, routers=self._routers(key))
         planned = time.perf_counter()
         applied, deleting = self._applied.get(key), self._deleting.get(key)
         if applied is None or deleting is None:

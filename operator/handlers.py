@@ -114,11 +114,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
                                                  requeue=state.queue.add_after, engines=state.health.facts,
                                                  work=state.health.work,
                                                  background_events=True, renders=renders,
-                                                 status_pause=controller_mod.STATUS_PAUSE)
+                                                 status_pause=controller_mod.STATUS_PAUSE,
+                                                 routers=lambda key: state.membership.views(key)
+                                                 if state.membership is not None else {})
     # Routers follow what the operator judged: sick, terminating or stale engines leave their rotation.
     state.membership = membership.RouterMembership(routers=state.engines,
                                                    key=state.controller.router_keys.for_pod,
-                                                   post_event=state.controller.post_event)
+                                                   post_event=state.controller.post_event,
+                                                   poke=lambda key: _poke_known(state, key))
     # pdfleet's own autoscaler (spec.autoscaling) reads the load the same poll read, and writes the replicas.
     state.autoscaler = Autoscaler(client=state.client, loads=state.health.loads,
                                   post_event=state.controller.post_event, renders=renders)

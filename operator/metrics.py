@@ -45,6 +45,18 @@ ROUTER_WORKER_CHANGES = Counter(
     "verdict, terminating, not Ready, stale, wrong role, in rotation).",
     ["action", "reason"], registry=REGISTRY,
 )
+ROUTER_AVAILABLE_WORKERS = Gauge(
+    "pdfleet_router_available_workers",
+    "Workers of a role a pool's router pod can send requests to (healthy in its own checks, circuit not open), as "
+    "the operator read them at its last health poll; 0 means the router answers that role's requests 503.",
+    ["namespace", "pool", "router", "role"], registry=REGISTRY,
+)
+ROUTER_CIRCUIT_RESETS = Counter(
+    "pdfleet_router_circuit_resets_total",
+    "Circuit breakers the operator reset on a pool's routers (a worker it judges healthy re-registered), by why: "
+    "the role had no available worker, or a fault elsewhere in the pool opened it.",
+    ["reason"], registry=REGISTRY,
+)
 TOOLCALL_CANARY_RUNS = Counter(
     "pdfleet_toolcall_canary_runs_total",
     "Tool-call canary runs of the toolCallCanary verification gate at new decode groups' leaders, by result "

@@ -106,6 +106,8 @@ class OperatorState:
             self.health.forget(key)
         if self.controller:
             self.controller.forget(key)
+        if self.membership:
+            self.membership.forget(key)
         if self.role_scaler:
             self.role_scaler.forget(key)
         if self.autoscaler:

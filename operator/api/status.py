@@ -227,6 +227,16 @@ class RevisionWatch(ApiModel):
     )
 
 
+class RouterStatus(ApiModel):
+    """What one router pod can route to, as the operator last read it (routers with circuit breakers only)."""
+
+    name: Annotated[str, Field(max_length=253)] = Field(description="The router pod.")
+    available_prefill: Count = Field(default=0, description="Prefill workers it can send requests to (healthy in "
+                                                            "its own checks, circuit not open).")
+    available_decode: Count = Field(default=0, description="Decode workers it can send requests to.")
+    open_circuits: Count = Field(default=0, description="Workers whose circuit breaker is open in it.")
+
+
 class InferencePoolStatus(ApiModel):
     """The observed state of the pool."""
 
@@ -245,6 +255,12 @@ class InferencePoolStatus(ApiModel):
     decode: RoleStatus = Field(default_factory=RoleStatus, description="Decode group counts.")
     groups: tuple[GroupStatus, ...] = Field(
         default=(), max_length=4096, description="One entry per engine group.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    routers: tuple[RouterStatus, ...] = Field(
+        default=(), max_length=64, description="What each router pod can route to, where the routers run circuit "
+                                               "breakers (spec.router.circuitBreaker): a router with no available "
+                                               "worker of a role answers its requests 503 and is not serving.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     watch: RevisionWatch | None = Field(

@@ -37,6 +37,7 @@ from pdfleet.operator.planning.router_membership import Registered, Worker, pod_
 from pdfleet.operator.planning.verification import SERVER_INFO_FIELDS
 from pdfleet.operator.render.engine_group import AGENT_PORT
 from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.runtime import router_ready
 from pdfleet.runtime.health import report
 
 log = logging.getLogger(__name__)
@@ -148,7 +149,8 @@ class EngineClient:
         url = self.url(router, port, "/workers")
         body = _json(await self._get(url, headers=_auth(key)))
         try:
-            return [Registered(id=str(w["id"]), url=str(w["url"]), worker_type=str(w.get("worker_type", "")))
+            return [Registered(id=str(w["id"]), url=str(w["url"]), worker_type=str(w.get("worker_type", "")),
+                               healthy=w.get("is_healthy") is not False)
                     for w in body["workers"]]
         except (KeyError, TypeError) as e:
             log.debug("router %s did not list its workers: %r", url, e)
@@ -168,6 +170,12 @@ class EngineClient:
         its Prometheus port; None when it does not answer with metrics."""
         raw = await self._get(self.url(router, METRICS_PORT, "/metrics"))
         return bake.routed(raw.decode("utf-8", "replace")) if raw is not None else None
+
+    async def circuit_states(self, router: Body) -> Mapping[str, int] | None:
+        """Worker URL -> the state of its circuit breaker in `router` (0 closed, 1 open, 2 half-open), from its
+        Prometheus port; None when it does not answer with metrics."""
+        raw = await self._get(self.url(router, METRICS_PORT, "/metrics"))
+        return router_ready.circuit_states(raw.decode("utf-8", "replace")) if raw is not None else None
 
     # --- the OpenAI-compatible API
 

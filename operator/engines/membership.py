@@ -7,18 +7,22 @@ A router that does not answer is skipped until the next poll; nothing here ever 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from pdfleet.operator import metrics
+from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed, PoolKey
 from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import router_membership
+from pdfleet.operator.planning import router_breakers, router_membership
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.router_breakers import RouterView
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +30,7 @@ Body = dict[str, Any]
 PostEvent = Callable[[Mapping[str, Any], Event], Awaitable[None]]
 RouterKey = Callable[[Mapping[str, Any]], "str | None"]  # a router pod -> the control-plane key it started with
 GRACE_S = 5.0  # how long the router's own discovery gets to add a newly Ready engine before the operator does
+RESET_WAIT_S = 3.0  # how long a reset waits for the router to drop a worker before it adds it again
 
 
 def _serving(pod: Body) -> bool:
@@ -36,16 +41,31 @@ def _serving(pod: Body) -> bool:
 
 class RouterMembership:
     def __init__(self, *, routers: EngineClient, key: RouterKey, post_event: PostEvent | None = None,
-                 grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic) -> None:
+                 grace_s: float = GRACE_S, clock: Callable[[], float] = time.monotonic,
+                 poke: Callable[[PoolKey], None] | None = None) -> None:
         self._routers = routers  # not ours to close: the operator's one client, shared
         self._key = key
         self._post_event = post_event
         self._grace = grace_s
         self._clock = clock
+        self._poke = poke  # the pool's status says what its routers can route to: reconcile it when that changes
         # What each router lacks or has too much, since when: by pool, then by router pod uid. Per pool, because
         # each pool's poll sees only its own routers and must never forget another pool's.
         self._missing: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
         self._unwanted: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
+        self._views: dict[PoolKey, dict[str, RouterView]] = {}  # what each router can route to, by pod name
+        self._fault: dict[PoolKey, tuple[float, str]] = {}  # the pool's last fault: when, and what it was
+
+    def forget(self, key: PoolKey) -> None:
+        """The pool is gone (or no longer this operator's): its routers' memory and gauges go with it."""
+        self._missing.pop(key, None)
+        self._unwanted.pop(key, None)
+        self._fault.pop(key, None)
+        self._set_views(key, {})
+
+    def views(self, key: PoolKey) -> Mapping[str, RouterView]:
+        """What each router pod of the pool could route to at the last poll, by pod name."""
+        return self._views.get(key, {})
 
     async def sync(self, key: PoolKey, spec: InferencePoolSpec, observed: Observed,
                    health: Mapping[str, GroupHealth]) -> None:
@@ -54,11 +74,14 @@ class RouterMembership:
             log.debug("no serving router of %s/%s (%d known)", *key, len(observed.routers))
             self._missing.pop(key, None)
             self._unwanted.pop(key, None)
+            self._set_views(key, {})
             return
         missing = self._missing.setdefault(key, {})
         unwanted = self._unwanted.setdefault(key, {})
         wanted, left_out = router_membership.in_rotation(spec, observed.of_kind("Pod"),
                                                          {n: h.verdict for n, h in health.items()})
+        fault = self._recent_fault(key, spec, left_out)
+        views: dict[str, RouterView] = {}
         for router in routers:
             uid = router["metadata"].get("uid", "")
             port = spec.router.port
@@ -75,10 +98,83 @@ class RouterMembership:
                 log.debug("router %s: waiting out the grace for %s", router["metadata"]["name"],
                           sorted({*changes.missing_since, *changes.unwanted_since}))
             await self._apply(observed.pool, router, port, key_, changes)
+            if spec.router.circuit_breaker.enabled:
+                views[router["metadata"]["name"]] = await self._breakers(observed.pool, router, port, key_,
+                                                                        registered, wanted, fault)
+        self._set_views(key, views)
         alive = {r["metadata"].get("uid", "") for r in routers}
         for uid in [u for u in missing if u not in alive]:
             del missing[uid]
             unwanted.pop(uid, None)
+
+    def _recent_fault(self, key: PoolKey, spec: InferencePoolSpec, left_out: Mapping[str, str]) -> str | None:
+        """What went wrong in the pool within the breaker window: a group sick, or leaving (restarted, replaced)."""
+        now = self._clock()
+        faults = sorted({reason for reason in left_out.values()
+                         if reason in {str(v) for v in router_membership.SICK} | {router_membership.TERMINATING}})
+        if faults:
+            self._fault[key] = (now, "an engine group " + " and ".join(
+                "being replaced" if f == router_membership.TERMINATING else f"in {f}" for f in faults))
+        at, what = self._fault.get(key, (float("-inf"), ""))
+        window = parse_duration(spec.router.circuit_breaker.window).total_seconds()
+        return what if now - at <= window else None
+
+    async def _breakers(self, pool: Body, router_pod: Body, port: int, key: str | None,
+                        registered: list[router_membership.Registered],
+                        wanted: Mapping[str, router_membership.Worker], fault: str | None) -> RouterView:
+        """The router's view, after resetting the circuits `router_breakers.resets` names."""
+        name = router_pod["metadata"]["name"]
+        states = await self._routers.circuit_states(router_pod)
+        seen = router_breakers.view(name, registered, states or {})
+        resets = router_breakers.resets(seen, registered, wanted, fault=fault)
+        if not resets:
+            return seen
+        done = [r for r in resets if await self._reset(router_pod, port, key, r.worker, wanted[r.worker.url])]
+        if done:
+            meta = pool["metadata"]
+            for reset in done:
+                metrics.ROUTER_CIRCUIT_RESETS.labels(reason="no available worker" if "no other" in reset.reason
+                                                     else "fault in the pool").inc()
+            log.warning("router %s: reset the circuits of %s", name, ", ".join(r.worker.url for r in done),
+                        extra={"namespace": meta["namespace"], "pool": meta["name"], "router": name})
+            reasons = sorted({r.reason for r in done})
+            await self._event(pool, Event("Warning", "RouterCircuitsReset", (
+                f"router {name} had open circuits for {len(done)} worker(s) the operator judges healthy "
+                f"({', '.join(f'{r.worker.worker_type} {r.worker.url}' for r in done)}): "
+                f"{'; '.join(reasons)}; re-registered them")))
+        after = await self._routers.workers(router_pod, port, key)
+        states = await self._routers.circuit_states(router_pod)
+        return router_breakers.view(name, after, states or {}) if after is not None else seen
+
+    async def _reset(self, router_pod: Body, port: int, key: str | None, registered: router_membership.Registered,
+                     worker: router_membership.Worker) -> bool:
+        """Re-registers `worker`: removed, then (once the router has dropped it) added again."""
+        if not await self._routers.remove_worker(router_pod, port, key, registered):
+            return False
+        deadline = self._clock() + RESET_WAIT_S
+        while self._clock() < deadline:
+            listed = await self._routers.workers(router_pod, port, key)
+            if listed is not None and all(w.url != worker.url for w in listed):
+                break
+            await asyncio.sleep(0.1)
+        return await self._routers.add_worker(router_pod, port, key, worker)
+
+    def _set_views(self, key: PoolKey, views: dict[str, RouterView]) -> None:
+        namespace, pool = key
+        for name in set(self._views.get(key, {})) - set(views):
+            for role in router_breakers.ROLES:
+                with contextlib.suppress(KeyError):
+                    metrics.ROUTER_AVAILABLE_WORKERS.remove(namespace, pool, name, role)
+        for name, seen in views.items():
+            for role in router_breakers.ROLES:
+                metrics.ROUTER_AVAILABLE_WORKERS.labels(namespace, pool, name, role).set(seen.available.get(role, 0))
+        changed = views != self._views.get(key, {})
+        if views:
+            self._views[key] = views
+        else:
+            self._views.pop(key, None)
+        if changed and self._poke is not None:
+            self._poke(key)
 
     async def _apply(self, pool: Body, router_pod: Body, port: int, key: str | None,
                      changes: router_membership.Changes) -> None:

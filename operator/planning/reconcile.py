@@ -34,7 +34,15 @@ from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase, RoleStatus, Verdict
+from pdfleet.operator.api.status import (
+    GateState,
+    GroupStatus,
+    InferencePoolStatus,
+    Phase,
+    RoleStatus,
+    RouterStatus,
+    Verdict,
+)
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import (
     bake,
@@ -66,6 +74,7 @@ from pdfleet.operator.planning.groups import (
 from pdfleet.operator.planning.plan import Analysis, Event, ObjectRef, Plan, Restart
 from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
 from pdfleet.operator.planning.renders import Renders
+from pdfleet.operator.planning.router_breakers import RouterView
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
@@ -109,12 +118,14 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
          settings: Settings | None = None, health: Mapping[str, GroupHealth] | None = None,
          engines: Mapping[str, EngineFacts] | None = None, router_key: str = "key-1",
          renders: Renders | None = None, work: Work | None = None,
-         gang_reasons: Mapping[str, str] | None = None) -> Plan:
+         gang_reasons: Mapping[str, str] | None = None,
+         routers: Mapping[str, RouterView] | None = None) -> Plan:
     """What to do for `pool`, from what was observed: pure, with the time (`now`, aware) from the caller.
     `renders`: what earlier plans derived from the same spec and status (the executor keeps one); the plan is the
     same with or without it. `work`: the groups' load at the last health poll, which a scale-down's choice of
     group waits for (`ordinals`); None: not known, and not waited for. `gang_reasons`: why Kueue refuses the
-    gangs it holds, by Kueue group name (`gang_wait`)."""
+    gangs it holds, by Kueue group name (`gang_wait`). `routers`: what each router pod could route to at the last
+    health poll (routers with circuit breakers only; `router_breakers`)."""
     renders = renders if renders is not None else Renders()
     expect = expect or Expectations()
     pods = pods_by_group(observed.of_kind("Pod"))
@@ -149,7 +160,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     _plan_removals(want, observed, expect, out, surge_plan.removed(spec, slots, kept, previous),
                    failed={g.name for g in previous.groups if verification.failed(g.verification)})
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
-                         outcomes, unschedulable, gang_reasons or {})
+                         outcomes, unschedulable, gang_reasons or {}, routers or {})
     if (verified := rollback.record(pool, new_status, now)) is not None:
         out.pool_changes.append(verified)
     if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
@@ -422,7 +433,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
             previous: InferencePoolStatus, generation: int | None, now: datetime.datetime,
             out: _Builder, health: Mapping[str, GroupHealth], ctx: RenderContext,
             expect: Expectations, outcomes: Mapping[str, Outcome], unschedulable: Set[Role],
-            gang_reasons: Mapping[str, str]) -> InferencePoolStatus:
+            gang_reasons: Mapping[str, str], routers: Mapping[str, RouterView]) -> InferencePoolStatus:
     pods = pods_by_group(observed.of_kind("Pod"))
     groups = tuple(_act_on_health(spec, g, states[g.name], pods.get(g.name, []), observed, expect, now, out, ctx,
                                   _group_status(g, states[g.name], pods.get(g.name, []), previous,
@@ -445,7 +456,8 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
             surge=sum(g.surge for g in mine),
             surge_unschedulable=revision.pool_revision(spec) if role in unschedulable else None,
         )
-    router_ok = _router_available(spec, observed)
+    router_views = _router_views(observed, routers)
+    router_ok = _router_available(spec, observed, router_views)
     all_ready = all(c.ready >= c.desired for c in counts.values()) and router_ok
     judged = rollout_plan.judge(pool, spec, want.groups, states, outcomes, previous, by_name, now,
                                 router_ok=router_ok)
@@ -458,7 +470,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     failed = [n for n, s in states.items() if s is GroupState.FAILED]
     degraded = health_status.degraded(groups, failed)
     summary = (f"prefill {counts[Role.PREFILL].summary} ready, decode {counts[Role.DECODE].summary} ready"
-               + ("" if router_ok else ", router not available"))
+               + ("" if router_ok else ", router not available") + _routers_lacking(router_views))
     prev_conds = previous.conditions
     progressing_reason = "RollingOut" if any(s is GroupState.OUTDATED for s in states.values()) else \
         "Verifying" if rollout.status is ConditionStatus.UNKNOWN and not any(
@@ -530,6 +542,9 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         decode=counts[Role.DECODE],
         groups=groups,
         watch=watched.watch,
+        routers=tuple(RouterStatus(name=v.router, available_prefill=v.available.get(str(Role.PREFILL), 0),
+                                   available_decode=v.available.get(str(Role.DECODE), 0),
+                                   open_circuits=len(v.open_circuits)) for v in router_views),
         autoscaling=previous.autoscaling,  # the autoscaler's to write (operator/autoscaler.py): carried as it is
         conditions=status_mod.merge_conditions(prev_conds, conds),
     )
@@ -567,13 +582,25 @@ def _paused_message(states: Mapping[str, GroupState], summary: str) -> str:
            f"replacements already started finish and are verified ({summary}); `pdfleet rollout resume` continues"
 
 
-def _router_available(spec: InferencePoolSpec, observed: Observed) -> bool:
+def _router_views(observed: Observed, routers: Mapping[str, RouterView]) -> list[RouterView]:
+    """The views of router pods that exist and are not terminating, by name."""
+    live = {p["metadata"]["name"] for p in observed.routers if not p["metadata"].get("deletionTimestamp")}
+    return [routers[name] for name in sorted(live & set(routers))]
+
+
+def _router_available(spec: InferencePoolSpec, observed: Observed, views: list[RouterView]) -> bool:
+    """A router Deployment has an available pod and, where the operator reads what routers can route to, at least
+    one router can reach a worker of each role (one that cannot answers every request 503)."""
     if spec.router.replicas == 0:
         return True
-    for deployment in observed.of_kind("Deployment"):
-        if (deployment.get("status") or {}).get("availableReplicas", 0) >= 1:
-            return True
-    return False
+    if views and all(v.lacking for v in views):
+        return False
+    return any((d.get("status") or {}).get("availableReplicas", 0) >= 1 for d in observed.of_kind("Deployment"))
+
+
+def _routers_lacking(views: list[RouterView]) -> str:
+    lacking = [f"router {v.router} has no available {' or '.join(v.lacking)} worker" for v in views if v.lacking]
+    return f" ({'; '.join(lacking)})" if lacking else ""
 
 
 def _paused_status(previous: InferencePoolStatus, generation: int | None,

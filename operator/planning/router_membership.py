@@ -55,6 +55,7 @@ class Registered:
     id: str
     url: str
     worker_type: str
+    healthy: bool = True  # the router's own health checks
 
 
 @dataclasses.dataclass(frozen=True)

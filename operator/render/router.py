@@ -12,15 +12,20 @@ sglang-router's audit log of control-plane calls on. Client traffic (`/generate`
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from pdfleet.operator.api.roles import Role
+from pdfleet.operator.api.router import CircuitBreaker
+from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import labels, pod_security, router_secret
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.engine_group import RUNTIME_MOUNT
 
 Body = dict[str, Any]
 METRICS_PORT = 29000
+READY_PORT = 29001  # the readiness sidecar of a router with circuit breakers (runtime/router_ready.py)
 COMPONENT = "router"
 # A terminating router pod keeps serving this long before SIGTERM: Services, proxies and gateways take a moment
 # to stop sending it new requests, and those in flight finish (a key rotation rolls the routers).
@@ -57,7 +62,21 @@ def router_args(ctx: RenderContext, spec: InferencePoolSpec) -> list[str]:
         # id:name:role:key; the id is what the audit log names as the caller.
         "--control-plane-api-keys", f"{router_secret.KEY_ID}:pdfleet operator:admin:$({router_secret.ENV})",
         "--control-plane-audit-enabled",
+        *circuit_breaker_args(router.circuit_breaker),
     ]
+
+
+def _seconds(duration: str) -> str:
+    """sglang-router takes whole seconds: a shorter duration is rounded up, never down to 0."""
+    return str(max(1, math.ceil(parse_duration(duration).total_seconds())))
+
+
+def circuit_breaker_args(breaker: CircuitBreaker) -> list[str]:
+    if not breaker.enabled:
+        return ["--disable-circuit-breaker"]
+    return ["--cb-failure-threshold", str(breaker.failure_threshold),
+            "--cb-window-duration-secs", _seconds(breaker.window),
+            "--cb-timeout-duration-secs", _seconds(breaker.open_for)]
 
 
 def _key_env(ctx: RenderContext) -> list[Body]:
@@ -106,6 +125,8 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
         }],
         "volumes": [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}],
     }
+    if router.circuit_breaker.enabled:
+        _add_ready_sidecar(ctx, pod_spec, image, router.port, str(spec.engine.image_pull_policy))
     if router.scheduling.affinity:
         pod_spec["affinity"] = router.scheduling.affinity
     elif router.replicas > 1:
@@ -136,6 +157,37 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
              {"name": "metrics", "port": METRICS_PORT, "targetPort": "metrics"}]}},
         *_disruption_budget(ctx, name, common, selector, router.replicas),
     ]
+
+
+def _add_ready_sidecar(ctx: RenderContext, pod_spec: Body, image: str, port: int, pull_policy: str) -> None:
+    """sglang-router's `/readiness` needs a healthy worker of each role, which means "can route" while it runs no
+    circuit breakers; with them, an open circuit is invisible to it. The sidecar's readiness sees them, and a pod
+    is Ready only when all its containers are. It runs on the router's own image (it has Python), pdfleet's
+    runtime copied in by the init container engine pods use."""
+    pod_spec["initContainers"] = [{
+        "name": "pdfleet-runtime",
+        "image": ctx.runtime_image,
+        "command": ["pdfleet-install-runtime", RUNTIME_MOUNT],
+        "volumeMounts": [{"name": "pdfleet-runtime", "mountPath": RUNTIME_MOUNT}],
+        "securityContext": pod_security.container(read_only_root=True),
+    }]
+    pod_spec["containers"].append({
+        "name": "ready",
+        "image": image,
+        "imagePullPolicy": pull_policy,
+        "command": ["python3", "-m", "pdfleet.runtime.router_ready"],
+        "args": ["--host", "$(POD_IP)", "--port", str(READY_PORT), "--address", "$(POD_IP)",
+                 "--router-port", str(port), "--metrics-port", str(METRICS_PORT)],
+        "env": [{"name": "PYTHONPATH", "value": f"{RUNTIME_MOUNT}/lib"},
+                {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                *_key_env(ctx)],
+        "ports": [{"name": "ready", "containerPort": READY_PORT}],
+        "readinessProbe": {"httpGet": {"path": "/ready", "port": "ready"}, "periodSeconds": 2, "failureThreshold": 2},
+        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "128Mi"}},
+        "securityContext": pod_security.container(read_only_root=True),
+        "volumeMounts": [{"name": "pdfleet-runtime", "mountPath": RUNTIME_MOUNT, "readOnly": True}],
+    })
+    pod_spec["volumes"].append({"name": "pdfleet-runtime", "emptyDir": {"sizeLimit": "256Mi"}})
 
 
 def _disruption_budget(ctx: RenderContext, name: str, common: dict[str, str], selector: dict[str, str],

@@ -168,11 +168,14 @@ def inject(cluster: Cluster, namespace: str, pod: str, fault: str, **params: str
 
 @contextlib.contextmanager
 def steady_load(url: str, *, model: str, concurrency: int = 4, timeout_s: float = 10,
-                endpoints: Callable[[], Sequence[str]] | None = None) -> Iterator[loadgen.Load]:
-    """A client load from a thread of its own, stopped (and its requests finished) on exit."""
+                endpoints: Callable[[], Sequence[str]] | None = None,
+                rate: float | None = None) -> Iterator[loadgen.Load]:
+    """A client load from a thread of its own, stopped (and its requests finished) on exit: `concurrency`
+    clients in a closed loop, or with `rate`, that many requests a second however long the answers take."""
     load = loadgen.Load(url, model=model, concurrency=concurrency, timeout_s=timeout_s, endpoints=endpoints)
     loop = asyncio.new_event_loop()
-    thread = threading.Thread(target=lambda: loop.run_until_complete(load.run()), daemon=True)
+    run = load.run() if rate is None else load.run_steps([loadgen.Step(rate, float("inf"))])
+    thread = threading.Thread(target=lambda: loop.run_until_complete(run), daemon=True)
     thread.start()
     try:
         yield load

@@ -10,7 +10,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -152,17 +152,21 @@ def _router_health(port: int) -> bool:
 
 
 @contextlib.contextmanager
-def router(tmp: Path, prefill: SimEngine, decode: SimEngine) -> Iterator[Router]:
-    """The real sglang-router in PD mode on 127.0.0.1 in front of `prefill` and `decode`, answering /health;
-    stopped on exit."""
+def router(tmp: Path, prefill: SimEngine | Sequence[SimEngine], decode: SimEngine | Sequence[SimEngine],
+           extra: Sequence[str] = ()) -> Iterator[Router]:
+    """The real sglang-router in PD mode on 127.0.0.1 in front of `prefill` and `decode` (one engine or several),
+    with `extra` arguments, answering /health; stopped on exit."""
+    prefills = [prefill] if isinstance(prefill, SimEngine) else list(prefill)
+    decodes = [decode] if isinstance(decode, SimEngine) else list(decode)
+    workers = [*(a for p in prefills for a in ("--prefill", p.url, str(p.bootstrap_port))),
+               *(a for d in decodes for a in ("--decode", d.url))]
     port, metrics = free_port(), free_port()
     log_path = tmp / f"router-{port}.log"
     with log_path.open("w") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-             "--prefill", prefill.url, str(prefill.bootstrap_port), "--decode", decode.url,
+            [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation", *workers,
              "--host", "127.0.0.1", "--port", str(port),
-             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics)],
+             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics), *extra],
             stdout=log, stderr=subprocess.STDOUT)
         try:
             def up() -> bool:

@@ -13,6 +13,7 @@ from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile, spec_change
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.router_breakers import RouterView
 from pdfleet.operator.render import labels
 from tests.support import verified_engines
 from tests.support.pools import NO_BAKE, pool_body
@@ -319,3 +320,28 @@ def test_per_group_services_of_an_older_operator_are_removed_without_touching_th
     plan = cluster.step()
     assert [(ref.kind, ref.name) for ref in plan.delete] == [("Service", "tiny-decode-1")]
     assert plan.events == (), "no group was deleted"
+
+
+def test_a_pool_whose_every_router_lacks_a_role_is_not_ready_and_says_which_routers_and_why() -> None:
+    """What the operator read of the routers (routers with circuit breakers): a router with no available worker of
+    a role answers that role's requests 503, so it does not count as serving."""
+    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster.converge()
+    routers = (
+        {"metadata": {"name": "tiny-router-a", "uid": "r-a"}, "status": {"phase": "Running", "podIP": "10.0.0.9"}},)
+    stuck = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 0, "decode": 1}, ("http://10.0.0.1:30000",))}
+    health, engines = cluster.answers()
+    observed = Observed(pool=copy.deepcopy(cluster.pool), owned=copy.deepcopy(cluster.owned), routers=routers)
+    status = reconcile.plan(cluster.pool, observed, now=NOW, health=health, engines=engines, routers=stuck).status
+    assert status is not None
+    ready = next(c for c in status["conditions"] if c["type"] == "Ready")
+    assert ready["status"] == "False"
+    assert "router not available" in ready["message"] and "tiny-router-a has no available prefill worker" in \
+        ready["message"]
+    assert status["routers"] == [{"name": "tiny-router-a", "availablePrefill": 0, "availableDecode": 1,
+                                  "openCircuits": 1}]
+    healthy = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 1, "decode": 1})}
+    cluster.pool["status"] = status
+    again = reconcile.plan(cluster.pool, observed, now=NOW, health=health, engines=engines, routers=healthy).status
+    assert again is not None
+    assert next(c for c in again["conditions"] if c["type"] == "Ready")["status"] == "True"

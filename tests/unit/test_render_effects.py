@@ -287,3 +287,37 @@ def test_the_drain_reads_the_bound_the_rendered_command_gives_it(capsys: pytest.
         gone = f"http://127.0.0.1:{s.getsockname()[1]}"
     assert drain.main([*command[3:], "--url", gone]) == 0
     assert "(at most 900 s)" in capsys.readouterr().err
+
+
+@pytest.mark.effect("spec.router.circuitBreaker.enabled")
+def test_circuit_breakers_are_off_by_default_and_on_they_bring_a_readiness_that_sees_open_circuits() -> None:
+    off = router_pod(spec_of())
+    assert "--disable-circuit-breaker" in off["containers"][0]["args"]
+    assert off["containers"][0]["readinessProbe"]["httpGet"] == {"path": "/readiness", "port": "http"}
+    assert [c["name"] for c in off["containers"]] == ["router"] and "initContainers" not in off
+    on = router_pod(spec_of(router={"circuitBreaker": {"enabled": True}}))
+    router_args = on["containers"][0]["args"]
+    assert "--disable-circuit-breaker" not in router_args
+    sidecar = next(c for c in on["containers"] if c["name"] == "ready")
+    # A probe's named port is its own container's: the sidecar carries the probe, and a pod is Ready only when
+    # every container is.
+    assert sidecar["readinessProbe"]["httpGet"] == {"path": "/ready", "port": "ready"}
+    assert {"name": "ready", "containerPort": 29001} in sidecar["ports"]
+    assert sidecar["command"] == ["python3", "-m", "pdfleet.runtime.router_ready"]
+    # It asks the router's worker API with the router's own key, taken from the same Secret reference.
+    key_env = next(e for e in on["containers"][0]["env"] if e["name"] == "PDFLEET_ROUTER_ADMIN_KEY")
+    assert key_env in sidecar["env"]
+    assert [c["name"] for c in on["initContainers"]] == ["pdfleet-runtime"]
+
+
+@pytest.mark.effect("spec.router.circuitBreaker.failureThreshold", "spec.router.circuitBreaker.window",
+                    "spec.router.circuitBreaker.openFor")
+def test_the_breaker_settings_are_the_routers_arguments_in_whole_seconds_rounded_up() -> None:
+    args = router_pod(spec_of(router={"circuitBreaker": {
+        "enabled": True, "failureThreshold": 4, "window": "1m", "openFor": "1500ms"}}))["containers"][0]["args"]
+    assert value_of(args, "--cb-failure-threshold") == "4"
+    assert value_of(args, "--cb-window-duration-secs") == "60"
+    assert value_of(args, "--cb-timeout-duration-secs") == "2"
+    defaults = router_pod(spec_of(router={"circuitBreaker": {"enabled": True}}))["containers"][0]["args"]
+    assert (value_of(defaults, "--cb-failure-threshold"), value_of(defaults, "--cb-window-duration-secs"),
+            value_of(defaults, "--cb-timeout-duration-secs")) == ("10", "30", "10")

@@ -1,0 +1,76 @@
+"""What each router of a pool can route to, and which circuit breakers the operator resets. Pure.
+
+sglang-router (0.3.2) counts a failed PD request against both workers of its pair. Requests held by a hung decode
+engine fail together when it is restarted, and open the circuits of the healthy prefill engines they were paired
+with: a router then answers `503 No available prefill workers` to everyone until the circuits time out, while
+every engine is healthy. So, on a router that runs breakers (`spec.router.circuitBreaker.enabled`), the operator
+resets the circuit of a worker it holds in rotation (Ready, rank health not sick) when
+
+- no worker of that role is available on that router (every request would be refused: trying a worker the
+  operator judges healthy cannot be worse), or
+- the pool had a fault of its own (an engine group sick, restarted or being replaced) within the breaker's
+  window: the failures that opened the circuit are explained by that fault, not by this worker.
+
+A circuit opened by failures nothing in the pool explains, on a router that still has other workers of the role,
+is left to the router: that is what breakers are for. A reset is a re-registration (the router's worker API has
+no other way): remove, then add the same URL; the new registration starts with a closed circuit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+
+from pdfleet.operator.api.roles import Role
+from pdfleet.operator.planning.router_membership import Registered, Worker
+
+OPEN = 1  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open (a trial request goes through)
+ROLES = tuple(str(r) for r in Role)
+
+
+@dataclasses.dataclass(frozen=True)
+class RouterView:
+    """What one router can route to now."""
+
+    router: str  # pod name
+    available: Mapping[str, int]  # role -> workers healthy in the router's own checks and not circuit-open
+    open_circuits: tuple[str, ...] = ()  # URLs of workers whose circuit is open
+
+    @property
+    def lacking(self) -> tuple[str, ...]:
+        """The roles it has no available worker of: it answers every request 503."""
+        return tuple(role for role in ROLES if self.available.get(role, 0) < 1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Reset:
+    worker: Registered
+    reason: str
+
+
+def view(router: str, registered: Sequence[Registered], states: Mapping[str, int]) -> RouterView:
+    """`states`: URL -> circuit state, from the router's metrics (a worker missing there has a closed circuit)."""
+    available = dict.fromkeys(ROLES, 0)
+    opened = []
+    for worker in registered:
+        is_open = states.get(worker.url, 0) == OPEN
+        if is_open:
+            opened.append(worker.url)
+        if worker.worker_type in available and worker.healthy and not is_open:
+            available[worker.worker_type] += 1
+    return RouterView(router, available, tuple(sorted(opened)))
+
+
+def resets(router: RouterView, registered: Sequence[Registered], wanted: Mapping[str, Worker], *,
+           fault: str | None) -> tuple[Reset, ...]:
+    """The circuits to reset on `router`. `fault`: what went wrong in the pool within the breaker's window, if
+    anything (it explains failures charged to the workers it was paired with)."""
+    out = []
+    for worker in registered:
+        if worker.url not in router.open_circuits or worker.url not in wanted:
+            continue
+        if worker.worker_type in router.lacking:
+            out.append(Reset(worker, f"no other {worker.worker_type} worker was available on the router"))
+        elif fault is not None:
+            out.append(Reset(worker, f"opened by failures that followed {fault}"))
+    return tuple(out)
