@@ -23,8 +23,8 @@ import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-ROLES = ("prefill", "decode")
-OPEN = 1
+ROLES = ("prefill", "decode")  # sglang-router's worker_type of PD workers
+OPEN = 1  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open (a trial request goes through)
 KEY_ENV = "PDFLEET_ROUTER_ADMIN_KEY"  # the router container's own variable (operator/render/router_secret.py)
 _CB_STATE = re.compile(r'^smg_worker_cb_state\{[^}]*worker="([^"]+)"[^}]*\}\s+([0-9.eE+-]+)\s*$', re.M)
 

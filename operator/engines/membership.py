@@ -133,8 +133,7 @@ class RouterMembership:
         if done:
             meta = pool["metadata"]
             for reset in done:
-                metrics.ROUTER_CIRCUIT_RESETS.labels(reason="no available worker" if "no other" in reset.reason
-                                                     else "fault in the pool").inc()
+                metrics.ROUTER_CIRCUIT_RESETS.labels(reason=reset.cause).inc()
             log.warning("router %s: reset the circuits of %s", name, ", ".join(r.worker.url for r in done),
                         extra={"namespace": meta["namespace"], "pool": meta["name"], "router": name})
             reasons = sorted({r.reason for r in done})

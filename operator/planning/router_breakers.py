@@ -21,11 +21,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 
-from pdfleet.operator.api.roles import Role
 from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.runtime import router_ready
 
-OPEN = 1  # smg_worker_cb_state: 0 closed, 1 open, 2 half-open (a trial request goes through)
-ROLES = tuple(str(r) for r in Role)
+ROLES = router_ready.ROLES
+# Why a circuit is reset: the bounded values of pdfleet_router_circuit_resets_total{reason}.
+NO_WORKER = "no available worker"
+POOL_FAULT = "fault in the pool"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,20 +47,17 @@ class RouterView:
 @dataclasses.dataclass(frozen=True)
 class Reset:
     worker: Registered
-    reason: str
+    cause: str  # NO_WORKER or POOL_FAULT
+    reason: str  # the same, said for the Event
 
 
 def view(router: str, registered: Sequence[Registered], states: Mapping[str, int]) -> RouterView:
-    """`states`: URL -> circuit state, from the router's metrics (a worker missing there has a closed circuit)."""
-    available = dict.fromkeys(ROLES, 0)
-    opened = []
-    for worker in registered:
-        is_open = states.get(worker.url, 0) == OPEN
-        if is_open:
-            opened.append(worker.url)
-        if worker.worker_type in available and worker.healthy and not is_open:
-            available[worker.worker_type] += 1
-    return RouterView(router, available, tuple(sorted(opened)))
+    """`states`: URL -> circuit state, from the router's metrics (a worker missing there has a closed circuit).
+    Available means what the router's readiness sidecar counts (runtime/router_ready.py)."""
+    available = router_ready.available(
+        [{"url": w.url, "worker_type": w.worker_type, "is_healthy": w.healthy} for w in registered], states)
+    opened = sorted(w.url for w in registered if states.get(w.url, 0) == router_ready.OPEN)
+    return RouterView(router, available, tuple(opened))
 
 
 def resets(router: RouterView, registered: Sequence[Registered], wanted: Mapping[str, Worker], *,
@@ -70,7 +69,7 @@ def resets(router: RouterView, registered: Sequence[Registered], wanted: Mapping
         if worker.url not in router.open_circuits or worker.url not in wanted:
             continue
         if worker.worker_type in router.lacking:
-            out.append(Reset(worker, f"no other {worker.worker_type} worker was available on the router"))
+            out.append(Reset(worker, NO_WORKER, f"no other {worker.worker_type} worker was available on the router"))
         elif fault is not None:
-            out.append(Reset(worker, f"opened by failures that followed {fault}"))
+            out.append(Reset(worker, POOL_FAULT, f"opened by failures that followed {fault}"))
     return tuple(out)

@@ -30,7 +30,8 @@ def test_a_worker_unhealthy_in_the_routers_own_checks_is_not_available() -> None
 def test_when_a_role_has_no_available_worker_every_open_healthy_worker_of_it_is_reset() -> None:
     view = router_breakers.view("r", REGISTERED, {P1: 1, P2: 1})
     resets = router_breakers.resets(view, REGISTERED, WANTED, fault=None)
-    assert [r.worker.url for r in resets] == [P1, P2]
+    assert [(r.worker.url, r.cause) for r in resets] == [(P1, router_breakers.NO_WORKER),
+                                                          (P2, router_breakers.NO_WORKER)]
     assert all("no other prefill worker" in r.reason for r in resets)
 
 
@@ -42,8 +43,8 @@ def test_an_open_circuit_nothing_explains_is_left_to_the_router_while_the_role_h
 def test_a_fault_in_the_pool_explains_open_circuits_of_healthy_workers() -> None:
     view = router_breakers.view("r", REGISTERED, {P1: 1})
     resets = router_breakers.resets(view, REGISTERED, WANTED, fault="an engine group in Hang")
-    assert [(r.worker.url, r.reason) for r in resets] == [(P1, "opened by failures that followed an engine group "
-                                                               "in Hang")]
+    assert [(r.worker.url, r.cause, r.reason) for r in resets] == [
+        (P1, router_breakers.POOL_FAULT, "opened by failures that followed an engine group in Hang")]
 
 
 def test_a_worker_out_of_rotation_is_never_reset() -> None:
