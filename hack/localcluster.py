@@ -462,7 +462,27 @@ def ensure_nodes() -> None:
         return kubectl("get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0
 
     _wait("the controller-manager to create the default ServiceAccount", default_serviceaccount)
+    warm_ip_pools(sorted(wanted))
     say(f"{len(nodes)} fake nodes Ready ({sum('nvidia.com/gpu' in str(n) for n in nodes)} with GPUs)")
+
+
+def warm_ip_pools(nodes: list[str]) -> None:
+    """Has kwok give one pod on each node an IP, one node at a time. kwok (v0.8.0) makes a node's pool of pod IPs
+    when it first needs one, with a check-then-store that is not atomic: pods started at the same moment on a
+    node kwok has not given an IP yet can each make a pool of their own and get the same first address (seen:
+    a new pool's prefill and decode pods both 127.1.2.1, one of them then waited for good for the other to stop).
+    Once each node's pool exists, every later pod takes from it."""
+    for node in nodes:
+        name = f"pdfleet-ip-warmup-{node}"
+        kubectl("create", "-f", "-", stdin=json.dumps({
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": "default"},
+            "spec": {"nodeName": node, "tolerations": [{"operator": "Exists"}],
+                     "containers": [{"name": "warmup", "image": "pdfleet.invalid/warmup"}]}}))
+
+        def has_ip(pod: str = name) -> bool:
+            return bool(kubectl("get", "pod", pod, "-n", "default", "-o", "jsonpath={.status.podIP}").stdout)
+        _wait(f"kwok to give a pod on {node} an IP", has_ip, timeout=60)
+        kubectl("delete", "pod", name, "-n", "default", "--grace-period=0", "--force", "--wait=false")
 
 
 # -------------------------------------------------------------------------------------------- commands
