@@ -228,13 +228,15 @@ class RevisionWatch(ApiModel):
 
 
 class RouterStatus(ApiModel):
-    """What one router pod can route to, as the operator last read it (routers with circuit breakers only)."""
+    """What one router pod can route to, as the operator last read it."""
 
     name: Annotated[str, Field(max_length=253)] = Field(description="The router pod.")
     available_prefill: Count = Field(default=0, description="Prefill workers it can send requests to (healthy in "
                                                             "its own checks, circuit not open).")
     available_decode: Count = Field(default=0, description="Decode workers it can send requests to.")
     open_circuits: Count = Field(default=0, description="Workers whose circuit breaker is open in it.")
+    missing_workers: Count = Field(default=0, description="Workers the operator holds in rotation that it does not "
+                                                          "list (yet): a rollout is not over until it does.")
 
 
 class InferencePoolStatus(ApiModel):
@@ -258,9 +260,9 @@ class InferencePoolStatus(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     routers: tuple[RouterStatus, ...] = Field(
-        default=(), max_length=64, description="What each router pod can route to, where the routers run circuit "
-                                               "breakers (spec.router.circuitBreaker): a router with no available "
-                                               "worker of a role answers its requests 503 and is not serving.",
+        default=(), max_length=64, description="What each router pod can route to, as the operator last read "
+                                               "it: a router with no available worker of a role answers its "
+                                               "requests 503 and is not serving.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     watch: RevisionWatch | None = Field(

@@ -22,7 +22,7 @@ from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.planning import router_breakers, router_membership
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.router_breakers import RouterView
+from pdfleet.operator.planning.router_breakers import RouterView, Tried
 
 log = logging.getLogger(__name__)
 
@@ -55,12 +55,15 @@ class RouterMembership:
         self._unwanted: dict[PoolKey, dict[str, Mapping[str, float]]] = {}
         self._views: dict[PoolKey, dict[str, RouterView]] = {}  # what each router can route to, by pod name
         self._fault: dict[PoolKey, tuple[float, str]] = {}  # the pool's last fault: when, and what it was
+        # Each worker's circuit resets in a row, by pool, then by router pod uid, then by worker URL (their backoff).
+        self._tried: dict[PoolKey, dict[str, dict[str, Tried]]] = {}
 
     def forget(self, key: PoolKey) -> None:
         """The pool is gone (or no longer this operator's): its routers' memory and gauges go with it."""
         self._missing.pop(key, None)
         self._unwanted.pop(key, None)
         self._fault.pop(key, None)
+        self._tried.pop(key, None)
         self._set_views(key, {})
 
     def views(self, key: PoolKey) -> Mapping[str, RouterView]:
@@ -74,10 +77,12 @@ class RouterMembership:
             log.debug("no serving router of %s/%s (%d known)", *key, len(observed.routers))
             self._missing.pop(key, None)
             self._unwanted.pop(key, None)
+            self._tried.pop(key, None)
             self._set_views(key, {})
             return
         missing = self._missing.setdefault(key, {})
         unwanted = self._unwanted.setdefault(key, {})
+        tried = self._tried.setdefault(key, {})
         wanted, left_out = router_membership.in_rotation(spec, observed.of_kind("Pod"),
                                                          {n: h.verdict for n, h in health.items()})
         fault = self._recent_fault(key, spec, left_out)
@@ -97,15 +102,20 @@ class RouterMembership:
             if changes.missing_since or changes.unwanted_since:
                 log.debug("router %s: waiting out the grace for %s", router["metadata"]["name"],
                           sorted({*changes.missing_since, *changes.unwanted_since}))
-            await self._apply(observed.pool, router, port, key_, changes)
+            if await self._apply(observed.pool, router, port, key_, changes):
+                registered = await self._routers.workers(router, port, key_) or registered
             if spec.router.circuit_breaker.enabled:
-                views[router["metadata"]["name"]] = await self._breakers(observed.pool, router, port, key_,
-                                                                        registered, wanted, fault)
+                views[router["metadata"]["name"]], tried[uid] = await self._breakers(
+                    observed.pool, router, port, key_, registered, wanted, fault, tried.get(uid, {}))
+            else:  # no breakers: what it lists is what it can route to
+                views[router["metadata"]["name"]] = router_breakers.view(router["metadata"]["name"], registered, {},
+                                                                        wanted)
         self._set_views(key, views)
         alive = {r["metadata"].get("uid", "") for r in routers}
-        for uid in [u for u in missing if u not in alive]:
-            del missing[uid]
+        for uid in [u for u in {*missing, *tried} if u not in alive]:
+            missing.pop(uid, None)
             unwanted.pop(uid, None)
+            tried.pop(uid, None)
 
     def _recent_fault(self, key: PoolKey, spec: InferencePoolSpec, left_out: Mapping[str, str]) -> str | None:
         """What went wrong in the pool within the breaker window: a group sick, or leaving (restarted, replaced)."""
@@ -121,15 +131,23 @@ class RouterMembership:
 
     async def _breakers(self, pool: Body, router_pod: Body, port: int, key: str | None,
                         registered: list[router_membership.Registered],
-                        wanted: Mapping[str, router_membership.Worker], fault: str | None) -> RouterView:
-        """The router's view, after resetting the circuits `router_breakers.resets` names."""
+                        wanted: Mapping[str, router_membership.Worker], fault: str | None,
+                        tried: Mapping[str, Tried]) -> tuple[RouterView, dict[str, Tried]]:
+        """The router's view, after resetting the circuits `router_breakers.resets` names and their backoff allows,
+        and the router's resets in a row after those."""
         name = router_pod["metadata"]["name"]
         states = await self._routers.circuit_states(router_pod)
-        seen = router_breakers.view(name, registered, states or {})
-        resets = router_breakers.resets(seen, registered, wanted, fault=fault)
+        seen = router_breakers.view(name, registered, states or {}, wanted)
+        now = self._clock()
+        wanted_resets = router_breakers.resets(seen, registered, wanted, fault=fault)
+        resets = router_breakers.due(wanted_resets, tried, now)
+        if len(resets) < len(wanted_resets):
+            log.debug("router %s: circuit resets backing off for %s", name,
+                      sorted({r.worker.url for r in wanted_resets} - {r.worker.url for r in resets}))
         if not resets:
-            return seen
+            return seen, router_breakers.remember(tried, seen, (), now)
         done = [r for r in resets if await self._reset(router_pod, port, key, r.worker, wanted[r.worker.url])]
+        tried = router_breakers.remember(tried, seen, done, now)
         if done:
             meta = pool["metadata"]
             for reset in done:
@@ -143,7 +161,7 @@ class RouterMembership:
                 f"{'; '.join(reasons)}; re-registered them")))
         after = await self._routers.workers(router_pod, port, key)
         states = await self._routers.circuit_states(router_pod)
-        return router_breakers.view(name, after, states or {}) if after is not None else seen
+        return (router_breakers.view(name, after, states or {}, wanted) if after is not None else seen), tried
 
     async def _reset(self, router_pod: Body, port: int, key: str | None, registered: router_membership.Registered,
                      worker: router_membership.Worker) -> bool:
@@ -176,13 +194,16 @@ class RouterMembership:
             self._poke(key)
 
     async def _apply(self, pool: Body, router_pod: Body, port: int, key: str | None,
-                     changes: router_membership.Changes) -> None:
+                     changes: router_membership.Changes) -> bool:
+        """Makes `changes`; whether the router took any."""
+        took = False
         router = router_pod["metadata"]["name"]
         meta = pool["metadata"]
         where = {"namespace": meta["namespace"], "pool": meta["name"], "router": router}
         for removal in changes.remove:
             if not await self._routers.remove_worker(router_pod, port, key, removal.worker):
                 continue
+            took = True
             metrics.ROUTER_WORKER_CHANGES.labels(action="remove", reason=_reason_label(removal.reason)).inc()
             log.info("router %s: removed worker %s (%s)", router, removal.worker.url, removal.reason, extra=where)
             sick = removal.reason in {str(v) for v in router_membership.SICK}
@@ -193,11 +214,13 @@ class RouterMembership:
         for worker in changes.add:
             if not await self._routers.add_worker(router_pod, port, key, worker):
                 continue
+            took = True
             metrics.ROUTER_WORKER_CHANGES.labels(action="add", reason="in rotation").inc()
             log.info("router %s: added worker %s of group %s", router, worker.url, worker.group, extra=where)
             await self._event(pool, Event("Normal", "RouterWorkerAdded",
                                           f"router {router} sends requests to {worker.role} group {worker.group} "
                                           f"({worker.url}) again"))
+        return took
 
     async def _event(self, pool: Body, event: Event) -> None:
         if self._post_event is not None:

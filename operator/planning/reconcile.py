@@ -125,7 +125,7 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     same with or without it. `work`: the groups' load at the last health poll, which a scale-down's choice of
     group waits for (`ordinals`); None: not known, and not waited for. `gang_reasons`: why Kueue refuses the
     gangs it holds, by Kueue group name (`gang_wait`). `routers`: what each router pod could route to at the last
-    health poll (routers with circuit breakers only; `router_breakers`)."""
+    health poll (`router_breakers`)."""
     renders = renders if renders is not None else Renders()
     expect = expect or Expectations()
     pods = pods_by_group(observed.of_kind("Pod"))
@@ -459,8 +459,9 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     router_views = _router_views(observed, routers)
     router_ok = _router_available(spec, observed, router_views)
     all_ready = all(c.ready >= c.desired for c in counts.values()) and router_ok
+    # A rollout, rollback or restart is over only once every router lists the groups in rotation again.
     judged = rollout_plan.judge(pool, spec, want.groups, states, outcomes, previous, by_name, now,
-                                router_ok=router_ok)
+                                router_ok=router_ok and all(v.settled for v in router_views))
     update_rev, rollout, settled, watched = judged.update, judged.condition, judged.settled, judged.watched
     _say_bakes(want, outcomes, out, now)
     if judged.decision.change is not None:
@@ -544,7 +545,8 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
         watch=watched.watch,
         routers=tuple(RouterStatus(name=v.router, available_prefill=v.available.get(str(Role.PREFILL), 0),
                                    available_decode=v.available.get(str(Role.DECODE), 0),
-                                   open_circuits=len(v.open_circuits)) for v in router_views),
+                                   open_circuits=len(v.open_circuits), missing_workers=len(v.missing))
+                     for v in router_views),
         autoscaling=previous.autoscaling,  # the autoscaler's to write (operator/autoscaler.py): carried as it is
         conditions=status_mod.merge_conditions(prev_conds, conds),
     )
@@ -600,6 +602,8 @@ def _router_available(spec: InferencePoolSpec, observed: Observed, views: list[R
 
 def _routers_lacking(views: list[RouterView]) -> str:
     lacking = [f"router {v.router} has no available {' or '.join(v.lacking)} worker" for v in views if v.lacking]
+    lacking += [f"router {v.router} does not list {len(v.missing)} worker(s) in rotation yet" for v in views
+                if v.missing]
     return f" ({'; '.join(lacking)})" if lacking else ""
 
 

@@ -7,8 +7,13 @@ docs/local-fleet.md): its engines start, pass eventLoop and serverArgs, and then
 their requests or run three times slower; or they leak DSML into their answers, which the toolCallCanary gate
 (on here) catches before the bake. Nothing is injected into a running pod for those: the operator has to find
 out from what the engines publish and answer. They are rolled out one after the other on one pool (two prefill groups,
-two decode groups at TP 2: a desync takes two ranks) under 20+ requests/s from a client process of its own
-(`pdfleet-sim load`); then a good revision that goes bad in its watch.
+two decode groups at TP 2: a desync takes two ranks, two router replicas) under 20+ requests/s through both routers
+from a client process of its own (`pdfleet-sim load --pool`); then a good revision that goes bad in its watch.
+
+Each router pod is also asked directly a few times a second throughout, Ready or not: after a bad canary's rollback,
+or several in a row, no router may be left answering `503 No available ... workers` (the pool keeps a serving group
+of each role all along). With sglang-router's circuit breakers on, requests failed by a hung canary used to open
+the circuits of the healthy workers they were paired with, for a minute (docs/router.md).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from typing import Any
 import pytest
 
 from tests.integration.test_cli_e2e import pdfleet
-from tests.support import fleet
+from tests.support import fleet, router_probe
 from tests.support.cluster import Cluster, WaitTimeout, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.pools import example
@@ -51,9 +56,10 @@ WHY = {  # what the Warning that stops each rollout says: its bake failed, or (b
 # Two groups of each role: with one, replacing it (the good revision's rollout, the rollback) leaves the router
 # without a worker of that role until the new one is up: an outage that is the shape's, not the revision's.
 SHAPE = {"prefill": {"replicas": 2, "tp": 1, "gpusPerNode": 1}, "decode": {"replicas": 2, "tp": 2, "gpusPerNode": 2},
-         "router": {"replicas": 1}}
+         "router": {"replicas": 2}}
 POOL = "baked"
 CONCURRENCY = 12
+NO_WORKERS_S = 5.0  # the longest a router may answer "no available workers": a router's own bookkeeping, no more
 
 
 def settled(cluster: Cluster, namespace: str, name: str, *, timeout: float = 360) -> dict[str, Any]:
@@ -101,13 +107,14 @@ class Blast:
 
 
 class Load:
-    """`pdfleet-sim load` at one router, a process of its own (the test's own process is busy with kubectl and
-    the CLI): its progress read as it comes, its final summary when stopped."""
+    """`pdfleet-sim load` at every Ready router of the pool, a process of its own (the test's own process is busy
+    with kubectl and the CLI): its progress read as it comes, its final summary when stopped."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, cluster: Cluster, namespace: str) -> None:
         self.started = time.monotonic()
         self._proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "pdfleet-sim"), "load", "--url", url, "--model", MODEL,
+            [str(Path(sys.executable).parent / "pdfleet-sim"), "load", "--pool", f"{namespace}/{POOL}",
+             "--kubeconfig", str(cluster.kubeconfig), "--model", MODEL,
              "--concurrency", str(CONCURRENCY), "--timeout", "10", "--every", "1", "--json"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.ok = self.failed = 0
@@ -183,19 +190,24 @@ def test_bad_revisions_are_stopped_at_their_canary_and_one_bad_in_its_watch_is_r
         **SHAPE)
     good = settled(cluster, namespace, POOL)["status"]["currentRevision"]
     blast = Blast(cluster, namespace)
-    load = Load(fleet.router_url(cluster, namespace, POOL, workers=4))
+    fleet.router_url(cluster, namespace, POOL, workers=4)
+    load = Load(cluster, namespace)
     report: list[str] = []
+    port = fleet.pool(cluster, namespace, POOL)["spec"]["router"]["port"]
+    probed = router_probe.sampling(lambda: router_probe.pod_urls(fleet.router_pods(cluster, namespace, POOL), port))
     try:
         wait_for("the load flowing", lambda: load.ok >= 40, timeout=60)
-        with fleet.every(1.0, blast.look):
+        with fleet.every(1.0, blast.look), probed as samples:
             for kind, env in BAD.items():
                 started, failed_before = time.monotonic(), load.failed
                 engine_env(cluster, namespace, POOL, env)
                 watched = pdfleet(cluster, "rollout", "status", POOL, "-n", namespace, "--watch", "--timeout",
                                   "4m", timeout=270)
                 back = settled(cluster, namespace, POOL)
+                stuck = router_probe.longest_no_workers(samples, since=started)
                 report.append(f"{kind}: stopped and rolled back in {time.monotonic() - started:.0f} s, client "
-                              f"requests failed meanwhile: {load.failed - failed_before}")
+                              f"requests failed meanwhile: {load.failed - failed_before}, longest 'no available "
+                              f"workers' per router: {stuck}")
                 assert watched.returncode == 1, f"{kind}: {watched.stdout}{watched.stderr}"
                 assert back["status"]["currentRevision"] == good and "env" not in back["spec"]["engine"], kind
                 fault = env["PDFLEET_SIM_FAULT"]
@@ -215,6 +227,12 @@ def test_bad_revisions_are_stopped_at_their_canary_and_one_bad_in_its_watch_is_r
     finally:
         summary = load.stop()
         print("\n".join(report), f"\nclient requests: {summary}", sep="")
+    assert len({s.router for s in samples}) >= 2, "both routers were asked"
+    # After each bad canary's rollback, five of them in a row, and the watched revision's: no router was left
+    # without a worker of a role (the pool kept a serving group of each).
+    stuck = router_probe.longest_no_workers(samples, since=0.0)
+    assert max(stuck.values()) <= NO_WORKERS_S, (f"a router answered 'no available workers' for {stuck} s",
+                                                  *fleet.event_lines(cluster, namespace))
     assert len(fleet.events(cluster, namespace, POOL, "RolloutRolledBack")) == len(BAD) + 1
     assert summary["rate"] >= 20, f"the load was {summary['rate']:.1f} req/s, not the 20 asked for"
     # Only requests in flight where a bad revision broke fail (a few per revision here), not an outage.

@@ -13,8 +13,10 @@ import time
 
 import pytest
 
+from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.runtime import router_ready
 from tests.support import fleet, router_probe
-from tests.support.cluster import Cluster, wait_for
+from tests.support.cluster import Cluster, WaitTimeout, wait_for
 from tests.support.operator_process import OperatorProcess
 
 pytestmark = pytest.mark.cluster
@@ -109,3 +111,96 @@ def test_with_circuit_breakers_the_circuits_a_hung_group_opened_are_reset_by_the
     for router in listed:
         for role in ("prefill", "decode"):
             assert operator.metric("pdfleet_router_available_workers", router=router["name"], role=role) == 2
+
+
+def _available(operator: OperatorProcess, router: str, role: str) -> float | None:
+    """pdfleet_router_available_workers for one router and role; None while the operator exports none."""
+    for line in operator.metrics().splitlines():
+        if line.startswith("pdfleet_router_available_workers{") and f'router="{router}"' in line and \
+                f'role="{role}"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return None
+
+
+def _routers_seen(cluster: Cluster, namespace: str) -> list[str]:
+    """What each router pod says of itself: Ready, its workers (healthy in its checks) and their circuits; for a
+    failure's message."""
+    lines = []
+    port = fleet.pool(cluster, namespace, POOL)["spec"]["router"]["port"]
+    for pod in fleet.router_pods(cluster, namespace, POOL):
+        ip = pod["status"].get("podIP")
+        listed = fleet.workers(f"http://{ip}:{port}", fleet.router_key(cluster, namespace, POOL, pod)) or []
+        _, metrics = fleet.http_get(f"http://{ip}:{METRICS_PORT}/metrics")
+        states = router_ready.circuit_states(metrics)
+        lines.append(f"{pod['metadata']['name']} Ready={fleet.is_ready(pod)}: " + ", ".join(
+            f"{w.get('worker_type')} {w.get('url')} healthy={w.get('is_healthy')} circuit={states.get(w.get('url'))}"
+            for w in listed))
+    return lines
+
+
+def _status_routers(cluster: Cluster, namespace: str) -> dict[str, dict]:
+    routers = (fleet.pool(cluster, namespace, POOL).get("status") or {}).get("routers") or []
+    return {r["name"]: r for r in routers}
+
+
+def test_a_router_with_every_circuit_open_goes_not_ready_and_is_said_so_until_the_operator_brings_it_back(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    """Breakers on. Every engine answers every request with a 500 while its health checks pass (the simulator's
+    `failing` fault, at share 1): every circuit opens in both routers. A router then goes not Ready (its readiness
+    sidecar: it cannot route), and meanwhile the pool's status and the operator's gauge show it with no prefill
+    worker available. The operator resets the circuits of engines it judges healthy, ever more rarely while they
+    open again at once (not at every poll); once the engines answer again, its next reset brings each router back:
+    Ready, a worker of each role available, said in the status and the gauge. (A circuit that opened again just
+    before the engines healed, on a router that has other workers of its role, is left to the router.)"""
+    fleet.apply_pool(cluster, namespace, POOL, router={"circuitBreaker": {
+        "enabled": True, "failureThreshold": 3, "openFor": "10m", "window": "2m"}})
+    fleet.wait_ready(cluster, namespace, POOL)
+    engines = [p["metadata"]["name"] for p in fleet.engine_pods(cluster, namespace, POOL)]
+    url = fleet.router_url(cluster, namespace, POOL, workers=4)
+    with fleet.ready_routers(cluster, namespace, POOL) as endpoints, \
+            fleet.steady_load(url, model=MODEL, rate=10, timeout_s=10, endpoints=lambda: list(endpoints)) as load:
+        wait_for("requests succeeding", lambda: load.tally.ok >= 20, timeout=60)
+        failing_since = time.monotonic()
+        for pod in engines:
+            fleet.inject(cluster, namespace, pod, "failing", fail_share="1")
+
+        def not_ready() -> list[str] | None:
+            return [p["metadata"]["name"] for p in fleet.router_pods(cluster, namespace, POOL)
+                    if not fleet.is_ready(p)] or None
+        router = wait_for("a router not Ready", not_ready, timeout=90, interval=0.3)[0]
+        said = wait_for(f"the pool's status: {router} has no prefill worker available", lambda: (
+            r := _status_routers(cluster, namespace).get(router)) and r.get("availablePrefill") == 0 and r,
+            timeout=30, interval=0.3)
+        assert said.get("openCircuits"), said
+        wait_for(f"the gauge: {router} has no prefill worker available",
+                 lambda: _available(operator, router, "prefill") == 0, timeout=30, interval=0.3)
+
+        for pod in engines:
+            cluster.kubectl("annotate", "pod", pod, "-n", namespace, f"{fleet.FAULT}-", "sim.pdfleet.dev/fail-share-")
+        failing_for = time.monotonic() - failing_since
+
+        def every_router_back() -> bool:
+            pods = fleet.router_pods(cluster, namespace, POOL)
+            routers = _status_routers(cluster, namespace)
+            return len(pods) == 2 and all(fleet.is_ready(p) for p in pods) and len(routers) == 2 and all(
+                r.get("availablePrefill", 0) >= 1 and r.get("availableDecode", 0) >= 1 for r in routers.values())
+        try:
+            wait_for("every router Ready and able to reach a worker of each role", every_router_back, timeout=120,
+                     interval=0.5)
+        except WaitTimeout as e:
+            raise AssertionError("\n".join([str(e), f"status.routers: {_status_routers(cluster, namespace)}",
+                                            *_routers_seen(cluster, namespace),
+                                            *fleet.event_lines(cluster, namespace)])) from None
+        back_in = time.monotonic() - failing_since - failing_for
+    # A circuit still open on a router that has other workers of its role is the router's to close (openFor).
+    for pod in fleet.router_pods(cluster, namespace, POOL):
+        for role in ("prefill", "decode"):
+            assert (_available(operator, pod["metadata"]["name"], role) or 0) >= 1
+    resets = fleet.events(cluster, namespace, POOL, "RouterCircuitsReset")
+    assert any(router in e["message"] and "no other prefill worker was available" in e["message"] for e in resets), \
+        [e["message"] for e in resets]
+    # Backing off: per router, resets at 0, 5, 15, 35, 75... s into the failure, not one a second.
+    rounds = sum(1 for at in (0, 5, 15, 35, 75, 135, 195, 255) if at <= failing_for + back_in) + 1
+    print(f"failing for {failing_for:.0f} s, every router back {back_in:.0f} s after; {len(resets)} reset Events; "
+          f"client load: {load.tally.summary()}")
+    assert sum(e.get("count", 1) for e in resets) <= 2 * rounds, [e["message"] for e in resets]

@@ -19,6 +19,7 @@ from pdfleet.operator.api.status import Bake, GateState, ServingSample, Verdict
 from pdfleet.operator.planning import bake, reconcile, rollback
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.router_breakers import RouterView
 from pdfleet.operator.render import labels
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles
@@ -184,6 +185,30 @@ def test_a_good_revision_bakes_each_group_then_is_watched_and_only_then_recorded
     assert watch["revision"] == new and watch.get("failure") is None
     since, until = (datetime.datetime.fromisoformat(watch[k]) for k in ("since", "until"))
     assert until - since == datetime.timedelta(minutes=5)
+
+
+def test_a_rollout_is_over_only_once_every_router_lists_the_workers_in_rotation() -> None:
+    """Every group baked and verified is not enough: a router that does not list a worker the operator holds in
+    rotation (the membership read at the last poll) keeps the revision from becoming current, and the status
+    says which router. Once it lists them all, the revision is current and its postRolloutWatch begins."""
+    cluster = cluster_of(verification={"bake": "1m"})
+    first = cluster.pool["status"]["currentRevision"]
+    roll_out(cluster, overlapSchedule="Disabled")
+    cluster.routers = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 2, "decode": 1},
+                                                   missing=("http://10.0.0.7:30000",))}
+    plans = cluster.walk(40)
+    status = cluster.pool["status"]
+    assert verified_condition(cluster)["status"] == "True", "every group verified"
+    assert status["currentRevision"] == first and "RolloutWatching" not in reasons(plans)
+    assert status["routers"] == [{"name": "tiny-router-a", "availablePrefill": 2, "availableDecode": 1,
+                                  "openCircuits": 0, "missingWorkers": 1}]
+    progressing = next(c for c in status["conditions"] if c["type"] == "Progressing")
+    assert progressing["status"] == "True", progressing
+    assert "router tiny-router-a does not list 1 worker(s) in rotation yet" in progressing["message"], progressing
+    cluster.routers = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 2, "decode": 2})}
+    plans = cluster.walk(3)
+    assert cluster.pool["status"]["currentRevision"] == cluster.pool["status"]["updateRevision"] != first
+    assert "RolloutWatching" in reasons(plans), "its postRolloutWatch starts only now"
 
 
 def test_the_record_does_not_move_while_the_revision_is_watched() -> None:

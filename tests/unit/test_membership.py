@@ -9,6 +9,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.render import labels
 from tests.support.pools import example
 
 Body = dict[str, Any]
@@ -38,13 +39,21 @@ class FakeRouters:
         return True
 
     async def add_worker(self, router: Body, port: int, key: str | None, worker: Worker) -> bool:
+        self.lists[base(router, port)].append(Registered(f"id-{worker.url}", worker.url, str(worker.role)))
         return True
 
 
-def observed(pool: str, router_ip: str) -> Observed:
+def observed(pool: str, router_ip: str, *engines: Body) -> Observed:
     router = {"metadata": {"name": f"{pool}-router-x", "uid": f"uid-{pool}"},
               "status": {"phase": "Running", "podIP": router_ip}}
-    return Observed(pool={"metadata": {"name": pool, "namespace": "ns"}}, owned={}, routers=(router,))
+    return Observed(pool={"metadata": {"name": pool, "namespace": "ns"}}, routers=(router,),
+                    owned={("Pod", e["metadata"]["name"]): e for e in engines})
+
+
+def engine_pod(group: str, role: str, ip: str) -> Body:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{group}-0", "labels": {labels.ROLE: role, labels.GROUP: group}},
+            "status": {"phase": "Running", "podIP": ip, "conditions": [{"type": "Ready", "status": "True"}]}}
 
 
 def test_a_stale_worker_of_each_pool_goes_after_the_grace_while_pools_take_turns() -> None:
@@ -63,3 +72,23 @@ def test_a_stale_worker_of_each_pool_goes_after_the_grace_while_pools_take_turns
 
     asyncio.run(polls())
     assert sorted(routers.removed) == ["http://127.1.9.1:30000", "http://127.1.9.2:30000"]
+
+
+def test_each_router_is_seen_short_of_a_worker_in_rotation_until_it_lists_it() -> None:
+    """Without circuit breakers too: what a router lists is what the pool's status and a rollout's end read. A
+    decode group just Ready is missing from the router until it finds it itself or the grace ends and the operator
+    adds it."""
+    lists: dict[str, list[Registered]] = {"http://127.1.4.1:30000": []}
+    routers = FakeRouters(lists)
+    now = [0.0]
+    membership = RouterMembership(routers=routers, grace_s=5.0, clock=lambda: now[0],  # type: ignore[arg-type]
+                                  key=lambda pod: f"key-of-http://{pod['status']['podIP']}:30000")
+    seen = observed("a", "127.1.4.1", engine_pod("a-decode-0", "decode", "127.1.9.3"))
+    url = f"http://127.1.9.3:{SPEC.decode.port}"
+    asyncio.run(membership.sync(("ns", "a"), SPEC, seen, {}))
+    [view] = membership.views(("ns", "a")).values()
+    assert view.missing == (url,) and not view.settled and view.available == {"prefill": 0, "decode": 0}
+    now[0] = 6.0
+    asyncio.run(membership.sync(("ns", "a"), SPEC, seen, {}))
+    [view] = membership.views(("ns", "a")).values()
+    assert view.missing == () and view.available["decode"] == 1, "added after the grace, and seen at once"

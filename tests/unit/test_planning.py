@@ -34,9 +34,12 @@ class FakeCluster:
         self.loops: dict[str, str] = {}  # group -> the loop its ranks report instead
         self.server_args: dict[str, Body] = {}  # group -> /server_info fields its leader reports instead
         self.gang_reasons: dict[str, str] = {}  # Kueue group -> why Kueue holds it, as kube/kueue.py reads it
+        self.routers: dict[str, RouterView] = {}  # what each router pod can route to, as membership read it
 
     def observed(self) -> Observed:
-        return Observed(pool=copy.deepcopy(self.pool), owned=copy.deepcopy(self.owned))
+        pods = tuple({"metadata": {"name": name, "uid": f"uid-{name}"}, "status": {"phase": "Running"}}
+                     for name in self.routers)
+        return Observed(pool=copy.deepcopy(self.pool), owned=copy.deepcopy(self.owned), routers=pods)
 
     def apply(self, plan: Plan) -> None:
         for obj in plan.apply:
@@ -74,7 +77,7 @@ class FakeCluster:
     def step(self, now: datetime.datetime = NOW) -> Plan:
         health, engines = self.answers()
         plan = reconcile.plan(self.pool, self.observed(), now=now, health=health, engines=engines,
-                              gang_reasons=self.gang_reasons)
+                              gang_reasons=self.gang_reasons, routers=self.routers)
         self.apply(plan)
         return plan
 
@@ -339,7 +342,7 @@ def test_a_pool_whose_every_router_lacks_a_role_is_not_ready_and_says_which_rout
     assert "router not available" in ready["message"] and "tiny-router-a has no available prefill worker" in \
         ready["message"]
     assert status["routers"] == [{"name": "tiny-router-a", "availablePrefill": 0, "availableDecode": 1,
-                                  "openCircuits": 1}]
+                                  "openCircuits": 1, "missingWorkers": 0}]
     healthy = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 1, "decode": 1})}
     cluster.pool["status"] = status
     again = reconcile.plan(cluster.pool, observed, now=NOW, health=health, engines=engines, routers=healthy).status

@@ -51,3 +51,39 @@ def test_a_worker_out_of_rotation_is_never_reset() -> None:
     view = router_breakers.view("r", REGISTERED, {P1: 1, P2: 1})
     wanted = {P2: WANTED[P2], D1: WANTED[D1]}  # P1 is sick, or being replaced
     assert [r.worker.url for r in router_breakers.resets(view, REGISTERED, wanted, fault="x")] == [P2]
+
+
+def _no_worker_resets() -> tuple[router_breakers.RouterView, tuple[router_breakers.Reset, ...]]:
+    view = router_breakers.view("r", REGISTERED, {P1: 1, P2: 1})
+    return view, router_breakers.resets(view, REGISTERED, WANTED, fault=None)
+
+
+def test_a_circuit_that_opens_again_after_each_reset_is_reset_ever_more_rarely() -> None:
+    """A worker that fails every request while the operator's checks pass: reset at once, then after 5 s, 10 s,
+    20 s, 40 s, and a minute from then on, not at every poll."""
+    view, wanted = _no_worker_resets()
+    tried: dict[str, router_breakers.Tried] = {}
+    resets_at = []
+    for second in range(0, 400):  # a poll a second, the circuits open again at each
+        done = router_breakers.due(wanted, tried, float(second))
+        if done:
+            resets_at.append(second)
+        tried = router_breakers.remember(tried, view, done, float(second))
+    assert resets_at == [0, 5, 15, 35, 75, 135, 195, 255, 315, 375]
+
+
+def test_a_worker_whose_circuit_stays_closed_a_minute_after_its_reset_starts_over() -> None:
+    view, wanted = _no_worker_resets()
+    tried = router_breakers.remember({}, view, wanted, 0.0)
+    tried = router_breakers.remember(tried, view, wanted, 5.0)  # two in a row: the next waits 10 s
+    assert router_breakers.due(wanted, tried, 14.0) == ()
+    closed = router_breakers.view("r", REGISTERED, {})
+    assert router_breakers.remember(tried, closed, (), 30.0) == tried, "closed, but not for a minute yet"
+    assert router_breakers.remember(tried, closed, (), 65.0) == {}
+    assert router_breakers.remember(tried, view, (), 65.0) == tried, "open: the backoff holds"
+
+
+def test_a_reset_the_router_refused_is_not_counted() -> None:
+    view, wanted = _no_worker_resets()
+    tried = router_breakers.remember({}, view, wanted[:1], 0.0)
+    assert [r.worker.url for r in router_breakers.due(wanted, tried, 1.0)] == [P2]
