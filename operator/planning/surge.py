@@ -42,8 +42,14 @@ def kept(spec: InferencePoolSpec, want: Desired, counts: Mapping[Role, int]) -> 
 
 def removed(spec: InferencePoolSpec, slots: Desired, kept: Set[str], previous: InferencePoolStatus) -> set[str]:
     """The surge groups that go now (not those a scale-down leaves past replicas)."""
-    return {g.name for g in slots.groups if g.name not in kept and
-            spec.role(g.id.role).replicas == previous.role(g.id.role).desired}
+    return {g.name for g in slots.groups if g.name not in kept and _of_a_rollout(spec, g.id.role, previous)}
+
+
+def _of_a_rollout(spec: InferencePoolSpec, role: Role, previous: InferencePoolStatus) -> bool:
+    """Whether groups of `role` in the slots past replicas are a rollout's surge groups: not while the role scales,
+    when they are the groups a scale-down leaves (one Kueue still holds was once taken for a surge gang with no
+    room, and said so in a RolloutSurgeUnschedulable Warning with no rollout at all)."""
+    return spec.role(role).replicas == previous.role(role).desired
 
 
 def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, list[Body]],
@@ -55,7 +61,7 @@ def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, lis
     events: list[Event] = []
     for group in want.groups:
         role = group.id.role
-        if role in held or not group.surge:
+        if role in held or not group.surge or not _of_a_rollout(spec, role, previous):
             continue
         if (why := gang_wait.unscheduled(pods.get(group.name, []))) is not None:
             said = f"could not be scheduled ({why})"

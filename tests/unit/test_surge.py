@@ -6,12 +6,14 @@ the role fall back to maxUnavailable."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
 
 from pdfleet.operator.planning import gang_wait, reconcile, surge
 from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.render import gang
 from tests.support.pools import pool_body
 from tests.unit.test_bake import ServingCluster, cluster_of, faulty_groups, messages, reasons, roll_out
 from tests.unit.test_planning import replaced_roles
@@ -176,3 +178,69 @@ def test_a_surge_gang_kueue_has_no_room_for_falls_back_to_max_unavailable_with_k
     assert not [o for o in cluster.owned.values() if o["metadata"].get("labels", {}).get("pdfleet.dev/group") ==
                 "tiny-decode-2"], "tried once, then deleted"
     assert sorted(r for p in plans for r in replaced_roles(p)) == ["decode"] * 2 + ["prefill"] * 2
+
+
+class KueueRoomForOneGang(ServingCluster):
+    """Kueue has quota for one decode gang: it admits gangs in the order they come while none holds the quota, and
+    holds the others at its admission gate with QUOTA_SHORT. A deleted pod stays one step, terminating, and its
+    gang keeps the quota until it is gone, as on a cluster."""
+
+    def __init__(self, pool: Body) -> None:
+        super().__init__(pool)
+        self.admitted: list[str] = []
+        self.terminating: list[tuple[str, str]] = []
+
+    def apply(self, plan: Plan) -> None:
+        before = dict(self.owned)
+        for key in self.terminating:
+            self.owned.pop(key, None)
+        super().apply(plan)
+        self.terminating = [(ref.kind, ref.name) for ref in plan.delete
+                            if ref.kind == "Pod" and (ref.kind, ref.name) in before]
+        for key in self.terminating:
+            self.owned[key] = copy.deepcopy(before[key])
+            self.owned[key]["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+        gangs: dict[str, list[Body]] = {}
+        for (kind, _), obj in self.owned.items():
+            if kind == "Pod" and (name := obj["metadata"]["labels"].get(gang.GROUP_LABEL)):
+                gangs.setdefault(name, []).append(obj)
+        self.admitted = [g for g in self.admitted if g in gangs]
+        for name, pods in gangs.items():
+            if name in self.admitted:
+                continue
+            if not self.admitted:
+                self.admitted.append(name)
+                continue
+            for pod in pods:
+                if not pod["metadata"].get("deletionTimestamp"):
+                    pod["spec"]["schedulingGates"] = [{"name": "kueue.x-k8s.io/admission"}]
+                    pod["status"] = {"phase": "Pending", "conditions": [
+                        {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+
+    def step(self, now: Any = None) -> Plan:
+        self.gang_reasons = {n: QUOTA_SHORT for n in gang_wait.held_gangs(
+            o for (kind, _), o in self.owned.items() if kind == "Pod")}
+        return super().step()
+
+
+def test_a_group_a_scale_down_leaves_above_replicas_is_no_surge_gang_and_the_rollout_after_says_so_once() -> None:
+    """Two decode gangs, room for one: Kueue holds the second. Scaled to one group while maxSurge is 1, the held
+    group sits where a surge group would; it is the scale-down's to delete, not a rollout's surge gang with no room
+    (that Warning, with no rollout at all, was once posted here, and again by the rollout that followed: seen
+    twice in the gang story on the local cluster). The rollout after it falls back once, and says so once."""
+    cluster = KueueRoomForOneGang(pool_body(base="multinode-decode", prefill=1, decode=2, rollout__autoRollback=True,
+                                            decode__scheduling={"gang": {"queueName": "gpus"}}))
+    cluster.pool["spec"]["rollout"] |= {"maxSurge": {"decode": 1}, "maxUnavailable": {"decode": 1},
+                                        "postRolloutWatch": "0s"}
+    assert "GroupWaiting" in reasons(cluster.walk(8)), "Kueue holds the second gang"
+    cluster.pool["spec"]["decode"]["replicas"] = 1
+    cluster.pool["metadata"]["generation"] += 1
+    scaled = cluster.walk(6)
+    assert "Scaled" in reasons(scaled) and surge.UNSCHEDULABLE_REASON not in reasons(scaled), \
+        [(e.reason, e.message) for p in scaled for e in p.events]
+    assert "surgeUnschedulable" not in cluster.pool["status"]["decode"]
+    roll_out(cluster, overlapSchedule="Disabled")
+    plans, _, _, _ = walk(cluster, 40)
+    [warning] = messages(plans, surge.UNSCHEDULABLE_REASON)
+    assert "is held by Kueue, which has no room for its gang" in warning, warning
+    assert cluster.pool["status"]["currentRevision"] == cluster.pool["status"]["updateRevision"]
