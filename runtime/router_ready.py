@@ -18,6 +18,7 @@ import json
 import os
 import re
 import sys
+import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
@@ -69,13 +70,32 @@ def check(router: str, metrics: str, key: str | None, timeout: float = 2.0) -> t
     return verdict(available((w for w in workers if isinstance(w, dict)), states))
 
 
+class Verdicts:
+    """Says on stderr (the container's log) when the verdict or its reason changes, once: `kubectl logs -c ready`
+    tells why a router pod is not Ready without a line per probe."""
+
+    def __init__(self) -> None:
+        self._last: tuple[bool, str] | None = None
+        self._lock = threading.Lock()
+
+    def said(self, ready: bool, why: str) -> None:
+        with self._lock:
+            if (ready, why) == self._last:
+                return
+            self._last = (ready, why)
+        print(f"pdfleet-router-ready: {'ready' if ready else 'not ready'}: {why}", file=sys.stderr, flush=True)
+
+
 def serve(host: str, port: int, router: str, metrics: str, key: str | None) -> None:
+    verdicts = Verdicts()
+
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             if self.path != "/ready":
                 self.send_error(404)
                 return
             ready, why = check(router, metrics, key)
+            verdicts.said(ready, why)
             body = json.dumps({"ready": ready, "reason": why}).encode()
             self.send_response(200 if ready else 503)
             self.send_header("Content-Type", "application/json")

@@ -3,6 +3,7 @@ real containers, and whose network reaches nothing outside the machine."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -10,7 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from pdfleet.operator.cache import Observed
+from pdfleet.operator.planning import reconcile
 from tests.support.cluster import Cluster, wait_for
+from tests.support.pools import pool_body
 
 pytestmark = pytest.mark.cluster
 
@@ -120,3 +124,45 @@ def test_a_tag_pushed_again_is_what_the_next_pod_runs(node: dict, cluster: Clust
     second = realnode.push(Path(images["pdfleet-operator"]["archive"]), ref)
     assert second == images["pdfleet-operator"]["digest"] != first
     assert run("second", ref) == second, "the node ran its stale copy of the tag, not what was pushed"
+
+
+def test_a_router_pod_with_breakers_runs_its_readiness_sidecar_in_a_real_container(
+        node: dict, cluster: Cluster, namespace: str) -> None:
+    """The router pod the operator renders for a pool with circuit breakers, as it renders it (the runtime copied in
+    by the init container, the sidecar on the router's image, read-only root, non-root, its probe on $(POD_IP)), run
+    by the real kubelet: the sidecar answers its probe and, with a router that has no worker, says the pod cannot
+    route, in its probe's 503 and its log, having asked the router with the key from the pool's Secret."""
+    refs = realnode.push_built(["pdfleet-engine-cpu", "pdfleet-runtime"])
+    pool = pool_body(name="rr", namespace=namespace, router__image=refs["pdfleet-engine-cpu"][0],
+                     router__circuitBreaker={"enabled": True})
+    plan = reconcile.plan(pool, Observed(pool=pool, owned={}), now=datetime.datetime.now(datetime.UTC))
+    [deployment] = [o for o in plan.apply if o["kind"] == "Deployment"]
+    spec = deployment["spec"]["template"]["spec"]
+    assert spec["initContainers"][0]["image"] == refs["pdfleet-runtime"][0]
+    # On the real node, beside whatever else runs there: a router pod that asks for no whole core.
+    spec |= {"nodeSelector": {realnode.LABEL: "true"}, "affinity": {},
+             "tolerations": [{"key": realnode.TAINT["key"], "operator": "Exists"}]}
+    for container in spec["containers"]:
+        container["resources"]["requests"] = {"cpu": "50m", "memory": "64Mi"}
+    cluster.kubectl("create", "serviceaccount", spec["serviceAccountName"], "-n", namespace)
+    cluster.kubectl("create", "secret", "generic", "rr-router-key", "-n", namespace, "--from-literal=key-1=k1")
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rr-router"}, "spec": spec}
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(pod))
+
+    def sidecar() -> dict | None:
+        statuses = cluster.get("pod", "rr-router", "-n", namespace)["status"].get("containerStatuses") or []
+        return next((s for s in statuses if s["name"] == "ready" and (s.get("state") or {}).get("running")), None)
+    running = wait_for("the sidecar running in its container", sidecar, timeout=240)
+    assert running["containerID"].startswith("containerd://") and not running["ready"]
+    # (Until the router listens, the sidecar says it does not answer.)
+    wait_for("the sidecar's verdict in its log: no worker to route to", lambda: (
+        "pdfleet-router-ready: not ready: no available prefill or decode worker" in cluster.kubectl(
+            "logs", "rr-router", "-c", "ready", "-n", namespace, check=False).stdout), timeout=120)
+    probed = wait_for("the kubelet's probe of the sidecar answered 503", lambda: [
+        e for e in cluster.get("events", "-n", namespace)["items"]
+        if e["involvedObject"].get("fieldPath") == "spec.containers{ready}" and e["reason"] == "Unhealthy"
+        and "statuscode: 503" in e["message"]], timeout=60)
+    assert probed
+    restarts = {s["name"]: s["restartCount"] for s in cluster.get("pod", "rr-router", "-n", namespace)["status"][
+        "containerStatuses"]}
+    assert restarts["ready"] == 0, restarts

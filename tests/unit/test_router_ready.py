@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from pdfleet.runtime import router_ready
 from tests.support import sim_engine
@@ -40,6 +41,18 @@ def test_a_role_whose_workers_are_all_open_or_unhealthy_makes_the_router_not_rea
 def test_a_router_that_does_not_answer_is_not_ready() -> None:
     ready, why = router_ready.check(f"http://127.0.0.1:{free_port()}", f"http://127.0.0.1:{free_port()}", KEY)
     assert not ready and "does not answer" in why
+
+
+def test_the_verdict_is_logged_when_it_changes_not_at_every_probe(capsys: pytest.CaptureFixture[str]) -> None:
+    verdicts = router_ready.Verdicts()
+    for ready, why in [(False, "the router does not answer"), (False, "no available prefill worker"),
+                       (False, "no available prefill worker"), (True, "available workers: 2"),
+                       (True, "available workers: 2"), (False, "gone")]:
+        verdicts.said(ready, why)
+    assert capsys.readouterr().err.splitlines() == [
+        "pdfleet-router-ready: not ready: the router does not answer",
+        "pdfleet-router-ready: not ready: no available prefill worker",
+        "pdfleet-router-ready: ready: available workers: 2", "pdfleet-router-ready: not ready: gone"]
 
 
 def _ready(url: str) -> tuple[int, str]:
