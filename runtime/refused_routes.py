@@ -1,8 +1,8 @@
 """SGLang HTTP requests no pdfleet engine runs: refused at the engine's HTTP server, with the reason, always.
 
-Five run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
+Ten run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
 engine (pdfleet refuses `--admin-api-key`, so SGLang's admin-optional endpoints take none; docs/desync-audit.md
-items 12 to 14):
+items 12 to 14 and 16):
 - `POST /update_weights_from_disk`: every rank loads the checkpoint and catches its own failure; a rank whose load
   fails skips the CUDA-graph recapture and the cache flush its peers run, and SGLang's "rollback" re-reads the new
   checkpoint. In pdfleet a pool's model changes by a rollout of `spec.model`, which replaces engine pods.
@@ -11,6 +11,11 @@ items 12 to 14):
   where one failed), from tensors, a weights-update process group or checkpoint-engine's IPC.
 - `POST /add_external_corpus`: every rank installs an NGRAM corpus when its own loader thread finishes, so ranks
   draft different tokens for the same requests in between.
+- `POST /init_weights_update_group`, `/init_weights_send_group_for_remote_instance`,
+  `/send_weights_to_remote_instance`: each rank sets up its weight process group, barrier and broadcast in its own
+  try/except, so a rank that fails goes on while its peers wait in the collective.
+- `GET|POST /release_memory_occupation`, `/resume_memory_occupation`: each rank asserts its own idleness (a busy
+  rank kills the engine) and releases or resumes its memory on its own.
 
 Not a catalogue patch: an engine pdfleet starts never runs any of them. Each route function is verified like every
 patch target (SGLang version, fingerprint of the function replaced) and must be the endpoint of its route in
@@ -43,6 +48,7 @@ class Refusal:
     path: str
     function: str  # the route function's name in MODULE
     reason: str
+    methods: frozenset[str] = frozenset({"POST"})  # what SGLang serves the path for, all refused
 
     @property
     def dotted(self) -> str:
@@ -65,6 +71,17 @@ REFUSED = (
     Refusal("/add_external_corpus", "add_external_corpus",
             "refused by pdfleet: NGRAM external corpora are installed per rank, each when its own loader thread "
             "finishes, so the ranks draft different tokens for the same requests (docs/desync-audit.md item 14)"),
+    *(Refusal(f"/{name}", name,
+              "refused by pdfleet: each tensor-parallel rank sets up its weight process group, barrier and "
+              "broadcast inside its own try/except, so a rank that fails goes on while its peers wait in the "
+              "collective (docs/desync-audit.md item 16); roll out spec.model instead")
+      for name in ("init_weights_update_group", "init_weights_send_group_for_remote_instance",
+                   "send_weights_to_remote_instance")),
+    *(Refusal(f"/{name}", name,
+              "refused by pdfleet: each tensor-parallel rank asserts on its own that it is idle, so a release "
+              "while one rank is busy kills the engine, and the ranks release and resume their memory one by one "
+              "(docs/desync-audit.md item 16)", frozenset({"GET", "POST"}))
+      for name in ("release_memory_occupation", "resume_memory_occupation")),
 )
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
@@ -74,13 +91,18 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         f"{MODULE}.update_weights_from_distributed": "1fd4e723251eaf60",
         f"{MODULE}.update_weights_from_ipc": "af83583928a463a4",
         f"{MODULE}.add_external_corpus": "c6e2687fdae4ad50",
+        f"{MODULE}.init_weights_update_group": "c74bdd7e4175a31f",
+        f"{MODULE}.init_weights_send_group_for_remote_instance": "6d8b17d6de6f53a5",
+        f"{MODULE}.send_weights_to_remote_instance": "d751158ddb4a357f",
+        f"{MODULE}.release_memory_occupation": "5db8f130328dd23e",
+        f"{MODULE}.resume_memory_occupation": "7a5289e040e2a91b",
     },
 }
 
 
 def describe() -> str:
     """What every engine refuses, for the launcher's `patches` listing."""
-    rows = [f"  POST {r.path} ({STATUS.value}): {r.reason}" for r in REFUSED]
+    rows = [f"  {' '.join(sorted(r.methods))} {r.path} ({STATUS.value}): {r.reason}" for r in REFUSED]
     return "\n".join([f"{ID} (always, every engine; not a catalogue choice)", *rows])
 
 
@@ -124,9 +146,9 @@ def _route_index(app: Any, refusal: Refusal, function: Callable[..., Any]) -> in
     if len(found) != 1:
         raise targets.TargetError(f"{MODULE}.app has {len(found)} routes for {refusal.path}, expected 1")
     route = app.router.routes[found[0]]
-    if not isinstance(route, APIRoute) or route.endpoint is not function or route.methods != {"POST"}:
-        raise targets.TargetError(f"{MODULE}.app's route {refusal.path} is not POST {refusal.dotted}: "
-                                  "SGLang changed how it serves it; check the refusal against it")
+    if not isinstance(route, APIRoute) or route.endpoint is not function or route.methods != refusal.methods:
+        raise targets.TargetError(f"{MODULE}.app's route {refusal.path} is not {' '.join(sorted(refusal.methods))} "
+                                  f"{refusal.dotted}: SGLang changed how it serves it; check the refusal against it")
     return found[0]
 
 

@@ -70,12 +70,31 @@ ExtraArg = Annotated[
 ]
 
 
+_NOT_REFUSED_ENV = Rule(
+    cel="!(self in " + flags.cel_list(flags.REFUSED_ENV) + ")",
+    holds=lambda name: name not in flags.REFUSED_ENV,
+    message="env may not set a variable that turns agreement across TP ranks off or starts the SGLang gRPC server "
+            f"({', '.join(flags.REFUSED_ENV)})",
+    message_expression="'env may not set ' + self + ': it turns agreement across TP ranks off or starts the "
+                       "SGLang gRPC server (docs/desync-audit.md)'",
+    reason="FieldValueForbidden",
+)
+
+
+def _not_refused_env(name: str) -> str:
+    """Python's side of `_NOT_REFUSED_ENV`, naming the variable and why."""
+    if name in flags.REFUSED_ENV:
+        raise PydanticCustomError(RULE_ERROR, "env may not set {name}: {why} (docs/desync-audit.md)",
+                                  {"name": name, "why": flags.REFUSED_ENV[name], "field": ""})
+    return name
+
+
 class EnvVar(ApiModel):
     """An environment variable for every engine container."""
 
-    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$")] = Field(
-        description="Variable name."
-    )
+    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+                               json_schema_extra={"x-kubernetes-validations": [_NOT_REFUSED_ENV.to_crd()]}),
+                    AfterValidator(_not_refused_env)] = Field(description="Variable name.")
     value: Annotated[str, Field(max_length=4096)] = Field(default="", description="Variable value.")
 
 

@@ -52,6 +52,11 @@ NO_ADMIN_KEY = "refused: it opens HiCache storage attach/detach, decided per TP 
 # SGLang's `--config` reads a YAML file of options and merges them into the command line before parsing, so one
 # file could set every flag refused here, or a managed one the renderer leaves to its default, past admission.
 NO_CONFIG = "refused: a config file would set SGLang flags past these checks; put them in spec.engine.extraArgs"
+# SGLang's native gRPC server (0.5.23) serves UpdateWeightsFromDisk and the other run-time controls whose HTTP
+# routes every pdfleet engine refuses (runtime/refused_routes.py): each rank loads and catches its own failure, so
+# one rank that fails desyncs the group. `--grpc-port` (or SGLANG_GRPC_PORT, refused in spec.engine.env) starts it
+# beside the HTTP server; `--grpc-mode` and `--smg-grpc-mode` serve the engine over gRPC instead.
+NO_GRPC = "refused: SGLang's gRPC server serves the weight updates refused over HTTP (docs/desync-audit.md item 17)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -89,6 +94,9 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
                                          unchecked=NO_FLEXKV),
     "--admin-api-key": ManagedFlag("the operator (SGLang's admin-only endpoints stay shut)", unchecked=NO_ADMIN_KEY),
     "--config": ManagedFlag("spec.engine.extraArgs (one flag each, checked at admission)", unchecked=NO_CONFIG),
+    "--grpc-port": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
+    "--grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
+    "--smg-grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
     "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
                                                    int),
     "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),
@@ -127,3 +135,13 @@ def reserved_flag(arg: str) -> str | None:
 def cel_list(flags: dict[str, str] = MANAGED_FLAGS) -> str:
     """The managed flags as a CEL list literal."""
     return "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
+
+
+# Environment variables SGLang (0.5.23) reads that turn agreement across TP ranks off, or open a way around the
+# refusals above; refused in spec.engine.env by name (docs/desync-audit.md).
+REFUSED_ENV: Final[dict[str, str]] = {
+    "SGLANG_GRPC_PORT": "it starts SGLang's gRPC server, which serves the weight updates refused over HTTP",
+    "SGLANG_SCHEDULER_SKIP_ALL_GATHER": "with DP attention each rank then uses its own token counts and CUDA-graph "
+                                        "vote instead of the group's",
+    "SGLANG_SPEC_TP_SYNC": "it drops the rank-0 broadcasts that keep speculative decoding's ranks in step",
+}

@@ -11,7 +11,8 @@ from pdfleet.runtime import refused_routes
 
 def add_routes(app: web.Application) -> None:
     for refusal in refused_routes.REFUSED:
-        app.router.add_post(refusal.path, _refusing(refusal))
+        for method in sorted(refusal.methods):
+            app.router.add_route(method, refusal.path, _refusing(refusal))
 
 
 def _refusing(refusal: refused_routes.Refusal) -> Handler:

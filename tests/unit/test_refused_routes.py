@@ -56,6 +56,24 @@ class TokenizerManagerStandIn:
         self.calls.append(("add_external_corpus", obj))
         return self.io.AddExternalCorpusReqOutput(success=True, corpus_id=obj.corpus_id, loaded_token_count=7)
 
+    async def init_weights_update_group(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("init_weights_update_group", obj))
+        return True, "group ready"
+
+    async def init_weights_send_group_for_remote_instance(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("init_weights_send_group_for_remote_instance", obj))
+        return True, "group ready"
+
+    async def send_weights_to_remote_instance(self, obj: Any, request: Any) -> tuple[bool, str]:
+        self.calls.append(("send_weights_to_remote_instance", obj))
+        return True, "weights sent"
+
+    async def release_memory_occupation(self, obj: Any, request: Any) -> None:
+        self.calls.append(("release_memory_occupation", obj))
+
+    async def resume_memory_occupation(self, obj: Any, request: Any) -> None:
+        self.calls.append(("resume_memory_occupation", obj))
+
     def is_ready(self) -> bool:
         return True
 
@@ -112,13 +130,43 @@ def test_unpatched_the_other_weight_updates_reach_the_tokenizer_manager(
     assert [name for name, _ in standin.calls] == [p.lstrip("/") for p in OTHER_WEIGHTS]
 
 
+# The weight process groups' and memory release's bodies, as SGLang's request models take them.
+GROUP = {"master_address": "127.0.0.1", "group_name": "weights", "backend": "gloo", "world_size": 2}
+WEIGHT_GROUPS_AND_MEMORY = {
+    "/init_weights_update_group": GROUP | {"master_port": 29500, "rank_offset": 1},
+    "/init_weights_send_group_for_remote_instance": GROUP | {"ports": "29500", "group_rank": 0},
+    "/send_weights_to_remote_instance": {"master_address": "127.0.0.1", "ports": "29500", "group_name": "weights"},
+    "/release_memory_occupation": {},
+    "/resume_memory_occupation": {},
+}
+
+
+def test_unpatched_the_weight_group_and_memory_requests_reach_the_tokenizer_manager(
+        served: tuple[Any, TokenizerManagerStandIn]) -> None:
+    client, standin = served
+    answers = {path: client.post(path, json=body) for path, body in WEIGHT_GROUPS_AND_MEMORY.items()}
+    assert {p: a.status_code for p, a in answers.items()} == dict.fromkeys(WEIGHT_GROUPS_AND_MEMORY, 200)
+    assert client.request("GET", "/release_memory_occupation", json={}).status_code == 200, "and for GET"
+    assert [name for name, _ in standin.calls] == [p.lstrip("/") for p in WEIGHT_GROUPS_AND_MEMORY] + [
+        "release_memory_occupation"]
+
+
 def test_refused_every_route_answers_403_with_the_reason_and_nothing_reaches_the_tokenizer_manager(
         served: tuple[Any, TokenizerManagerStandIn]) -> None:
     client, standin = served
     applied = refused_routes.install(VERSION)
     assert applied.targets == tuple(f"{refused_routes.MODULE}.{name}" for name in (
         "update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
-        "update_weights_from_ipc", "add_external_corpus"))
+        "update_weights_from_ipc", "add_external_corpus", "init_weights_update_group",
+        "init_weights_send_group_for_remote_instance", "send_weights_to_remote_instance",
+        "release_memory_occupation", "resume_memory_occupation"))
+    for path, body in WEIGHT_GROUPS_AND_MEMORY.items():
+        answer = client.post(path, json=body)
+        assert answer.status_code == 403 and answer.json()["message"].startswith("refused by pdfleet: "), path
+    for path in ("/release_memory_occupation", "/resume_memory_occupation"):
+        answer = client.get(path)
+        assert answer.status_code == 403 and "asserts on its own that it is idle" in answer.json()["message"]
+    assert "goes on while its peers wait" in client.post("/init_weights_update_group", json={}).json()["message"]
     for path, body in OTHER_WEIGHTS.items():
         answer = client.post(path, json=body)
         assert answer.status_code == 403 and "roll out spec.model instead" in answer.json()["message"], path
@@ -198,7 +246,7 @@ def test_an_unknown_sglang_version_and_a_second_install_are_refused(http_server:
 def test_the_launcher_lists_what_every_engine_refuses() -> None:
     listing = launcher.list_patches()
     for refusal in refused_routes.REFUSED:
-        assert f"POST {refusal.path} (403): {refusal.reason}" in listing
+        assert f"{' '.join(sorted(refusal.methods))} {refusal.path} (403): {refusal.reason}" in listing
     assert "refused-routes (always" in listing
 
 
