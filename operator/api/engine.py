@@ -73,10 +73,10 @@ ExtraArg = Annotated[
 _NOT_REFUSED_ENV = Rule(
     cel="!(self in " + flags.cel_list(flags.REFUSED_ENV) + ")",
     holds=lambda name: name not in flags.REFUSED_ENV,
-    message="env may not set a variable that turns agreement across TP ranks off or starts the SGLang gRPC server "
-            f"({', '.join(flags.REFUSED_ENV)})",
-    message_expression="'env may not set ' + self + ': it turns agreement across TP ranks off or starts the "
-                       "SGLang gRPC server (docs/desync-audit.md)'",
+    message="env may not set a variable that turns agreement across TP ranks off, starts the SGLang gRPC server or "
+            f"is the operator's to set ({', '.join(flags.REFUSED_ENV)})",
+    message_expression="'env may not set ' + self + ': it turns agreement across TP ranks off, starts the SGLang "
+                       "gRPC server or is the operator\\'s to set (docs/desync-audit.md item 17)'",
     reason="FieldValueForbidden",
 )
 

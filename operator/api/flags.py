@@ -144,4 +144,6 @@ REFUSED_ENV: Final[dict[str, str]] = {
     "SGLANG_SCHEDULER_SKIP_ALL_GATHER": "with DP attention each rank then uses its own token counts and CUDA-graph "
                                         "vote instead of the group's",
     "SGLANG_SPEC_TP_SYNC": "it drops the rank-0 broadcasts that keep speculative decoding's ranks in step",
+    "SYNC_TOKEN_IDS_ACROSS_TP": "the operator sets it: every group of more than one TP rank agrees on its sampled "
+                                "tokens",
 }

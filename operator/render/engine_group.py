@@ -118,6 +118,18 @@ def pod_flags(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_
                                      model_path=model_path)
 
 
+# SGLang's sampler takes each rank's own sampled token ids unless this is set (or the batch has a grammar): its
+# kernels are deterministic "in most cases", and a token that differs on one rank changes that rank's stop check,
+# batch and next collectives (a hang; in PD a prefill rank's first token carries into its decode peer). Set, the
+# ranks agree on the MIN of each token with one all-reduce of the batch's token ids per step. Not typed: it is the
+# safe setting for every group of more than one rank, and refused in spec.engine.env (api/flags.py REFUSED_ENV).
+TOKEN_AGREEMENT_ENV = "SYNC_TOKEN_IDS_ACROSS_TP"
+
+
+def token_agreement_env(role_spec: RoleSpec) -> list[Body]:
+    return [{"name": TOKEN_AGREEMENT_ENV, "value": "1"}] if role_spec.tp > 1 else []
+
+
 def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_rank: int, revision: str) -> Body:
     role_spec = spec.role(group.role)
     group_name = group.name(ctx.pool)
@@ -178,6 +190,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
                 # The agent names its pod in every answer, so the operator never takes another pod's
                 # processes at this pod's address for this pod's (see rank_health.own_answers).
                 {"name": agent.POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
+                *token_agreement_env(role_spec),
                 *({"name": e.name, "value": e.value} for e in spec.engine.env),
             ],
             "ports": ports,
