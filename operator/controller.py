@@ -431,7 +431,8 @@ class Controller:
         path = resources.object_path(pool) + "/status"
         # A merge patch of the whole status, guarded by the resourceVersion we planned from: a status
         # computed from a stale pool is refused (409) and recomputed, never written over newer news.
-        body = {"metadata": {"resourceVersion": meta["resourceVersion"]}, "status": dict(status)}
+        body = {"metadata": {"resourceVersion": meta["resourceVersion"]},
+                "status": status_mod.merge_patch(pool.get("status"), status)}
         stored = await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
         self._status_at[(meta["namespace"], meta["name"])] = time.monotonic()
         if isinstance(stored, dict) and stored.get("metadata", {}).get("resourceVersion"):

@@ -456,7 +456,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
             surge=sum(g.surge for g in mine),
             surge_unschedulable=revision.pool_revision(spec) if role in unschedulable else None,
         )
-    router_views = _router_views(observed, routers)
+    router_views = _router_views(observed, routers, previous)
     router_ok = _router_available(spec, observed, router_views)
     all_ready = all(c.ready >= c.desired for c in counts.values()) and router_ok
     # A rollout, rollback or restart is over only once every router lists the groups in rotation again.
@@ -584,10 +584,21 @@ def _paused_message(states: Mapping[str, GroupState], summary: str) -> str:
            f"replacements already started finish and are verified ({summary}); `pdfleet rollout resume` continues"
 
 
-def _router_views(observed: Observed, routers: Mapping[str, RouterView]) -> list[RouterView]:
-    """The views of router pods that exist and are not terminating, by name."""
+def _router_views(observed: Observed, routers: Mapping[str, RouterView],
+                  previous: InferencePoolStatus) -> list[RouterView]:
+    """The views of router pods that exist and are not terminating, by name. A router this process has not read yet
+    (it has just started, or the pod is new to it) keeps what the status last said of it: an operator restarted
+    over a converged pool must not write the status twice (without the routers, then with them again)."""
     live = {p["metadata"]["name"] for p in observed.routers if not p["metadata"].get("deletionTimestamp")}
-    return [routers[name] for name in sorted(live & set(routers))]
+    said = {r.name: _said(r) for r in previous.routers}
+    return [routers.get(name) or said[name] for name in sorted(live & (set(routers) | set(said)))]
+
+
+def _said(router: RouterStatus) -> RouterView:
+    """A router's view as its status entry says it: the counts only (no URL is kept in the status)."""
+    return RouterView(router.name, {str(Role.PREFILL): router.available_prefill,
+                                    str(Role.DECODE): router.available_decode},
+                      ("",) * router.open_circuits, ("",) * router.missing_workers)
 
 
 def _router_available(spec: InferencePoolSpec, observed: Observed, views: list[RouterView]) -> bool:

@@ -85,3 +85,18 @@ def news(raw_previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool
         return {(c.get("type"), c.get("status"), c.get("reason")) for c in status.get("conditions") or []}
 
     return said(before) != said(new)
+
+
+def merge_patch(raw_previous: Mapping[str, Any] | None, new: Mapping[str, Any]) -> dict[str, Any]:
+    """The JSON merge patch (RFC 7386) that turns the stored status `raw_previous` into `new`: `new` itself, with a
+    null for every key the stored status has and `new` leaves out, in nested objects too (lists are replaced
+    whole). The wire form leaves out what is unset, and a merge patch keeps what it does not name: without the
+    nulls, a field once set (a role's surgeUnschedulable, the routers, the watch) would stay in the stored status
+    for good, and every plan would find it there and write again."""
+    out: dict[str, Any] = dict(new)
+    for key, old in (raw_previous or {}).items():
+        if key not in new:
+            out[key] = None
+        elif isinstance(old, Mapping) and isinstance(new[key], Mapping):
+            out[key] = merge_patch(old, new[key])
+    return out

@@ -160,7 +160,8 @@ def test_a_topology_aware_flavor_admits_a_group_only_where_its_pods_fit(cluster:
         for pod in pods(cluster, namespace, "big-0", "big-1").values():
             assert kq.gated(pod) and not pod["spec"].get("nodeName"), pod["spec"]
 
-        cluster.kubectl("delete", "pod", "squatter", "holder", "-n", namespace, "--wait=true", "--timeout=60s")
+        cluster.kubectl("delete", "pod", "squatter", "holder", "-n", namespace, "--wait=true", "--timeout=60s",
+                        "--ignore-not-found")
         placed = wait_for("both pods of the group bound", lambda: bound_and_running(
             cluster, namespace, "big-0", "big-1"), timeout=120)
         assert {p["spec"]["nodeName"] for p in placed.values()} == set(nodes)

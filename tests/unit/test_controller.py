@@ -136,6 +136,28 @@ async def test_at_steady_state_a_reconcile_writes_nothing(kube: FakeKube) -> Non
     assert kube.take_writes() == []
 
 
+async def test_what_the_status_no_longer_says_is_removed_from_it_and_then_nothing_is_written(kube: FakeKube) -> None:
+    """The wire form leaves out what is unset, and a merge patch keeps what it does not name: a field the plan no
+    longer sets must be written as null, or it stays in the stored status and every reconcile writes again."""
+    controller = executor(kube)
+    await settle(kube, controller)
+    kubelet_runs_everything(kube)
+    await settle(kube, controller)
+    stale = {"decode": {**pool(kube)["status"]["decode"], "surgeUnschedulable": "0123456789"},
+             "routers": [{"name": "tiny-router-gone", "availablePrefill": 0, "availableDecode": 1}]}
+    kube.update("InferencePool", *KEY, lambda o: o["status"].update(stale))
+    await controller.reconcile(KEY)
+    [write] = [w for w in kube.take_writes() if w.verb == "status"]
+    assert write.body is not None and write.body["status"]["routers"] is None
+    assert write.body["status"]["decode"]["surgeUnschedulable"] is None
+    status = pool(kube)["status"]
+    assert "routers" not in status and "surgeUnschedulable" not in status["decode"], status
+    assert status["phase"] == "Ready"
+    for _ in range(2):
+        await controller.reconcile(KEY)
+        assert kube.take_writes() == []
+
+
 async def test_a_spec_change_patches_only_the_objects_it_changes(kube: FakeKube) -> None:
     controller = executor(kube)
     await settle(kube, controller)

@@ -4,6 +4,7 @@ roll out, restart a failed group, reject a bad spec."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 from typing import Any
 
@@ -323,6 +324,24 @@ def test_per_group_services_of_an_older_operator_are_removed_without_touching_th
     plan = cluster.step()
     assert [(ref.kind, ref.name) for ref in plan.delete] == [("Service", "tiny-decode-1")]
     assert plan.events == (), "no group was deleted"
+
+
+def test_a_router_the_operator_has_not_read_yet_keeps_what_the_status_said_of_it() -> None:
+    """An operator restarted over a converged pool has read no router yet: it writes nothing until it has, and
+    then only what changed (it once wrote the status without the routers, then with them again)."""
+    cluster = FakeCluster(pool_body(prefill=1, decode=1))
+    cluster.routers = {"tiny-router-a": RouterView("tiny-router-a", {"prefill": 1, "decode": 1})}
+    cluster.converge()
+    said = cluster.pool["status"]["routers"]
+    assert said == [{"name": "tiny-router-a", "availablePrefill": 1, "availableDecode": 1, "openCircuits": 0,
+                     "missingWorkers": 0}]
+    health, engines = cluster.answers()
+    observed = cluster.observed()
+    restarted = reconcile.plan(cluster.pool, observed, now=NOW, health=health, engines=engines, routers={})
+    assert restarted.empty, restarted
+    gone = dataclasses.replace(observed, routers=())
+    left = reconcile.plan(cluster.pool, gone, now=NOW, health=health, engines=engines, routers={}).status
+    assert left is not None and "routers" not in left, "a router pod that is gone is no longer said"
 
 
 def test_a_pool_whose_every_router_lacks_a_role_is_not_ready_and_says_which_routers_and_why() -> None:
