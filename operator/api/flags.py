@@ -137,13 +137,16 @@ def cel_list(flags: dict[str, str] = MANAGED_FLAGS) -> str:
     return "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
 
 
+# SGLang's switch for agreeing on sampled tokens across TP ranks: the renderer sets it on every group of more than
+# one rank (render/engine_group.py), so spec.engine.env may not.
+TOKEN_AGREEMENT_ENV: Final = "SYNC_TOKEN_IDS_ACROSS_TP"
+
 # Environment variables SGLang (0.5.23) reads that turn agreement across TP ranks off, or open a way around the
-# refusals above; refused in spec.engine.env by name (docs/desync-audit.md).
+# refusals above, or that the operator sets; refused in spec.engine.env by name (docs/desync-audit.md).
 REFUSED_ENV: Final[dict[str, str]] = {
     "SGLANG_GRPC_PORT": "it starts SGLang's gRPC server, which serves the weight updates refused over HTTP",
     "SGLANG_SCHEDULER_SKIP_ALL_GATHER": "with DP attention each rank then uses its own token counts and CUDA-graph "
                                         "vote instead of the group's",
     "SGLANG_SPEC_TP_SYNC": "it drops the rank-0 broadcasts that keep speculative decoding's ranks in step",
-    "SYNC_TOKEN_IDS_ACROSS_TP": "the operator sets it: every group of more than one TP rank agrees on its sampled "
-                                "tokens",
+    TOKEN_AGREEMENT_ENV: "the operator sets it: every group of more than one TP rank agrees on its sampled tokens",
 }

@@ -602,8 +602,8 @@ def _said(router: RouterStatus) -> RouterView:
 
 
 def _router_available(spec: InferencePoolSpec, observed: Observed, views: list[RouterView]) -> bool:
-    """A router Deployment has an available pod and, where the operator reads what routers can route to, at least
-    one router can reach a worker of each role (one that cannot answers every request 503)."""
+    """A router Deployment has an available pod and, once the operator has read what its routers can route to, at
+    least one router can reach a worker of each role (one that cannot answers every request 503)."""
     if spec.router.replicas == 0:
         return True
     if views and all(v.lacking for v in views):

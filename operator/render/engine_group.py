@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from pdfleet.operator.api import flags
 from pdfleet.operator.api.model import ModelSource
 from pdfleet.operator.api.roles import DEFAULT_DRAIN_SECONDS, PrefillSpec, Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -123,11 +124,8 @@ def pod_flags(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_
 # batch and next collectives (a hang; in PD a prefill rank's first token carries into its decode peer). Set, the
 # ranks agree on the MIN of each token with one all-reduce of the batch's token ids per step. Not typed: it is the
 # safe setting for every group of more than one rank, and refused in spec.engine.env (api/flags.py REFUSED_ENV).
-TOKEN_AGREEMENT_ENV = "SYNC_TOKEN_IDS_ACROSS_TP"
-
-
 def token_agreement_env(role_spec: RoleSpec) -> list[Body]:
-    return [{"name": TOKEN_AGREEMENT_ENV, "value": "1"}] if role_spec.tp > 1 else []
+    return [{"name": flags.TOKEN_AGREEMENT_ENV, "value": "1"}] if role_spec.tp > 1 else []
 
 
 def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node_rank: int, revision: str) -> Body:

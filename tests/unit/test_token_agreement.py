@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from pdfleet.operator.api.flags import TOKEN_AGREEMENT_ENV
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile
-from pdfleet.operator.render.engine_group import TOKEN_AGREEMENT_ENV
 from tests.support import forkserver
 from tests.support.pools import pool_body
 from tests.support.ports import free_port
