@@ -119,11 +119,12 @@ def bind_address(sglang: argparse.Namespace) -> str:
     return os.environ.get(BIND_ENV) or str(sglang.host)
 
 
-def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.Agent | None:
-    """The pod's rank-health agent on `port` (None for port 0), reading this engine's ledger."""
+def start_agent(port: int, *, host: str = "0.0.0.0", patches: Sequence[str] = ()) -> agent.Agent | None:
+    """The pod's rank-health agent on `port` (None for port 0), reading this engine's ledger and saying which
+    catalogue patches the engine applied."""
     if port == 0:
         return None
-    return agent.Agent(ledger.default_path(), host=host, port=port).start()
+    return agent.Agent(ledger.default_path(), host=host, port=port, patches=tuple(patches)).start()
 
 
 def prepare_pod_state(sglang: argparse.Namespace) -> None:
@@ -157,7 +158,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     export_for_children(options.patch)
     prepare_pod_state(parsed)
     try:
-        running = start_agent(options.agent_port, host=bind_address(parsed))
+        running = start_agent(options.agent_port, host=bind_address(parsed),
+                              patches=list(dict.fromkeys(options.patch)))
     except OSError as e:  # the port is taken: without its agent the pod would fail its liveness probe anyway
         print(f"pdfleet-engine: the rank-health agent cannot listen on port {options.agent_port}: {e}",
               file=sys.stderr)

@@ -31,6 +31,13 @@ class Switch(enum.StrEnum):
     DISABLED = "Disabled"
 
 
+class PatchPolicy(enum.StrEnum):
+    """How the pool's patch set is chosen (`patches` adds to Recommended; it is the whole set under Explicit)."""
+
+    RECOMMENDED = "Recommended"
+    EXPLICIT = "Explicit"
+
+
 class PullPolicy(enum.StrEnum):
     ALWAYS = "Always"
     IF_NOT_PRESENT = "IfNotPresent"
@@ -127,10 +134,19 @@ class EngineSpec(ApiModel):
     sglang_version: Annotated[str, Field(pattern=SGLANG_VERSION_PATTERN, max_length=32)] = Field(
         description="SGLang version inside the image, e.g. 0.5.23. Patches are checked against it."
     )
+    patch_policy: PatchPolicy = Field(
+        default=PatchPolicy.RECOMMENDED,
+        description="Recommended (the default): the engines run the catalogue's recommended fixes for "
+                    "sglangVersion (the desync fixes) plus the patches listed. Explicit: exactly the patches "
+                    "listed, none if none; the pool's status and a Warning Event name the fixes it runs without. "
+                    "A running pool keeps the set it was rolled out with until its engine-shaping spec changes "
+                    "(docs/patches.md).",
+    )
     patches: tuple[PatchId, ...] = Field(
         default=(),
         max_length=16,
-        description="Runtime patches the launcher applies to SGLang before it starts, by catalogue id.",
+        description="Runtime patches the launcher applies to SGLang before it starts, by catalogue id: added to "
+                    "the recommended ones, or the whole set under patchPolicy Explicit.",
         json_schema_extra={"x-kubernetes-list-type": "set"},
     )
     overlap_schedule: Switch = Field(

@@ -83,6 +83,11 @@ class VerificationSpec(ApiModel):
                                   "(event_loop_normal_disagg_decode after overlapSchedule: Disabled, say), as "
                                   "read from the rank agents.",
     )
+    patches: bool = Field(
+        default=True, description="The rank agent of every pod of the group reports the catalogue patches its "
+                                  "engine applied, and they are the pool's effective set (status.patches.effective)."
+                                  " Skipped, saying so, for an engine whose pdfleet runtime predates patch reports.",
+    )
     server_args: bool = Field(
         default=True, description="The group's leader engine's /server_info shows the operator-owned flags the "
                                   "operator rendered for it (not every default).",

@@ -10,6 +10,7 @@ from pydantic import Field
 from pdfleet.operator.api.autoscaling import AutoscalingStatus
 from pdfleet.operator.api.base import ApiModel
 from pdfleet.operator.api.conditions import Condition, Timestamp
+from pdfleet.operator.api.engine import PatchPolicy
 from pdfleet.operator.api.roles import Role
 
 Count = Annotated[int, Field(ge=0)]
@@ -239,6 +240,27 @@ class RouterStatus(ApiModel):
                                                           "list (yet): a rollout is not over until it does.")
 
 
+PatchList = tuple[Annotated[str, Field(max_length=63)], ...]
+
+
+class PatchStatus(ApiModel):
+    """The patches the pool's engines run, and how that set was chosen (docs/patches.md)."""
+
+    policy: PatchPolicy = Field(description="spec.engine.patchPolicy as resolved.")
+    effective: PatchList = Field(default=(), max_length=32, description="The patches the engines run (and are "
+                                                                          "rolled out to), in the order applied.")
+    recommended: PatchList = Field(default=(), max_length=32, description="The fixes this operator recommends for "
+                                                                            "the pool's sglangVersion.")
+    held: PatchList = Field(default=(), max_length=32, description="Recommended fixes the engines do not run yet: "
+                            "they became recommended (an operator upgrade) after the pool's engine-shaping spec last "
+                            "changed, and are rolled out with its next change.")
+    opted_out: PatchList = Field(default=(), max_length=32, description="Recommended fixes the engines run without "
+                                 "because patchPolicy is Explicit and patches does not list them.")
+    for_spec: Annotated[str, Field(max_length=64)] = Field(
+        default="", description="A hash of the engine-shaping spec this set was chosen for: while it holds, the "
+                                "set holds.")
+
+
 class InferencePoolStatus(ApiModel):
     """The observed state of the pool."""
 
@@ -269,6 +291,8 @@ class InferencePoolStatus(ApiModel):
         default=None, description="How the last new revision rolled out fared, during its rollout and its "
                                   "postRolloutWatch.",
     )
+    patches: PatchStatus | None = Field(
+        default=None, description="The patches the engines run, and the recommended ones they run without.")
     autoscaling: AutoscalingStatus | None = Field(
         default=None, description="What spec.autoscaling last decided per role, and why (written by the autoscaler "
                                   "when its decision or recommendation changes, not at every poll).")

@@ -16,11 +16,10 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase
-from pdfleet.operator.planning import rollback
+from pdfleet.operator.planning import patch_set, rollback
 from pdfleet.operator.planning.groups import parse_time, pod_ready, pods_by_group
 from pdfleet.operator.planning.restarts import EVIDENCE_TIME
 from pdfleet.operator.render import revision
@@ -216,7 +215,7 @@ def role_revisions(pool: Mapping[str, Any], status: InferencePoolStatus) -> dict
     """The revision each role's groups should run, from the spec as the operator computes it; {} when that
     cannot be trusted: a spec that does not validate, or whose pool revision is not the status's (a spec the
     operator has not handled yet, or an operator of another version)."""
-    spec, problems = checks.validate_pool(pool)
+    spec, problems = patch_set.validated(pool)
     if spec is None or problems or revision.pool_revision(spec) != status.update_revision:
         return {}
     return {role: revision.role_revision(spec, role) for role in Role}
@@ -276,18 +275,32 @@ def band_line(pool: Mapping[str, Any]) -> str | None:
             f"prefill group, a scale outside it: {ratio.get('onScale', 'Follow')}")
 
 
+def patches_line(status: InferencePoolStatus) -> str:
+    """The patches the engines run, and the recommended ones they run without and why."""
+    record = status.patches
+    if record is None:
+        return "Patches:    not resolved yet"
+    line = f"Patches:    {', '.join(record.effective) or 'none'} ({record.policy})"
+    if record.opted_out:
+        line += f"; opted out of recommended {', '.join(record.opted_out)}"
+    if record.held:
+        line += f"; recommended {', '.join(record.held)} held until the next engine-shaping change"
+    return line
+
+
 def status_lines(pool: Mapping[str, Any], *, pods: Sequence[Body] = (), events: Sequence[Mapping[str, Any]] = (),
                  evidence: Sequence[Mapping[str, Any]] = (), scale_targets: Sequence[Mapping[str, Any]] = (),
                  now: datetime.datetime) -> list[str]:
-    """`pdfleet status`: phase, revisions, per role its groups (and its InferencePoolRole when it is a scale
-    target, its autoscaler's last decision when spec.autoscaling sizes it), the conditions that are not fine, and
-    the last incident. `pods` give each group's Ready pods (the status has no per-group readiness)."""
+    """`pdfleet status`: phase, revisions, the patches the engines run, per role its groups (and its
+    InferencePoolRole when it is a scale target, its autoscaler's last decision when spec.autoscaling sizes it),
+    the conditions that are not fine, and the last incident. `pods` give each group's Ready pods (the status has
+    no per-group readiness)."""
     status = read_status(pool)
     state = rollout(pool)
     current = status.current_revision or "-"
     revisions = f"current {current}, update {status.update_revision or '-'}"
     lines = [f"Pool:       {name_of(pool)}", f"Phase:      {status.phase}", f"Revision:   {revisions}",
-             f"Undo to:    {undo_label(pool)}", f"Rollout:    {summary(state)}"]
+             f"Undo to:    {undo_label(pool)}", f"Rollout:    {summary(state)}", patches_line(status)]
     back = rollback.latest_rollback(pool)
     if back is not None:
         lines.append(f"Rolled back: {age(parse_time(back.at), now)} ago from revision {back.from_revision} to "

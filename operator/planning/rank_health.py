@@ -65,6 +65,10 @@ class GroupHealth:
     pods: frozenset[str] = frozenset()  # uids of the pods whose agents this verdict is about (none: no agent asked)
     # Every loop the ranks report, once every rank reports (more than one: the group half switched a loop).
     loops: frozenset[str] = frozenset()
+    # The catalogue patch sets the answering pods' agents report (more than one: the pods run different code), and
+    # whether an answering agent did not say (a pdfleet runtime older than patch reports).
+    patch_sets: frozenset[tuple[str, ...]] = frozenset()
+    patches_unsaid: bool = False
 
     def same_as(self, other: GroupHealth | None) -> bool:
         """Equal in everything but the wording: evidence ages change every poll, the verdict does not."""
@@ -170,7 +174,9 @@ def judge_group(health: HealthSpec, *, tp: int, gpus_per_node: int, nodes: int, 
     reporting = [v for v in views if v.status is verdict.RankStatus.REPORTING]
     return GroupHealth(mapped, _event_loop(reporting, tp), _message(mapped, judged, tp), len(reporting),
                        answered=bool(reports), held_seconds=judged.held_ns / 1e9,
-                       pods=frozenset(p["metadata"].get("uid", "") for p in live), loops=_loops(reporting, tp))
+                       pods=frozenset(p["metadata"].get("uid", "") for p in live), loops=_loops(reporting, tp),
+                       patch_sets=frozenset(r.patches for r in reports if r.patches is not None),
+                       patches_unsaid=any(r.patches is None for r in reports))
 
 
 def current(health: Mapping[str, GroupHealth], pods: Mapping[str, Sequence[Body]]) -> dict[str, GroupHealth]:

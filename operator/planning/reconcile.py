@@ -49,6 +49,7 @@ from pdfleet.operator.planning import (
     gang_wait,
     health_status,
     ordinals,
+    patch_set,
     playbooks,
     rank_health,
     restarts,
@@ -161,6 +162,9 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
                    failed={g.name for g in previous.groups if verification.failed(g.verification)})
     new_status = _status(pool, spec, want, states, observed, previous, generation, now, out, health, ctx, expect,
                          outcomes, unschedulable, gang_reasons or {}, routers or {})
+    if (patches := renders.patches(pool)) is not None:
+        new_status = new_status.model_copy(update={"patches": patches.status})
+        out.events.extend(patch_set.events(pool["metadata"].get("name", ""), patches.status, previous.patches))
     if (verified := rollback.record(pool, new_status, now)) is not None:
         out.pool_changes.append(verified)
     if (playbook := playbooks.decide(pool, spec, new_status.groups, out.restarted, observed.of_kind("ConfigMap"),
@@ -247,6 +251,7 @@ def _verify(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     return {g.name: verification.verify(
         spec.rollout.verification, role=g.id.role, expected_loop=verification.expected_event_loop(spec, g.id.role),
         revision=g.revision, ready=states[g.name] is GroupState.READY, want_flags=g.flags,
+        patches=spec.engine.patches,
         pods=pods.get(g.name, []), before=before.get(g.name), health=health.get(g.name),
         facts=engines.get(g.name), now=now, baking=baking, samples=samples,
         baseline=baseline.get(g.id.role, []), state=states[g.name]) for g in want.groups}

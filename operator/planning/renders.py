@@ -4,7 +4,8 @@ Most reconciles of a pool see a spec they have seen before: its own pods' and st
 verdicts, resyncs. Validating the spec, rendering every object with its content hash and parsing the previous
 status were two thirds of such a plan (docs/operator-throughput.md). `Renders` keeps them per pool:
 
-- the typed spec and its problems, and the rendered objects (per render context and groups' ordinals), for the
+- the typed spec and its problems, its patch set resolved (`patch_set`, with the pool's status: the one input
+  there that is not the spec), and the rendered objects (per render context and groups' ordinals), for the
   pool's uid and generation, used only while the spec is equal to the one they were made from: a client that
   edits a spec without a new generation (a test, a stale cache) gets a fresh render, never a stale one;
 - the previous status, parsed, used only while the pool's raw status is equal to it.
@@ -24,6 +25,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cache import json_copy
+from pdfleet.operator.planning import patch_set
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, Ordinals, desired
@@ -41,6 +43,7 @@ class _Spec:
     problems: tuple[checks.Problem, ...]
     desired: dict[tuple[RenderContext, tuple[tuple[Role, Ordinals], ...]], Desired] = dataclasses.field(
         default_factory=dict)
+    resolved: tuple[Any, patch_set.Resolution] | None = None  # what the resolution read of the status, and it
 
 
 @dataclasses.dataclass
@@ -77,15 +80,31 @@ class Renders:
         return len(self._specs)
 
     def validated(self, pool: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[checks.Problem]]:
-        """`checks.validate_pool(pool)`."""
+        """`checks.validate_pool(pool)`, its spec with the patch set resolved (`patch_set.resolve`)."""
         entry = self._spec_entry(pool)
-        return entry.spec, list(entry.problems)
+        resolution = self._resolution(pool, entry)
+        return (resolution.spec if resolution is not None else entry.spec), list(entry.problems)
+
+    def patches(self, pool: Mapping[str, Any]) -> patch_set.Resolution | None:
+        """How the spec `validated(pool)` returned got its patch set; None for a spec that does not parse."""
+        return self._resolution(pool, self._spec_entry(pool))
+
+    def _resolution(self, pool: Mapping[str, Any], entry: _Spec) -> patch_set.Resolution | None:
+        if entry.spec is None:
+            return None
+        previous = self.previous(pool)
+        key = (previous.patches, previous.update_revision)
+        if entry.resolved is None or entry.resolved[0] != key:
+            entry.resolved = (key, patch_set.resolve(entry.spec, previous))
+            entry.desired.clear()  # rendered from the set resolved before
+        return entry.resolved[1]
 
     def desired(self, pool: Mapping[str, Any], ctx: RenderContext, spec: InferencePoolSpec,
                 ordinals: Mapping[Role, Ordinals]) -> Desired:
         """`render.desired.desired(ctx, spec, ordinals)`, for `spec` as `validated(pool)` returned it."""
         entry = self._specs.get(_pid(pool))
-        if entry is None or entry.spec is not spec:  # not a spec `validated` returned: nothing kept applies
+        if entry is None or entry.resolved is None or entry.resolved[1].spec is not spec:
+            # not a spec `validated` returned: nothing kept applies
             self.counts.desired_misses += 1
             return desired(ctx, spec, ordinals)
         key = (ctx, tuple(sorted(ordinals.items())))

@@ -28,12 +28,12 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning import patch_set, spec_change
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.planning.spec_change import REMOVE, SpecChange
 from pdfleet.operator.planning.verification import RolloutVerified
@@ -162,10 +162,8 @@ def restore(pool: Mapping[str, Any], target: VerifiedSpec, *, cause: str, messag
 
 
 def _revision_of(pool: Mapping[str, Any]) -> str | None:
-    try:
-        return revision.pool_revision(InferencePoolSpec.model_validate(pool.get("spec") or {}))
-    except ValidationError:
-        return None
+    spec, _ = patch_set.validated(pool)
+    return revision.pool_revision(spec) if spec is not None else None
 
 
 class Action(enum.StrEnum):

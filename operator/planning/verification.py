@@ -5,6 +5,8 @@ enabled gate (`spec.rollout.verification`) then reads what the engines say of th
 
 - eventLoop: every rank reports the scheduler loop the spec implies (`expected_event_loop`), from the rank
   agents (`rank_health.GroupHealth.event_loop`);
+- patches: every pod's rank agent reports the catalogue patches its engine applied, and they are the spec's
+  resolved set (`patch_set`; skipped for an engine runtime that does not report them);
 - serverArgs: the group's leader engine's `/server_info` shows the operator-owned flags the renderer decided for
   that pod (`DesiredGroup.flags`, typed by `expected_server_args`), not every default;
 - toolCallCanary (off unless switched on): the canary's tool-calling requests, sent to the decode group's leader
@@ -45,6 +47,7 @@ from pdfleet.runtime.health import phases
 Body = dict[str, Any]
 
 EVENT_LOOP = "eventLoop"
+PATCHES = "patches"
 SERVER_ARGS = "serverArgs"
 STOPPED = frozenset({GateState.FAILED, GateState.TIMED_OUT})  # gate states that stop the rollout
 ANALYSIS_FAILED = "AnalysisFailed"  # RolloutVerified's reason when a group failed its bake
@@ -185,6 +188,26 @@ def _event_loop_gate(expected: str, health: GroupHealth | None, current: bool) -
                       message=f"expected {expected}, seen {health.event_loop}")
 
 
+def _patches_gate(expected: Sequence[str], health: GroupHealth | None, current: bool) -> GateResult:
+    want = ", ".join(expected) or "none"
+    if health is None or not current or not health.answered:
+        return GateResult(name=PATCHES, state=GateState.WAITING,
+                          message=f"expected {want}: no rank agent of the group's current pods judged yet")
+    if len(health.patch_sets) > 1:
+        seen = "; ".join(", ".join(s) or "none" for s in sorted(health.patch_sets))
+        return GateResult(name=PATCHES, state=GateState.FAILED,
+                          message=f"expected {want}, seen the pods disagree: {seen}")
+    if not health.patch_sets:
+        return GateResult(name=PATCHES, state=GateState.SKIPPED,
+                          message="the engines' pdfleet runtime does not report its patches (older than this "
+                                  "operator): not verified")
+    [seen] = health.patch_sets
+    if set(seen) != set(expected):
+        return GateResult(name=PATCHES, state=GateState.FAILED, message=f"expected {want}, seen "
+                                                                         f"{', '.join(seen) or 'none'}")
+    return GateResult(name=PATCHES, state=GateState.PASSED, message=f"every pod's engine applied {want}")
+
+
 def _server_args_gate(want_flags: Sequence[Flag], leader: Body | None, facts: EngineFacts | None) -> GateResult:
     name = leader["metadata"]["name"] if leader is not None else "the leader pod"
     seen = facts.server_info.get(leader["metadata"].get("uid", "")) if facts and leader is not None else None
@@ -208,12 +231,13 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
            want_flags: Sequence[Flag], pods: Sequence[Body], before: GroupStatus | None,
            health: GroupHealth | None, facts: EngineFacts | None, now: datetime.datetime,
            baking: bake.Policy | None = None, samples: Mapping[str, ServingSample] | None = None,
-           baseline: Sequence[str] = (), state: object = None) -> Outcome:
+           baseline: Sequence[str] = (), state: object = None, patches: Sequence[str] = ()) -> Outcome:
     """One group's verification. `revision`: the one it should run; `ready`: every pod of it runs that
-    revision and is Ready; `want_flags`: its leader's operator-owned flags as rendered; `before`: its last
-    status; `role`: the group's. `baking`: whether groups of this revision bake (None: no bake gate at all);
-    `samples`: the latest /metrics counters of the pool's engines by pod uid; `baseline`: the leader pod uids of
-    its role's groups at the old revision; `state`: the group's state, for messages."""
+    revision and is Ready; `want_flags`: its leader's operator-owned flags as rendered; `patches`: the
+    catalogue patches its engines should have applied; `before`: its last status; `role`: the group's.
+    `baking`: whether groups of this revision bake (None: no bake gate at all); `samples`: the latest /metrics
+    counters of the pool's engines by pod uid; `baseline`: the leader pod uids of its role's groups at the old
+    revision; `state`: the group's state, for messages."""
     last = before.verification if before else None
     running = _running(pods)
     if last is not None and last.revision == revision and any(g.state in STOPPED for g in last.gates):
@@ -233,6 +257,8 @@ def verify(policy: VerificationSpec, *, role: Role, expected_loop: str, revision
     gates = [
         _event_loop_gate(expected_loop, health, current) if policy.event_loop
         else GateResult(name=EVENT_LOOP, state=GateState.SKIPPED, message="switched off"),
+        _patches_gate(patches, health, current) if policy.patches
+        else GateResult(name=PATCHES, state=GateState.SKIPPED, message="switched off"),
         _server_args_gate(want_flags, leader_pod(live), facts if current else None) if policy.server_args
         else GateResult(name=SERVER_ARGS, state=GateState.SKIPPED, message="switched off"),
         _canary_gate(policy, role, leader_pod(live), facts if current else None),

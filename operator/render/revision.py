@@ -20,6 +20,10 @@ _ROLE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"replicas", "scale_target"}
 # Another value changes the pods, and the revision. (A field whose default is None needs nothing here: the wire
 # form leaves None out.) tests/unit/test_revision_pins.py fails when a change moves the examples' revisions.
 _ADDED_WITH_A_NEUTRAL_DEFAULT = {"drainSeconds": DEFAULT_DRAIN_SECONDS}
+# How the patch set was chosen is not what the engines run: the set itself (engine.patches, resolved by
+# planning/patch_set.py before anything renders) is. Left out, so a pool resolved to the same set is the same
+# revision whichever way it got there.
+_ENGINE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE = {"patch_policy"}
 # Revisions of the specs alive, by the spec object's identity. One plan asks for the pool's revision in several
 # places, each a dump, JSON and SHA-256 of the engine-shaping sections (a fifth of a steady-state plan), and every
 # plan and health poll of a pool asks again of the same spec object (the render cache keeps one per pool and
@@ -67,7 +71,7 @@ def _role_revision(spec: InferencePoolSpec, role: Role) -> str:
     return _digest({
         "role": str(role),
         "model": spec.model.model_dump(mode="json"),
-        "engine": spec.engine.model_dump(mode="json"),
+        "engine": spec.engine.model_dump(mode="json", exclude=_ENGINE_FIELDS_THAT_DO_NOT_SHAPE_AN_ENGINE),
         "transfer": spec.transfer.model_dump(mode="json"),
         "shape": shape,
     })

@@ -35,9 +35,10 @@ class Agent:
     """Serves one ledger over HTTP from a daemon thread. `start()` binds (port 0: an ephemeral port)."""
 
     def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
-                 pod_uid: str | None = None) -> None:
+                 pod_uid: str | None = None, patches: tuple[str, ...] | None = None) -> None:
         self.ledger_path = Path(ledger_path)
         self.pod_uid = pod_uid or os.environ.get(POD_UID_ENV) or None
+        self.patches = patches  # what the launcher applied (None: an agent started on its own, which cannot know)
         self._bind = (host, port)
         self._ledger: ledger.Ledger | None = None
         self._open_lock = threading.Lock()
@@ -80,7 +81,7 @@ class Agent:
         led = self._open()
         recs = led.read_all() if led is not None else []
         return report.build(recs, now_ns=time.monotonic_ns(), ledger=str(self.ledger_path), alive=_alive,
-                            pod_uid=self.pod_uid)
+                            pod_uid=self.pod_uid, patches=self.patches)
 
     def stacks(self, *, timeout_s: float) -> dict[str, Any]:
         """Stacks of every live rank that advertised a stack signal; the others are listed with why not."""

@@ -18,6 +18,8 @@ a hang, not as ranks at rest.
 `pod_uid` is the uid of the pod the agent runs in (`PDFLEET_POD_UID`, from the downward API), absent when the
 agent does not know it: an answer is about a pod only if it names that pod, so a process of another pod that
 still holds the address (a predecessor at the same IP, stopping) never speaks for it.
+`patches` lists the catalogue patches the engine was started with, every one applied in every rank process
+before the agent answers (a rank that cannot apply one exits); absent from an agent that does not know them.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ class PodReport:
     now_ns: int
     ranks: tuple[RankEntry, ...]
     pod_uid: str | None = None  # the pod the agent runs in, when it knows
+    patches: tuple[str, ...] | None = None  # the catalogue patches the engine applied, when the agent knows
 
 
 def build(
@@ -57,10 +60,11 @@ def build(
     ledger: str,
     alive: Callable[[records.RankRecord], bool],
     pod_uid: str | None = None,
+    patches: tuple[str, ...] | None = None,
 ) -> PodReport:
     """The report for records read at `now_ns` (this host's monotonic clock)."""
     entries = tuple(RankEntry(r, alive(r), r.phase_age_ns(now_ns)) for r in recs)
-    return PodReport(ledger=ledger, now_ns=now_ns, ranks=entries, pod_uid=pod_uid)
+    return PodReport(ledger=ledger, now_ns=now_ns, ranks=entries, pod_uid=pod_uid, patches=patches)
 
 
 def to_json(report: PodReport) -> dict[str, Any]:
@@ -72,6 +76,8 @@ def to_json(report: PodReport) -> dict[str, Any]:
     }
     if report.pod_uid:
         out["pod_uid"] = report.pod_uid
+    if report.patches is not None:
+        out["patches"] = list(report.patches)
     return out
 
 
@@ -101,8 +107,12 @@ def from_json(data: Mapping[str, Any]) -> PodReport:
     try:
         entries = tuple(_entry_from_json(item) for item in data["ranks"])
         uid = data.get("pod_uid")
+        patches = data.get("patches")
+        if patches is not None and not (isinstance(patches, list) and all(isinstance(p, str) for p in patches)):
+            raise ValueError(f"patches is not a list of ids: {patches!r}")
         return PodReport(ledger=str(data["ledger"]), now_ns=int(data["now_ns"]), ranks=entries,
-                         pod_uid=str(uid) if uid else None)
+                         pod_uid=str(uid) if uid else None,
+                         patches=tuple(patches) if patches is not None else None)
     except (KeyError, TypeError, ValueError) as e:
         raise ValueError(f"not an agent report: {e!r}") from e
 

@@ -63,7 +63,10 @@ class Patch:
     layout of KV buffers: prefill and decode must then run the same patch set (they always do, since patches
     are set per pool), and a rollout that adds or removes one must not mix old and new groups behind a router.
     `unavailable` says why pdfleet refuses a known fix it has no implementation of yet: refused at admission and
-    by the launcher, rather than engines started without the fix the spec asked for.
+    by the launcher, rather than engines started without the fix the spec asked for. `recommended` marks a fix
+    every pool of a release it applies to should run: a pool whose `patchPolicy` is Recommended (the default)
+    runs these without naming them (`recommended_for`). Patches that change the KV layout, serve one model
+    family, or change nothing by themselves are never recommended.
     """
 
     id: str
@@ -74,6 +77,7 @@ class Patch:
     upstream: tuple[str, ...] = ()
     kv_layout: bool = False
     unavailable: str | None = None
+    recommended: bool = False
 
 
 CATALOGUE: tuple[Patch, ...] = (
@@ -108,6 +112,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.disaggregation.decode.DecodeTransferQueue.release_memory_occupation",
         ),
         upstream=("sgl-project/sglang#36893", "sgl-project/sglang#30760"),
+        recommended=True,
     ),
     Patch(
         id="abort-consensus",
@@ -129,6 +134,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.managers.scheduler.Scheduler.close_session",
         ),
         upstream=("sgl-project/sglang#27221", "sgl-project/sglang#27164", "sgl-project/sglang#28039"),
+        recommended=True,
     ),
     Patch(
         id="health-check-consensus",
@@ -146,6 +152,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.managers.scheduler.Scheduler.is_fully_idle",
             "sglang.srt.managers.scheduler.Scheduler.process_input_requests",
         ),
+        recommended=True,
     ),
     Patch(
         id="retraction-consensus",
@@ -171,6 +178,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.mem_cache.common.backup_kv_cache",
             "sglang.srt.mem_cache.common.discard_kv_cache_backup",
         ),
+        recommended=True,
     ),
     Patch(
         id="admission-consensus",
@@ -197,6 +205,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.managers.scheduler.Scheduler._get_new_batch_prefill_raw",
             "sglang.srt.mem_cache.prefill_budget.PrefillBudget._available_and_evictable",
         ),
+        recommended=True,
     ),
     Patch(
         id="flush-consensus",
@@ -220,6 +229,7 @@ CATALOGUE: tuple[Patch, ...] = (
             "sglang.srt.managers.scheduler.Scheduler.flush_cache",
             "sglang.srt.managers.scheduler.Scheduler.init_running_status",
         ),
+        recommended=True,
     ),
     Patch(
         id="overlap-loop-report",
@@ -246,6 +256,7 @@ CATALOGUE: tuple[Patch, ...] = (
         targets=("sglang.srt.managers.detokenizer_manager.DetokenizerManager.handle_batch_token_id_out",),
         fixed_in="0.5.8",
         upstream=("sgl-project/sglang#16698", "sgl-project/sglang#15155", "sgl-project/sglang#11944"),
+        recommended=True,
     ),
     Patch(
         id="dsml-leak-guard",
@@ -318,3 +329,20 @@ BY_ID: dict[str, Patch] = {patch.id: patch for patch in CATALOGUE}
 INSTRUMENTED: tuple[str, ...] = ("0.5.23",)
 IDS: tuple[str, ...] = tuple(patch.id for patch in CATALOGUE)
 UNAVAILABLE: dict[str, str] = {patch.id: patch.unavailable for patch in CATALOGUE if patch.unavailable}
+
+
+def applies(patch: Patch, version: str) -> bool:
+    """Whether `patch` can run on SGLang `version`: in its range, implemented, and not made redundant upstream."""
+    if patch.unavailable or version not in patch.applies_to:
+        return False
+    return patch.fixed_in is None or version_key(version) < version_key(patch.fixed_in)
+
+
+def recommended_for(version: str) -> tuple[str, ...]:
+    """The fixes a pool of SGLang `version` runs unless it opts out, in catalogue order (the order the launcher
+    applies them in). Empty for a version no patch applies to, or one that is not a version."""
+    try:
+        version_key(version)
+    except ValueError:
+        return ()
+    return tuple(patch.id for patch in CATALOGUE if patch.recommended and applies(patch, version))

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from pdfleet.runtime.patches import catalogue
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
@@ -60,10 +61,22 @@ def test_a_pool_is_verified_then_rolls_out_verified_to_the_normal_loop_and_stops
     assert first["phase"] == "Ready"
     assert loops(first) == {"prefill": "event_loop_overlap_disagg_prefill",
                             "decode": "event_loop_overlap_disagg_decode"}
+    # A pool that names no patches runs the recommended fixes: the status says so, every pod is started with
+    # them, and every pod's rank agent reports its engine applied them (the patches gate).
+    recommended = list(catalogue.recommended_for(fleet.pool(cluster, namespace, POOL)["spec"]["engine"]
+                                                 ["sglangVersion"]))
+    assert recommended and first["patches"]["effective"] == recommended == first["patches"]["recommended"]
+    assert first["patches"]["policy"] == "Recommended" and not first["patches"].get("held")
+    for pod in fleet.engine_pods(cluster, namespace, POOL):
+        args = pod["spec"]["containers"][0]["args"]
+        assert [a.removeprefix("--patch=") for a in args if a.startswith("--patch=")] == recommended
     for group in first["groups"]:
         assert group["verifiedRevision"] == group["revision"]
         assert {g["name"]: g["state"] for g in group["verification"]["gates"]} == \
-            {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
+            {"eventLoop": "Passed", "patches": "Passed", "serverArgs": "Passed", **CANARY}
+        patches_gate = next(g for g in group["verification"]["gates"] if g["name"] == "patches")
+        assert patches_gate["message"] == f"every pod's engine applied {', '.join(recommended)}"
+    assert fleet.events(cluster, namespace, POOL, "RecommendedPatchesOptedOut") == []
 
     patch_engine(cluster, namespace, {"overlapSchedule": "Disabled"})
     second = wait_verified(cluster, namespace, revision_not=first["currentRevision"])
@@ -97,3 +110,20 @@ def test_a_pool_is_verified_then_rolls_out_verified_to_the_normal_loop_and_stops
     [warning] = fleet.events(cluster, namespace, POOL, "RolloutGateFailed")
     assert warning["type"] == "Warning" and warning["count"] == 1
     assert status(cluster, namespace)["phase"] == "Failed"
+
+
+def test_a_pool_that_opts_out_of_the_recommended_fixes_runs_without_them_and_a_warning_names_them(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    fleet.apply_pool(cluster, namespace, POOL, engine={"patchPolicy": "Explicit", "patches": ["abort-consensus"]},
+                     **ONE_AND_ONE)
+    now = wait_verified(cluster, namespace)
+    recommended = list(catalogue.recommended_for(fleet.pool(cluster, namespace, POOL)["spec"]["engine"]
+                                                 ["sglangVersion"]))
+    lacking = [p for p in recommended if p != "abort-consensus"]
+    assert now["patches"]["effective"] == ["abort-consensus"] and now["patches"]["optedOut"] == lacking
+    for group in now["groups"]:
+        gate = next(g for g in group["verification"]["gates"] if g["name"] == "patches")
+        assert (gate["state"], gate["message"]) == ("Passed", "every pod's engine applied abort-consensus")
+    (warning,) = fleet.events(cluster, namespace, POOL, "RecommendedPatchesOptedOut")
+    assert warning["type"] == "Warning"
+    assert f"without the recommended fixes {', '.join(lacking)}," in warning["message"]

@@ -2,7 +2,8 @@
 
 `answers(pool, pods)` gives `reconcile.plan`'s `health` and `engines` inputs as the monitor would hand them for
 engines that run exactly what they were rendered with: each group whose pods are all Ready reports the expected
-event loop on every rank, and its leader's /server_info shows its rendered operator-owned args. A test makes one
+event loop on every rank and the patches its pods were started with (`--patch=` in their args), and its leader's
+/server_info shows its rendered operator-owned args. A test makes one
 group misbehave by passing `loops={group: loop}` or `server_args={group: {field: value}}`.
 """
 
@@ -39,7 +40,10 @@ def answers(pool: Body, pods: Sequence[Body], *, loops: Mapping[str, str] | None
         role = Role(live[0]["metadata"]["labels"][labels.ROLE])
         tp = spec.role(role).tp
         loop = (loops or {}).get(group, verification.expected_event_loop(spec, role))
-        health[group] = GroupHealth(Verdict.HEALTHY, loop, f"all {tp} rank(s) make progress", tp, answered=True)
+        applied = frozenset(tuple(a.removeprefix("--patch=") for a in p["spec"]["containers"][0].get("args", [])
+                                  if a.startswith("--patch=")) for p in live)
+        health[group] = GroupHealth(Verdict.HEALTHY, loop, f"all {tp} rank(s) make progress", tp, answered=True,
+                                    patch_sets=applied)
         leader = next(p for p in live if p["metadata"]["labels"].get(labels.RANK, "0") == "0")
         info = {**shown_by(leader),
                 "host": "127.1.0.5", "dp_size": 1, **(server_args or {}).get(group, {})}

@@ -15,6 +15,7 @@ from pdfleet.operator.cli import report
 from pdfleet.operator.cli.report import Exit
 from pdfleet.operator.kube.events import event_body
 from pdfleet.operator.planning.plan import Event
+from pdfleet.runtime.patches import catalogue
 from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 from tests.unit.test_verification import OVERLAP_DECODE, condition, disable_overlap
@@ -80,6 +81,7 @@ def test_a_ready_verified_pool_completes_with_exit_0_and_shows_its_groups() -> N
     assert "Phase:      Ready" in lines
     assert f"Revision:   current {revision}, update {revision}" in lines
     assert "Conditions: all fine" in lines and "Last incident: none (no Warning Event)" in lines
+    assert f"Patches:    {', '.join(catalogue.recommended_for('0.5.23'))} (Recommended)" in lines
     assert lines[lines.index("Decode: 2/2 ready, 2 updated (verified at the update revision)") + 1].split() == [
         "GROUP", "REVISION", "VERDICT", "READY", "VERIFIED", "RESTARTS"]
     for group in pool["status"]["groups"]:

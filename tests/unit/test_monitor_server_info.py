@@ -18,6 +18,8 @@ from tests.support.fake_fleet import DECODE, KEY, LOOPS, PODS, PREFILL, Fleet, e
 
 # toolCallCanary: switched off by default; bake: not for a first revision (nor with NO_BAKE)
 CANARY = {"toolCallCanary": "Skipped", "bake": "Skipped"}
+# The fake agents say nothing of their patches, as an engine runtime older than patch reports.
+UNSAID = {"patches": "Skipped"}
 
 @pytest.fixture
 async def engines() -> AsyncIterator[dict[str, FakeEngine]]:
@@ -62,8 +64,8 @@ async def test_server_info_is_fetched_once_per_pod_and_handed_to_the_planner(
     assert "version" not in facts[DECODE].server_info[uid], "only the compared fields are kept"
 
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
-    assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **UNSAID, **CANARY}
+    assert gates(fleet, PREFILL) == {"eventLoop": "Passed", "serverArgs": "Passed", **UNSAID, **CANARY}
 
 
 async def test_an_engine_showing_other_args_fails_the_server_args_gate(
@@ -71,7 +73,7 @@ async def test_an_engine_showing_other_args_fails_the_server_args_gate(
     engines[DECODE].args["disable_overlap_schedule"] = True  # the wrong-server-args fault
     await fleet.monitor.poll(KEY)
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed", **CANARY}
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Failed", **UNSAID, **CANARY}
     [warning] = fleet.events("RolloutGateFailed")
     assert warning["type"] == "Warning"
     assert "disable_overlap_schedule: expected False, seen True" in warning["message"]
@@ -108,7 +110,8 @@ async def test_a_predecessor_answering_at_a_new_pods_address_fails_no_gate_and_t
     engines[DECODE].args["disable_overlap_schedule"] = True
     await fleet.monitor.poll(KEY)
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Waiting", "serverArgs": "Waiting", **CANARY}
+    assert gates(fleet, DECODE) == {"eventLoop": "Waiting", "serverArgs": "Waiting", "patches": "Waiting",
+                                     **CANARY}
     assert fleet.events("RolloutGateFailed") == []
     assert server_info_requests(engines[DECODE]) == 0, "the predecessor's engine is not asked either"
 
@@ -117,4 +120,4 @@ async def test_a_predecessor_answering_at_a_new_pods_address_fails_no_gate_and_t
     engines[DECODE].args["disable_overlap_schedule"] = False
     await fleet.monitor.poll(KEY)
     await wired(fleet).reconcile(KEY)
-    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
+    assert gates(fleet, DECODE) == {"eventLoop": "Passed", "serverArgs": "Passed", **UNSAID, **CANARY}

@@ -308,7 +308,7 @@ def test_a_new_kv_layout_replaces_every_group_at_once_and_never_mixes_layouts() 
 def test_a_change_that_keeps_the_layout_still_rolls_group_by_group() -> None:
     cluster = FakeCluster(pool_body(prefill=2, decode=2))
     cluster.converge()
-    cluster.pool["spec"]["engine"]["patches"] = ["kv-poll-lockstep"]
+    cluster.pool["spec"]["engine"]["patches"] = ["dsml-leak-guard"]
     plan = cluster.step()
     assert "LayoutChanged" not in [e.reason for e in plan.events]
     assert len({ref.name for ref in plan.delete}) == 1, "one group at a time, within maxUnavailable"

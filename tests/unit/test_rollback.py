@@ -9,11 +9,10 @@ from typing import Any
 
 import pytest
 
-from pdfleet.operator.api import checks
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cli import report
-from pdfleet.operator.planning import rollback, spec_change
+from pdfleet.operator.planning import patch_set, rollback, spec_change
 from pdfleet.operator.planning.rollback import Action
 from pdfleet.operator.planning.verification import RolloutVerified
 from pdfleet.operator.render import revision
@@ -40,7 +39,7 @@ def verified_cluster(*, auto_rollback: bool = True, prefill: int = 1, decode: in
 
 
 def revision_of(pool: Body) -> str:
-    spec, _ = checks.validate_pool(pool)
+    spec, _ = patch_set.validated(pool)
     assert spec is not None
     return revision.pool_revision(spec)
 
@@ -109,7 +108,7 @@ def test_what_follows_a_rollout_verification(rollout: RolloutVerified, auto: boo
     old = pool_body(prefill=1, decode=1)
     pool = pool_body(prefill=1, decode=1, generation=2, rollout__autoRollback=auto,
                      engine__overlapSchedule="Disabled")
-    spec, _ = checks.validate_pool(pool)
+    spec, _ = patch_set.validated(pool)
     assert spec is not None
     if record is not None:
         source = old if record == "old" else pool

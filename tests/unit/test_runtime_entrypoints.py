@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -127,14 +127,15 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[s
     agents: list[agent.Agent] = []
     real_start = launcher.start_agent
 
-    def start_agent(port: int, *, host: str = "0.0.0.0") -> agent.Agent | None:
-        running = real_start(port, host="127.0.0.1")
+    def start_agent(port: int, *, host: str = "0.0.0.0", patches: Sequence[str] = ()) -> agent.Agent | None:
+        running = real_start(port, host="127.0.0.1", patches=patches)
         if running is not None:
             agents.append(running)
         return running
 
     def run_server(server_args: Any) -> None:
         seen["livez"] = get(f"http://127.0.0.1:{seen['port']}/livez")
+        seen["ranks"] = get(f"http://127.0.0.1:{seen['port']}/ranks")
         seen["ledger_exists"] = (tmp_path / "ledger").exists()
         seen["endpoint"] = json.loads(drain.endpoint_path().read_text())
         seen["refused"] = {r.path: getattr(r.endpoint, "__pdfleet_patch__", None) for r in http_server.app.router.routes
@@ -155,6 +156,7 @@ def test_the_launcher_serves_livez_on_the_agent_port_before_sglang_starts(
                           "--disaggregation-mode", "decode"])
     assert code == 0
     assert launched["livez"] == (200, {"alive": True})
+    assert launched["ranks"][1]["patches"] == []  # the agent says which patches the engine runs: none asked
     assert launched["ledger_exists"] is False
     assert launched["endpoint"] == {"url": "http://127.0.0.1:31000"}
     # The app run_server would serve already refuses what no pdfleet engine runs.

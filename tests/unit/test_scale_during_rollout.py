@@ -9,7 +9,7 @@ import collections
 import pytest
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.api.spec import InferencePoolSpec
+from pdfleet.operator.planning import patch_set
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.render.revision import role_revision
 from tests.support.pools import NO_BAKE, pool_body
@@ -38,7 +38,9 @@ def _scale(cluster: FakeCluster, decode: int) -> None:
 
 def _wanted(cluster: FakeCluster, role: Role) -> str:
     """The revision the spec asks of `role`'s groups (a group's status and pods carry their role's revision)."""
-    return role_revision(InferencePoolSpec.model_validate(cluster.pool["spec"]), role)
+    spec, _ = patch_set.validated(cluster.pool)
+    assert spec is not None
+    return role_revision(spec, role)
 
 
 def _deleted(plans: list[Plan]) -> collections.Counter[str]:

@@ -4,6 +4,7 @@ its Warning."""
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import pytest
@@ -47,6 +48,12 @@ def test_an_exposed_pool_says_so_in_a_condition_and_one_warning_naming_the_fix(
     body = pool_body()
     body["spec"]["model"].update(V32)
     body["spec"]["engine"]["sglangVersion"] = "0.5.6.post2"
+    # At its defaults the pool runs the guard, a recommended fix on this release.
+    defaults = FakeCluster(copy.deepcopy(body))
+    defaults.converge()
+    condition = next(c for c in defaults.pool["status"]["conditions"] if c["type"] == "ToolCallIntegrity")
+    assert (condition["status"], condition["reason"]) == ("True", "Patched")
+    body["spec"]["engine"]["patchPolicy"] = "Explicit"
     cluster = FakeCluster(body)
     plans = cluster.converge()
     condition = next(c for c in cluster.pool["status"]["conditions"] if c["type"] == "ToolCallIntegrity")

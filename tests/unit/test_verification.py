@@ -129,7 +129,7 @@ def _verify(pod: Body, *, health: GroupHealth | None, facts: EngineFacts | None,
                                health=health, facts=facts, now=now)
 
 
-HEALTHY_NORMAL = GroupHealth(Verdict.HEALTHY, NORMAL_DECODE, "", 1, answered=True)
+HEALTHY_NORMAL = GroupHealth(Verdict.HEALTHY, NORMAL_DECODE, "", 1, answered=True, patch_sets=frozenset({()}))
 INFO = {"tp_size": 1, "disable_overlap_schedule": False, "disable_tokenizer_batch_decode": False}
 
 
@@ -155,7 +155,8 @@ def test_gate_states_from_what_the_engines_show(health: GroupHealth | None, fact
     facts = EngineFacts(pods=frozenset(facts_pods), server_info={"u1": info} if info else {})
     outcome = _verify(pod, health=health, facts=facts, policy=VerificationSpec(**policy))
     assert outcome.verification is not None
-    assert tuple(str(g.state) for g in outcome.verification.gates) == (*states, "Skipped")
+    # (the patches gate's own states: tests/unit/test_patch_set.py)
+    assert tuple(str(g.state) for g in outcome.verification.gates if g.name != "patches") == (*states, "Skipped")
     assert outcome.verified == all(s in ("Passed", "Skipped") for s in states)
     assert (outcome.stopped is not None) == ("Failed" in states)
 
@@ -164,7 +165,7 @@ def test_a_failed_gate_says_what_it_expected_and_saw() -> None:
     outcome = _verify(_ready_pod("u1"), health=dataclasses.replace(HEALTHY_NORMAL, event_loop=OVERLAP_DECODE),
                       facts=EngineFacts(pods=frozenset({"u1"}), server_info={"u1": {**INFO, "tp_size": 2}}))
     assert outcome.verification is not None
-    messages = {g.name: g.message for g in outcome.verification.gates if g.name != "toolCallCanary"}
+    messages = {g.name: g.message for g in outcome.verification.gates if g.name not in ("toolCallCanary", "patches")}
     assert messages == {"eventLoop": f"expected {NORMAL_DECODE}, seen {OVERLAP_DECODE}",
                         "serverArgs": "p-u1: tp_size: expected 1, seen 2"}
 
@@ -197,7 +198,8 @@ def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
     verified = condition(cluster, "RolloutVerified")
     assert (verified["status"], verified["reason"]) == ("Unknown", "Verifying")
     assert condition(cluster, "Progressing")["status"] == "True"
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Waiting", "serverArgs": "Waiting", **CANARY}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Waiting", "patches": "Waiting", "serverArgs": "Waiting",
+                                                **CANARY}
 
     cluster.engines = True  # the agents and /server_info answer
     cluster.converge()
@@ -207,7 +209,7 @@ def test_a_new_pool_is_verified_before_its_current_revision_is_set() -> None:
     assert condition(cluster, "Progressing")["status"] == "False"
     assert status["decode"]["updated"] == 1
     for name in ("tiny-decode-0", "tiny-prefill-0"):
-        assert gates(cluster, name) == {"eventLoop": "Passed", "serverArgs": "Passed", **CANARY}
+        assert gates(cluster, name) == {"eventLoop": "Passed", "patches": "Passed", "serverArgs": "Passed", **CANARY}
         assert group(cluster, name)["verifiedRevision"] == group(cluster, name)["revision"]
 
 
@@ -296,7 +298,8 @@ def test_an_engine_whose_server_info_differs_from_what_was_rendered_fails_the_se
     cluster.server_args["tiny-decode-0"] = {"disable_overlap_schedule": False}
     disable_overlap(cluster)
     plans = cluster.converge(limit=10)
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Passed", "serverArgs": "Failed", **CANARY}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Passed", "patches": "Passed", "serverArgs": "Failed",
+                                                **CANARY}
     verified = condition(cluster, "RolloutVerified")
     assert verified["reason"] == "GateFailed"
     assert "gate serverArgs failed for decode group tiny-decode-0" in verified["message"]
@@ -308,9 +311,10 @@ def test_an_engine_whose_server_info_differs_from_what_was_rendered_fails_the_se
 @pytest.mark.effect("spec.rollout.verification.eventLoop", "spec.rollout.verification.serverArgs")
 def test_switched_off_gates_are_skipped_not_passed_and_do_not_hold_the_rollout() -> None:
     cluster = FakeCluster(pool_body(prefill=1, decode=1, rollout__verification={
-        "eventLoop": False, "serverArgs": False, "bake": "0s"}), engines=False)
+        "eventLoop": False, "patches": False, "serverArgs": False, "bake": "0s"}), engines=False)
     cluster.converge()
-    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Skipped", "serverArgs": "Skipped", **CANARY}
+    assert gates(cluster, "tiny-decode-0") == {"eventLoop": "Skipped", "patches": "Skipped", "serverArgs": "Skipped",
+                                                **CANARY}
     assert condition(cluster, "RolloutVerified")["status"] == "True"
     disable_overlap(cluster)
     cluster.loops["tiny-decode-0"] = OVERLAP_DECODE
