@@ -106,6 +106,7 @@ bench: $(STAMP) sglang binaries ## benchmarks: ratios against a baseline run in 
 	@echo "== operator vs a no-logic floor: 100 pools of 8 groups, all at once"; $(PY) -W error::ResourceWarning benchmarks/bench_operator.py
 	@echo "== operator: CPU of one rank-health poll of 100 groups"; $(PY) benchmarks/bench_health_poll.py
 	@echo "== local fleet: injected desync -> Desync in status, 20 injections"; $(PY) benchmarks/bench_desync_detection.py
+	@echo "== token agreement (SYNC_TOKEN_IDS_ACROSS_TP, set for tp > 1): cost per decode step vs the request broadcast every iteration makes, TP 2/4/8 on gloo"; $(PY) benchmarks/bench_token_agreement.py
 	@echo "== desync fixes (the six catalogue fixes): cost per decode- and prefill-loop iteration and per admission call vs SGLang's own, TP 2/4/8 on gloo"; $(PY) benchmarks/bench_desync_fixes.py
 	@echo "== local fleet: the pod runner's memory and idle CPU per engine pod"; $(PY) benchmarks/bench_runner.py
 	@echo "== local fleet: overlapSchedule rolled out on 2+2 groups under client load: duration, failed requests, p99 during/before"; $(PY) benchmarks/bench_rollout.py
