@@ -33,7 +33,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pdfleet.runtime import drain, engine_setup, refused_routes
+from pdfleet.runtime import drain, engine_config, engine_setup, refused_routes
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import base, catalogue
@@ -95,13 +95,18 @@ class _QuietParser(argparse.ArgumentParser):
 
 
 def parse_sglang_args(sglang_args: list[str]) -> argparse.Namespace:
-    """SGLang's own parser, so a bad flag fails here, with SGLang's message, before anything starts."""
+    """SGLang's own parser, so a bad flag fails here, with SGLang's message, before anything starts; a --config
+    file merged in first as SGLang merges it, and refused when it sets what pdfleet owns (`engine_config`)."""
     from sglang.srt.server_args import ServerArgs
 
     parser = _QuietParser(prog="sglang", exit_on_error=False)
     ServerArgs.add_cli_args(parser)
     try:
-        return parser.parse_args(sglang_args)
+        resolved = engine_config.resolve(sglang_args, parser)
+    except engine_config.ConfigError as e:
+        raise base.PatchError(str(e)) from None
+    try:
+        return parser.parse_args(resolved)
     except argparse.ArgumentError as e:
         raise base.PatchError(f"SGLang refuses its arguments: {e}") from None
 

@@ -1,113 +1,30 @@
-"""SGLang flags the operator owns: it derives them from typed fields, so `extraArgs` may not set them.
-
-Each flag maps to the spec field that owns it (or the reason it is refused), so a refusal can say what to set
-instead. Aliases are listed too (`--tp` and `--tensor-parallel-size` both set tp_size). SGLang builds its
-parser with argparse's default `allow_abbrev=True`, so any unambiguous prefix of a flag also sets it
-(`--disaggregation-mo decode`): an extra arg is refused when its option name is a prefix of a managed flag,
-not only when it equals one. The CEL rule in `engine.py` and `reserved_flag` below implement that one test.
-
-`FLAGS` is the one table of them: who owns each, and how /server_info shows it to the serverArgs gate.
+"""The operator's side of the engine flag table (`pdfleet.runtime.engine_flags`, the one table of SGLang flags and
+environment variables the operator owns or refuses): the CEL literal admission checks `extraArgs` and `env` with, and
+the fields the serverArgs gate compares.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from typing import Final
+from pdfleet.runtime.engine_flags import (
+    ALIAS,
+    FLAGS,
+    MANAGED_FLAGS,
+    NO_ADMIN_KEY,
+    NO_FLEXKV,
+    NO_GRPC,
+    NO_LORA,
+    NO_PP,
+    NO_ROLE_SWITCH,
+    REFUSED_ENV,
+    TOKEN_AGREEMENT_ENV,
+    ManagedFlag,
+    option_name,
+    reserved_flag,
+)
 
-
-@dataclasses.dataclass(frozen=True)
-class ManagedFlag:
-    """One flag the operator owns. `field`/`kind`: the ServerArgs field SGLang's /server_info reports it as and
-    its type there (`bool`: a store_true flag), which the serverArgs gate compares; `unchecked`: why the gate
-    does not compare it, for the others. `switch`: owned through a Switch, so its absence is rendered on purpose
-    and the engine must show it off too."""
-
-    owner: str  # the spec field that sets it, or why nobody may
-    field: str | None = None
-    kind: type = str
-    unchecked: str | None = None
-    switch: bool = False
-
-
-ALIAS = "an alias the renderer never writes"
-NO_PP = "refused: pipeline parallelism is not supported"
-# SGLang's PD role switch decides per rank (idle, free-memory headroom, caught exceptions) and re-dispatches the
-# other role's event loop with no agreement across the TP group: a rank that switches alone hangs the group
-# (docs/desync-audit.md). pdfleet never renders it and refuses it in extraArgs; a role is the pool's to set.
-NO_ROLE_SWITCH = "refused: a PD role switch is decided per TP rank, with no agreement (docs/desync-audit.md)"
-# SGLang's LoRA serving decides per TP rank what the group must agree: an adapter load's outcome (only the TP
-# leader's reply reaches the tokenizer), whether an adapter copied asynchronously is ready (this rank's CUDA
-# event) and whether a starving adapter is drained (this rank's clock), both in admitting requests. These two
-# flags are the only ones that turn LoRA on: without them SGLang builds no LoRA manager (docs/desync-audit.md).
-NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no agreement (docs/desync-audit.md)"
-# FlexKV's radix cache fans its leader's answers out to the TP ranks by point-to-point sends the followers receive
-# in call order, unmatched to the call: a call one rank makes alone (an eviction its own free KV asks for drains
-# store completions) mis-pairs every later message. `--radix-cache-backend` picks a cache by a registered name, and
-# in SGLang 0.5.23 only FlexKV registers one (docs/desync-audit.md).
-NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call order (docs/desync-audit.md)"
-# SGLang serves its run-time HiCache storage attach and detach only with an admin key, and its scheduler decides
-# them per TP rank (a busy rank refuses while its idle peers create the storage process groups), so pdfleet
-# keeps the key unset and the endpoints refused by SGLang itself (docs/desync-audit.md).
-NO_ADMIN_KEY = "refused: it opens HiCache storage attach/detach, decided per TP rank (docs/desync-audit.md)"
-# SGLang's `--config` reads a YAML file of options and merges them into the command line before parsing, so one
-# file could set every flag refused here, or a managed one the renderer leaves to its default, past admission.
-NO_CONFIG = "refused: a config file would set SGLang flags past these checks; put them in spec.engine.extraArgs"
-# SGLang's native gRPC server (0.5.23) serves UpdateWeightsFromDisk and the other run-time controls whose HTTP
-# routes every pdfleet engine refuses (runtime/refused_routes.py): each rank loads and catches its own failure, so
-# one rank that fails desyncs the group. `--grpc-port` (or SGLANG_GRPC_PORT, refused in spec.engine.env) starts it
-# beside the HTTP server; `--grpc-mode` and `--smg-grpc-mode` serve the engine over gRPC instead.
-NO_GRPC = "refused: SGLang's gRPC server serves the weight updates refused over HTTP (docs/desync-audit.md item 17)"
-
-# The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
-# renderer's test (every flag `render.engine_args` writes is here) all read it.
-FLAGS: Final[dict[str, ManagedFlag]] = {
-    "--model-path": ManagedFlag("spec.model.source", "model_path"),
-    "--model": ManagedFlag("spec.model.source", unchecked=ALIAS),
-    "--served-model-name": ManagedFlag("spec.model.servedName", "served_model_name"),
-    "--tool-call-parser": ManagedFlag("spec.model.toolCallParser", "tool_call_parser"),
-    "--reasoning-parser": ManagedFlag("spec.model.reasoningParser", "reasoning_parser"),
-    "--chat-template": ManagedFlag("spec.model.chatTemplate", "chat_template"),
-    "--trust-remote-code": ManagedFlag("spec.model.trustRemoteCode", "trust_remote_code", bool),
-    "--host": ManagedFlag("the operator (pods listen on all interfaces)",
-                          unchecked="a bind address: the pod's runtime may narrow 0.0.0.0 to the pod's IP"),
-    "--port": ManagedFlag("spec.<role>.port", "port", int),
-    "--tp-size": ManagedFlag("spec.<role>.tp", "tp_size", int),
-    "--tensor-parallel-size": ManagedFlag("spec.<role>.tp", unchecked=ALIAS),
-    # Rendered only with --enable-dp-attention, under which SGLang 0.5.23 resolves the size into attn_dp_size
-    # (and leaves dp_size at 1).
-    "--dp-size": ManagedFlag("spec.<role>.dp", "attn_dp_size", int),
-    "--data-parallel-size": ManagedFlag("spec.<role>.dp", unchecked=ALIAS),
-    "--enable-dp-attention": ManagedFlag("spec.<role>.dp", "enable_dp_attention", bool),
-    "--pp-size": ManagedFlag("the operator (pipeline parallelism is not supported)", unchecked=NO_PP),
-    "--pipeline-parallel-size": ManagedFlag("the operator (pipeline parallelism is not supported)",
-                                            unchecked=NO_PP),
-    "--nnodes": ManagedFlag("spec.<role>.nodesPerGroup", "nnodes", int),
-    "--node-rank": ManagedFlag("the operator (one per pod of a group)", "node_rank", int),
-    "--dist-init-addr": ManagedFlag("the operator (rank 0's pod of a group)", "dist_init_addr"),
-    "--disaggregation-mode": ManagedFlag("the role (prefill or decode)", "disaggregation_mode"),
-    "--enable-pd-role-switch": ManagedFlag("the operator (a role switch is refused: the pool's roles are fixed)",
-                                           unchecked=NO_ROLE_SWITCH),
-    "--enable-lora": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
-    "--lora-paths": ManagedFlag("the operator (LoRA adapters are refused)", unchecked=NO_LORA),
-    "--enable-flexkv": ManagedFlag("the operator (the FlexKV cache is refused)", unchecked=NO_FLEXKV),
-    "--radix-cache-backend": ManagedFlag("the operator (a registered radix-cache back-end is refused)",
-                                         unchecked=NO_FLEXKV),
-    "--admin-api-key": ManagedFlag("the operator (SGLang's admin-only endpoints stay shut)", unchecked=NO_ADMIN_KEY),
-    "--config": ManagedFlag("spec.engine.extraArgs (one flag each, checked at admission)", unchecked=NO_CONFIG),
-    "--grpc-port": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
-    "--grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
-    "--smg-grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
-    "--disaggregation-bootstrap-port": ManagedFlag("spec.prefill.bootstrapPort", "disaggregation_bootstrap_port",
-                                                   int),
-    "--disaggregation-transfer-backend": ManagedFlag("spec.transfer.backend", "disaggregation_transfer_backend"),
-    "--disaggregation-ib-device": ManagedFlag("spec.transfer.ibDevice", "disaggregation_ib_device"),
-    "--disable-overlap-schedule": ManagedFlag("spec.engine.overlapSchedule", "disable_overlap_schedule", bool,
-                                              switch=True),
-    "--disable-tokenizer-batch-decode": ManagedFlag("spec.engine.tokenizerBatchDecode",
-                                                    "disable_tokenizer_batch_decode", bool, switch=True),
-    "--enable-metrics": ManagedFlag("the operator (metrics are always on)", "enable_metrics", bool),
-}
-MANAGED_FLAGS: Final[dict[str, str]] = {name: flag.owner for name, flag in FLAGS.items()}
+__all__ = ["ALIAS", "FLAGS", "MANAGED_FLAGS", "NO_ADMIN_KEY", "NO_FLEXKV", "NO_GRPC", "NO_LORA", "NO_PP",
+           "NO_ROLE_SWITCH", "REFUSED_ENV", "TOKEN_AGREEMENT_ENV", "ManagedFlag", "cel_list", "option_name",
+           "reserved_flag", "server_args_fields"]
 
 
 def server_args_fields() -> dict[str, tuple[str, type]]:
@@ -115,38 +32,6 @@ def server_args_fields() -> dict[str, tuple[str, type]]:
     return {name: (flag.field, flag.kind) for name, flag in FLAGS.items() if flag.field is not None}
 
 
-
-def option_name(arg: str) -> str:
-    """'--tp-size=8' -> '--tp-size'."""
-    return arg.split("=", 1)[0]
-
-
-def reserved_flag(arg: str) -> str | None:
-    """The managed flag `arg` would set (exactly or as an argparse abbreviation), or None for a free arg."""
-    if not arg.startswith("--"):
-        return None
-    name = option_name(arg)
-    for flag in MANAGED_FLAGS:
-        if flag.startswith(name):
-            return flag
-    return None
-
-
 def cel_list(flags: dict[str, str] = MANAGED_FLAGS) -> str:
     """The managed flags as a CEL list literal."""
     return "[" + ", ".join(f"'{flag}'" for flag in flags) + "]"
-
-
-# SGLang's switch for agreeing on sampled tokens across TP ranks: the renderer sets it on every group of more than
-# one rank (render/engine_group.py), so spec.engine.env may not.
-TOKEN_AGREEMENT_ENV: Final = "SYNC_TOKEN_IDS_ACROSS_TP"
-
-# Environment variables SGLang (0.5.23) reads that turn agreement across TP ranks off, or open a way around the
-# refusals above, or that the operator sets; refused in spec.engine.env by name (docs/desync-audit.md).
-REFUSED_ENV: Final[dict[str, str]] = {
-    "SGLANG_GRPC_PORT": "it starts SGLang's gRPC server, which serves the weight updates refused over HTTP",
-    "SGLANG_SCHEDULER_SKIP_ALL_GATHER": "with DP attention each rank then uses its own token counts and CUDA-graph "
-                                        "vote instead of the group's",
-    "SGLANG_SPEC_TP_SYNC": "it drops the rank-0 broadcasts that keep speculative decoding's ranks in step",
-    TOKEN_AGREEMENT_ENV: "the operator sets it: every group of more than one TP rank agrees on its sampled tokens",
-}

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import pathlib
 
 import pytest
 
@@ -97,3 +98,22 @@ def test_an_engine_that_ends_at_start_is_restarted_with_backoff_then_left_for_a_
     cluster.kubectl("delete", "pod", pod["metadata"]["name"], "-n", namespace, "--wait=false")
     wait_for("the decode group restarted again with a fresh budget",
              lambda: decode(cluster, namespace).get("restarts", 0) > BUDGET, timeout=60, interval=0.5)
+
+
+def test_an_engine_whose_config_file_switches_on_a_refused_feature_ends_at_start_saying_which(
+        cluster: Cluster, operator: OperatorProcess, namespace: str, tmp_path: pathlib.Path) -> None:
+    """Admission takes `--config FILE`; the engine launcher merges the file as SGLang would and refuses to start,
+    naming the flag the file sets, and that line reaches the group's status."""
+    config = tmp_path / "server.yaml"
+    config.write_text("context-length: 4096\nenable-lora: true\n")
+    tmp_path.chmod(0o755)
+    config.chmod(0o644)
+    fleet.apply_pool(cluster, namespace, POOL, base="minimal", router={"replicas": 0},
+                     transfer={"backend": "fake"}, health={**HEALTH, "restartBudget": {"count": 1, "window": "1h"}},
+                     engine={"extraArgs": ["--config", str(config)]})
+    group = wait_for("the decode group left for a person", lambda: exhausted(cluster, namespace),
+                     timeout=120, interval=0.5)
+    last_exit = group["lastExit"]
+    assert last_exit["exitCode"] == 2, last_exit
+    assert f"the --config file {config} sets what a pdfleet engine may not take from it (--enable-lora: refused: " \
+           "LoRA adapters" in last_exit["message"], last_exit

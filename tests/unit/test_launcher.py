@@ -64,6 +64,15 @@ def test_every_example_s_patches_pass_the_engine_checks(example: Path) -> None:
     assert all(p in result.stderr.splitlines()[-1] for p in patches)
 
 
+@pytest.mark.parametrize("version", catalogue.INSTRUMENTED)
+def test_the_recommended_set_every_default_pool_runs_passes_the_engine_checks(version: str) -> None:
+    recommended = catalogue.recommended_for(version)
+    assert recommended
+    result = launcher("--check", *[f"--patch={p}" for p in recommended], "--", "--model-path", "/m")
+    assert result.returncode == 0, result.stderr
+    assert all(p in result.stderr.splitlines()[-1] for p in recommended)
+
+
 def test_a_patch_fixed_upstream_is_refused() -> None:
     with pytest.raises(base.PatchError, match=r"fixed upstream in SGLang 0\.5\.8; this engine runs 0\.5\.23"):
         base.check(["dsml-batch-decode-guard"], "0.5.23")
