@@ -1,11 +1,11 @@
 """An SGLang config file (`--config FILE` in `spec.engine.extraArgs`), resolved and checked before the engine starts.
 
 SGLang merges a YAML file of options into its command line before its parser runs (config first, so the command
-line wins). A file could thereby set what admission refuses in `extraArgs` flag by flag (`enable-lora: true`), or a
-flag the operator owns and leaves at its default (`disable-overlap-schedule`). So the launcher merges the file
-with SGLang's own merger, over SGLang's own parser, exactly as `prepare_server_args` will, and refuses any option
-the file sets that the engine flag table (`engine_flags`) owns or refuses, naming it. What is left is what
-`extraArgs` could have said.
+line wins). A file could thereby set what admission refuses in `extraArgs` flag by flag (`enable-lora: true`), a
+flag the operator owns and leaves at its default (`disable-overlap-schedule`), or a KV-layout flag the operator
+must see (`page-size`). So the launcher merges the file with SGLang's own merger, over SGLang's own parser, exactly
+as `prepare_server_args` will, and refuses any option the file sets that the engine flag table (`engine_flags`)
+owns, refuses or counts as layout, naming it. What is left is what `extraArgs` could have said.
 
 SGLang merges only the exact two-argument form `--config FILE`: `--config=FILE`, or an abbreviation such as
 `--conf FILE`, reaches its parser as a plain option, and the file is silently ignored. Those forms are refused too.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdfleet.runtime.engine_flags import FLAGS, option_name, reserved_flag
+from pdfleet.runtime.engine_flags import FLAGS, LAYOUT_FLAGS, option_name, reserved_flag
 
 CONFIG = "--config"
 
@@ -43,7 +43,7 @@ def resolve(sglang_args: list[str], parser: argparse.ArgumentParser) -> list[str
         raise ConfigError(f"SGLang cannot read the --config file: {' '.join(str(e).split())}") from None
     path = sglang_args[sglang_args.index(CONFIG) + 1]
     from_file = merged[:len(merged) - (len(sglang_args) - 2)]  # the merger puts the file's options first
-    owned = [flag for arg in from_file if (flag := reserved_flag(arg)) is not None]
+    owned = [flag for arg in from_file if (flag := reserved_flag(arg) or _layout(arg)) is not None]
     if owned:
         reasons = "; ".join(f"{flag}: {_why(flag)}" for flag in dict.fromkeys(owned))
         raise ConfigError(f"the --config file {path} sets what a pdfleet engine may not take from it ({reasons}); "
@@ -51,7 +51,14 @@ def resolve(sglang_args: list[str], parser: argparse.ArgumentParser) -> list[str
     return merged
 
 
+def _layout(arg: str) -> str | None:
+    return option_name(arg) if option_name(arg) in LAYOUT_FLAGS else None
+
+
 def _why(flag: str) -> str:
+    if flag in LAYOUT_FLAGS:
+        return ("it shapes the KV layout, which the operator must see to keep old and new layouts from serving one "
+                "router: put it in spec.engine.extraArgs")
     entry = FLAGS[flag]
     if entry.unchecked is not None and entry.unchecked.startswith("refused"):
         return entry.unchecked

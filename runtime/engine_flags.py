@@ -126,6 +126,12 @@ def reserved_flag(arg: str) -> str | None:
     return None
 
 
+# SGLang flags that change how KV pages are laid out or read: prefill and decode must agree on them, so the
+# operator reads them from extraArgs to keep old and new layouts from serving one router (its render/layout.py),
+# and a config file may not set them, where the operator could not see them (engine_config).
+LAYOUT_FLAGS: Final = ("--page-size", "--kv-cache-dtype", "--attention-backend", "--prefill-attention-backend",
+                       "--decode-attention-backend", "--dsa-prefill-backend", "--dsa-decode-backend")
+
 # SGLang's switch for agreeing on sampled tokens across TP ranks: the renderer sets it on every group of more than
 # one rank (render/engine_group.py), so spec.engine.env may not.
 TOKEN_AGREEMENT_ENV: Final = "SYNC_TOKEN_IDS_ACROSS_TP"

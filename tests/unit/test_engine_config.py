@@ -39,6 +39,7 @@ def test_sglangs_merger_alone_switches_on_what_admission_refuses(tmp_path: pathl
     ("grpc-port: 31001\n", "--grpc-port: refused: SGLang's gRPC server"),
     ("disable-overlap-schedule: true\n", "--disable-overlap-schedule: set from spec.engine.overlapSchedule"),
     ("tp-size: 2\n", "--tp-size: set from spec.<role>.tp"),
+    ("page-size: 64\n", "--page-size: it shapes the KV layout, which the operator must see"),
 ])
 def test_a_config_file_that_sets_an_owned_or_refused_flag_is_refused_naming_it(
         tmp_path: pathlib.Path, text: str, named: str) -> None:
