@@ -49,10 +49,6 @@ NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no a
 # store completions) mis-pairs every later message. `--radix-cache-backend` picks a cache by a registered name, and
 # in SGLang 0.5.23 only FlexKV registers one (docs/desync-audit.md).
 NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call order (docs/desync-audit.md)"
-# SGLang serves its run-time HiCache storage attach and detach only with an admin key, and its scheduler decides
-# them per TP rank (a busy rank refuses while its idle peers create the storage process groups), so pdfleet
-# keeps the key unset and the endpoints refused by SGLang itself (docs/desync-audit.md).
-NO_ADMIN_KEY = "refused: it opens HiCache storage attach/detach, decided per TP rank (docs/desync-audit.md)"
 # SGLang's native gRPC server (0.5.23) serves UpdateWeightsFromDisk and the other run-time controls whose HTTP
 # routes every pdfleet engine refuses (runtime/refused_routes.py): each rank loads and catches its own failure, so
 # one rank that fails desyncs the group. `--grpc-port` (or SGLANG_GRPC_PORT, refused in spec.engine.env) starts it
@@ -93,7 +89,6 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--enable-flexkv": ManagedFlag("the operator (the FlexKV cache is refused)", unchecked=NO_FLEXKV),
     "--radix-cache-backend": ManagedFlag("the operator (a registered radix-cache back-end is refused)",
                                          unchecked=NO_FLEXKV),
-    "--admin-api-key": ManagedFlag("the operator (SGLang's admin-only endpoints stay shut)", unchecked=NO_ADMIN_KEY),
     "--grpc-port": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
     "--grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),
     "--smg-grpc-mode": ManagedFlag("the operator (SGLang's gRPC server is refused)", unchecked=NO_GRPC),

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from types import ModuleType
 
-from pdfleet.runtime import refused_routes
+from pdfleet.runtime import refused_routes, server_info_redaction
 from pdfleet.runtime.instrument import apply as instrument
 from pdfleet.runtime.patches import base, hooks, registry
 
@@ -88,4 +88,5 @@ def install_from_environment() -> None:
     for module, ids in later.items():
         hooks.after_import(module, _applying(
             lambda ids=ids: base.apply(ids, sglang_version(), registry.implementations(ids))))
-    hooks.after_import(refused_routes.MODULE, _applying(lambda: [refused_routes.install(sglang_version())]))
+    hooks.after_import(refused_routes.MODULE, _applying(lambda: [refused_routes.install(sglang_version()),
+                                                                 server_info_redaction.install(sglang_version())]))

@@ -14,10 +14,11 @@ from a daemon thread of this process, which is SGLang's main process: same pid n
 ledger path. The launcher starts each engine with an empty ledger and records the engine's URL beside it for
 the preStop drain (`pdfleet.runtime.drain`).
 
-Every engine refuses, always, two requests of SGLang's HTTP server that desync a TP group
-(`pdfleet.runtime.refused_routes`, its targets verified the same way): `POST /update_weights_from_disk` (roll out
-spec.model instead) and `POST /add_external_corpus` (NGRAM corpora are installed per rank) answer 403 with the
-reason and never reach SGLang's tokenizer manager. `patches` lists them after the catalogue.
+Every engine refuses, always, the requests of SGLang's HTTP server that desync a TP group
+(`pdfleet.runtime.refused_routes`, its targets verified the same way): the run-time weight updates (roll out
+spec.model instead), NGRAM corpora, weight process groups, memory release and HiCache storage attach/detach answer
+403 with the reason and never reach SGLang's tokenizer manager. `patches` lists them after the catalogue. Every
+engine also answers `/server_info` with SGLang's API keys redacted (`pdfleet.runtime.server_info_redaction`).
 
 Listeners bind to $PDFLEET_BIND_ADDRESS when set (the pod's own IP, where pods share a network namespace, as
 on the local fleet), else to SGLang's `--host`. With PDFLEET_ENGINE_MODE=simulate, everything above happens
@@ -33,7 +34,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pdfleet.runtime import drain, engine_config, engine_setup, refused_routes
+from pdfleet.runtime import drain, engine_config, engine_setup, refused_routes, server_info_redaction
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import base, catalogue
@@ -153,6 +154,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parsed = parse_sglang_args(sglang_args)
         applied = engine_setup.apply_selected(options.patch)
         applied.append(refused_routes.install(version))
+        applied.append(server_info_redaction.install(version))
     except base.PatchError as e:
         print(f"pdfleet-engine: {e}", file=sys.stderr)
         return EXIT_USAGE

@@ -1,8 +1,7 @@
 """SGLang HTTP requests no pdfleet engine runs: refused at the engine's HTTP server, with the reason, always.
 
-Ten run-time control requests of SGLang's server desync a tensor-parallel group and have no key on a pdfleet
-engine (pdfleet refuses `--admin-api-key`, so SGLang's admin-optional endpoints take none; docs/desync-audit.md
-items 12 to 14 and 16):
+Twelve run-time control requests of SGLang's server desync a tensor-parallel group, with or without an admin key
+(docs/desync-audit.md items 12 to 14 and 16):
 - `POST /update_weights_from_disk`: every rank loads the checkpoint and catches its own failure; a rank whose load
   fails skips the CUDA-graph recapture and the cache flush its peers run, and SGLang's "rollback" re-reads the new
   checkpoint. In pdfleet a pool's model changes by a rollout of `spec.model`, which replaces engine pods.
@@ -16,6 +15,9 @@ items 12 to 14 and 16):
   try/except, so a rank that fails goes on while its peers wait in the collective.
 - `GET|POST /release_memory_occupation`, `/resume_memory_occupation`: each rank asserts its own idleness (a busy
   rank kills the engine) and releases or resumes its memory on its own.
+- `PUT|DELETE /hicache/storage-backend`: HiCache storage attached or detached at run time; each rank refuses on its
+  own idleness, in front of the storage process groups its peers create or destroy (SGLang serves them only to an
+  engine with `--admin-api-key`; `GET` of the same path, a read, stays SGLang's).
 
 Not a catalogue patch: an engine pdfleet starts never runs any of them. Each route function is verified like every
 patch target (SGLang version, fingerprint of the function replaced) and must be the endpoint of its route in
@@ -82,6 +84,12 @@ REFUSED = (
               "while one rank is busy kills the engine, and the ranks release and resume their memory one by one "
               "(docs/desync-audit.md item 16)", frozenset({"GET", "POST"}))
       for name in ("release_memory_occupation", "resume_memory_occupation")),
+    *(Refusal("/hicache/storage-backend", f"{verb}_hicache_storage_backend",
+              f"refused by pdfleet: each tensor-parallel rank decides on its own whether it is idle enough to {verb} "
+              "HiCache storage, so a rank busy when its peers are idle goes on while they create (or destroy) the "
+              "storage process groups without it (docs/desync-audit.md item 12); set the storage back-end in "
+              "spec.engine.extraArgs and roll it out", frozenset({method}))
+      for verb, method in (("attach", "PUT"), ("detach", "DELETE"))),
 )
 
 FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
@@ -96,6 +104,8 @@ FINGERPRINTS: Mapping[str, Mapping[str, str]] = {
         f"{MODULE}.send_weights_to_remote_instance": "d751158ddb4a357f",
         f"{MODULE}.release_memory_occupation": "5db8f130328dd23e",
         f"{MODULE}.resume_memory_occupation": "7a5289e040e2a91b",
+        f"{MODULE}.attach_hicache_storage_backend": "db29b0fdd5fc7e72",
+        f"{MODULE}.detach_hicache_storage_backend": "cd4638f2006de249",
     },
 }
 
@@ -139,12 +149,16 @@ def install(sglang_version: str) -> base.Applied:
 
 
 def _route_index(app: Any, refusal: Refusal, function: Callable[..., Any]) -> int:
-    """Where in the route table `function` serves `refusal.path`; the only route of that path."""
+    """Where in the route table `function` serves `refusal.path` for `refusal.methods`: the only route of that path
+    with those methods (a path may have others, for other methods: HiCache's storage back-end has GET, PUT and
+    DELETE)."""
     from fastapi.routing import APIRoute
 
-    found = [i for i, route in enumerate(app.router.routes) if getattr(route, "path", None) == refusal.path]
+    found = [i for i, route in enumerate(app.router.routes) if getattr(route, "path", None) == refusal.path
+             and set(getattr(route, "methods", None) or ()) & refusal.methods]
     if len(found) != 1:
-        raise targets.TargetError(f"{MODULE}.app has {len(found)} routes for {refusal.path}, expected 1")
+        raise targets.TargetError(f"{MODULE}.app has {len(found)} routes for {' '.join(sorted(refusal.methods))} "
+                                  f"{refusal.path}, expected 1")
     route = app.router.routes[found[0]]
     if not isinstance(route, APIRoute) or route.endpoint is not function or route.methods != refusal.methods:
         raise targets.TargetError(f"{MODULE}.app's route {refusal.path} is not {' '.join(sorted(refusal.methods))} "

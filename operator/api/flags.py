@@ -9,7 +9,6 @@ from pdfleet.runtime.engine_flags import (
     ALIAS,
     FLAGS,
     MANAGED_FLAGS,
-    NO_ADMIN_KEY,
     NO_FLEXKV,
     NO_GRPC,
     NO_LORA,
@@ -22,7 +21,7 @@ from pdfleet.runtime.engine_flags import (
     reserved_flag,
 )
 
-__all__ = ["ALIAS", "FLAGS", "MANAGED_FLAGS", "NO_ADMIN_KEY", "NO_FLEXKV", "NO_GRPC", "NO_LORA", "NO_PP",
+__all__ = ["ALIAS", "FLAGS", "MANAGED_FLAGS", "NO_FLEXKV", "NO_GRPC", "NO_LORA", "NO_PP",
            "NO_ROLE_SWITCH", "REFUSED_ENV", "TOKEN_AGREEMENT_ENV", "ManagedFlag", "cel_list", "option_name",
            "reserved_flag", "server_args_fields"]
 

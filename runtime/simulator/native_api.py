@@ -11,6 +11,7 @@ from typing import Any
 
 from aiohttp import web
 
+from pdfleet.runtime import server_info_redaction
 from pdfleet.runtime.simulator import info, refused, tokenizer
 from pdfleet.runtime.simulator.faults import Fault
 from pdfleet.runtime.simulator.scheduler import RequestError
@@ -45,7 +46,8 @@ async def server_info(request: web.Request) -> web.Response:
         "version": info.sglang_version(),
         "frontend": "python",
     }
-    return web.json_response(body, dumps=lambda o: json.dumps(o, default=str))
+    # As every pdfleet engine answers it: SGLang's API keys redacted (runtime/server_info_redaction.py).
+    return web.json_response(server_info_redaction.redact(body), dumps=lambda o: json.dumps(o, default=str))
 
 
 async def model_info(request: web.Request) -> web.Response:

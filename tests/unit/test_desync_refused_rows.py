@@ -11,8 +11,9 @@ only way to turn it on and that pdfleet refuses each spelling SGLang's parser ta
   are its TP fan-out, not only PP: the leader's answers go out by isends that each follower receives in call
   order, and an eviction one rank's own free KV asks for drains store completions through it (on the installed
   source, and SGLang's own FlexKVComm on real gloo ranks: tests/repro/flexkv.py).
-- HiCache storage attached/detached at run time (`--admin-api-key`, without which SGLang's own HTTP handlers
-  refuse): the scheduler's handlers decide on this rank's own idleness before the controller creates groups.
+- HiCache storage attached/detached at run time (served by SGLang only with `--admin-api-key`, which a pool may
+  set: every pdfleet engine refuses the two routes, tests/unit/test_refused_routes.py): the scheduler's handlers
+  decide on this rank's own idleness before the controller creates groups.
 
 Refused at the engine rather than by a flag (docs/desync-audit.md items 13 and 14: their endpoints take no key, and
 every engine pdfleet starts answers them 403, `pdfleet.runtime.refused_routes`, tested in
@@ -301,8 +302,8 @@ def test_a_flexkv_fan_out_one_rank_enters_alone_mis_pairs_the_next_answer(launch
 def test_hicache_storage_attach_and_detach_reach_no_rank_without_an_admin_key(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """SGLang's own HTTP handlers for PUT/DELETE /hicache/storage-backend answer 400 before reaching the
-    tokenizer (so no rank) unless the server has an admin key, which only `--admin-api-key` (or an abbreviation
-    SGLang's argparse takes) sets; pdfleet refuses every such spelling."""
+    tokenizer (so no rank) unless the server has an admin key, which `--admin-api-key` (or an abbreviation SGLang's
+    argparse takes) sets. Admission takes every spelling: the engine refuses the two routes themselves."""
     requires.installed("sglang")
     import asyncio
 
@@ -325,8 +326,7 @@ def test_hicache_storage_attach_and_detach_reach_no_rank_without_an_admin_key(
     assert prepare_server_args(_BASE).admin_api_key is None  # SGLang's default
     for spelling, argv in {"--admin-api-key": ["--admin-api-key", "k"], "--admin=k": ["--admin=k"]}.items():
         assert prepare_server_args([*_BASE, *argv]).admin_api_key == "k", spelling
-        assert [(path, "extraArgs may not set --admin-api-key" in message)
-                for path, message in _refusals(argv)] == [("spec.engine.extraArgs[0]", True)], spelling
+        assert _refusals(argv) == [], spelling
 
 
 def test_a_busy_rank_refuses_the_storage_attach_its_idle_peer_runs_and_the_attach_creates_groups(

@@ -87,8 +87,12 @@ def test_the_engine_refuses_to_start_in_one_line_naming_the_resolved_flag(tmp_pa
 
 
 @pytest.mark.effect("spec.engine.extraArgs")
-def test_admission_takes_a_config_file_and_leaves_it_to_the_launcher() -> None:
+@pytest.mark.parametrize("args", [["--config", "/etc/sglang/server.yaml"], ["--admin-api-key", "k"]])
+def test_admission_takes_a_config_file_and_an_admin_key_and_leaves_them_to_the_engine(args: list[str]) -> None:
+    """The config file is checked at engine start; an admin key shuts SGLang's admin endpoints, with the HiCache
+    storage attach and detach refused at every engine (tests/unit/test_refused_routes.py) and the key kept out of
+    /server_info (tests/unit/test_server_info_redaction.py)."""
     body = example("minimal")
-    body["spec"]["engine"]["extraArgs"] = ["--config", "/etc/sglang/server.yaml"]
+    body["spec"]["engine"]["extraArgs"] = args
     assert checks.validate(body) == []
     assert engine_config.CONFIG == "--config"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterator
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -159,7 +159,8 @@ def test_refused_every_route_answers_403_with_the_reason_and_nothing_reaches_the
         "update_weights_from_disk", "update_weights_from_tensor", "update_weights_from_distributed",
         "update_weights_from_ipc", "add_external_corpus", "init_weights_update_group",
         "init_weights_send_group_for_remote_instance", "send_weights_to_remote_instance",
-        "release_memory_occupation", "resume_memory_occupation"))
+        "release_memory_occupation", "resume_memory_occupation", "attach_hicache_storage_backend",
+        "detach_hicache_storage_backend"))
     for path, body in WEIGHT_GROUPS_AND_MEMORY.items():
         answer = client.post(path, json=body)
         assert answer.status_code == 403 and answer.json()["message"].startswith("refused by pdfleet: "), path
@@ -196,13 +197,18 @@ def test_other_routes_answer_as_before(served: tuple[Any, TokenizerManagerStandI
     assert client.get("/update_weights_from_disk").status_code == 405
 
 
+def _refused_routes(routes: list[Any]) -> dict[tuple[str, frozenset[str]], Any]:
+    wanted = {(x.path, x.methods) for x in refused_routes.REFUSED}
+    return {key: r for r in routes if (key := (getattr(r, "path", None), frozenset(getattr(r, "methods", None)
+                                                                                      or ()))) in wanted}
+
+
 def test_the_refusals_keep_sglangs_auth_level_and_route_class(http_server: ModuleType) -> None:
-    levels = {r.path: r.endpoint._auth_level for r in http_server.app.router.routes
-              if getattr(r, "path", None) in {x.path for x in refused_routes.REFUSED}}
+    levels = {k: r.endpoint._auth_level for k, r in _refused_routes(http_server.app.router.routes).items()}
+    assert len(levels) == len(refused_routes.REFUSED)
     kinds = {type(r) for r in http_server.app.router.routes if getattr(r, "path", None) == "/flush_cache"}
     refused_routes.install(VERSION)
-    after = {r.path: r for r in http_server.app.router.routes
-             if getattr(r, "path", None) in {x.path for x in refused_routes.REFUSED}}
+    after = _refused_routes(http_server.app.router.routes)
     assert {p: r.endpoint._auth_level for p, r in after.items()} == levels
     assert {type(r) for r in after.values()} == kinds
     assert all(r.endpoint.__pdfleet_patch__ == refused_routes.ID for r in after.values())
@@ -231,7 +237,7 @@ def test_a_route_no_longer_served_by_its_function_is_refused(
     # would refuse nothing.
     monkeypatch.setattr(http_server.app.router, "routes", [
         r for r in http_server.app.router.routes if getattr(r, "path", None) != "/update_weights_from_disk"])
-    with pytest.raises(base.PatchError, match=r"has 0 routes for /update_weights_from_disk, expected 1"):
+    with pytest.raises(base.PatchError, match=r"has 0 routes for POST /update_weights_from_disk, expected 1"):
         refused_routes.install(VERSION)
 
 
@@ -261,19 +267,58 @@ def test_the_engine_simulator_refuses_both_as_the_refused_engine_does(
 
     client, _ = served
     refused_routes.install(VERSION)
-    engine = {r.path: client.post(r.path, json=WEIGHTS if "weights" in r.path else CORPUS)
-              for r in refused_routes.REFUSED}
+    engine = {(r.path, method): client.request(method, r.path, json=WEIGHTS if "weights" in r.path else CORPUS)
+              for r in refused_routes.REFUSED for method in sorted(r.methods)}
 
     async def ask(leader: bool) -> dict[str, tuple[int, Any]]:
         app = web.Application()
         native_api.add_routes(app, leader=leader, enable_metrics=False)
         async with TestClient(TestServer(app, host="127.0.0.1")) as sim:
             answers = {}
-            for path in engine:
-                async with sim.post(path, json=CORPUS) as answer:
-                    answers[path] = (answer.status, await answer.json() if answer.status == 403 else None)
+            for path, method in engine:
+                async with sim.request(method, path, json=CORPUS) as answer:
+                    answers[path, method] = (answer.status, await answer.json() if answer.status == 403 else None)
             return answers
 
     assert asyncio.run(ask(leader=True)) == {p: (a.status_code, a.json()) for p, a in engine.items()}
     # A node of rank > 0 serves health only, as SGLang's dummy health server does.
     assert {status for status, _ in asyncio.run(ask(leader=False)).values()} == {404}
+
+
+class HiCacheStandIn(TokenizerManagerStandIn):
+    async def attach_hicache_storage(self, **kwargs: Any) -> Any:
+        self.calls.append(("attach_hicache_storage", kwargs))
+        return self.io.AttachHiCacheStorageReqOutput(success=True, message="attached")
+
+    async def detach_hicache_storage(self) -> Any:
+        self.calls.append(("detach_hicache_storage", None))
+        return self.io.DetachHiCacheStorageReqOutput(success=True, message="detached")
+
+
+ATTACH = {"hicache_storage_backend": "file"}
+
+
+def test_with_an_admin_key_hicache_storage_attach_and_detach_answer_403_and_reach_no_rank(
+        http_server: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`--admin-api-key` is the user's to set; the two requests it would open, each decided per rank, stay shut."""
+    from fastapi.testclient import TestClient
+
+    io = requires.module("sglang.srt.managers.io_struct")
+    standin = HiCacheStandIn(io, requires.module("sglang.srt.managers.tokenizer_manager").ServerStatus.Up)
+    monkeypatch.setattr(http_server, "_global_state",
+                        http_server._GlobalState(tokenizer_manager=standin, template_manager=None, scheduler_info={}))
+    # SGLang's handlers read the key from its published serving config (published at launch, not here).
+    monkeypatch.setattr(http_server, "get_serving", lambda: SimpleNamespace(admin_api_key="an-admin-key"))
+    client = TestClient(http_server.app)  # its lifespan not run: it would start the engine
+    try:
+        opened = [client.put("/hicache/storage-backend", json=ATTACH), client.delete("/hicache/storage-backend")]
+        assert [a.status_code for a in opened] == [200, 200], "unpatched, an admin key opens both"
+        assert [name for name, _ in standin.calls] == ["attach_hicache_storage", "detach_hicache_storage"]
+        standin.calls.clear()
+        refused_routes.install(VERSION)
+        shut = [client.put("/hicache/storage-backend", json=ATTACH), client.delete("/hicache/storage-backend")]
+        assert [a.status_code for a in shut] == [403, 403]
+        assert all("decides on its own whether it is idle" in a.json()["message"] for a in shut)
+        assert standin.calls == []
+    finally:
+        client.close()

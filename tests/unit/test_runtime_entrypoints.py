@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import pdfleet.runtime
-from pdfleet.runtime import drain, install, launcher, refused_routes
+from pdfleet.runtime import drain, install, launcher, refused_routes, server_info_redaction
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import seams
 from pdfleet.runtime.patches import catalogue, targets
@@ -138,8 +138,11 @@ def launched(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[dict[s
         seen["ranks"] = get(f"http://127.0.0.1:{seen['port']}/ranks")
         seen["ledger_exists"] = (tmp_path / "ledger").exists()
         seen["endpoint"] = json.loads(drain.endpoint_path().read_text())
-        seen["refused"] = {r.path: getattr(r.endpoint, "__pdfleet_patch__", None) for r in http_server.app.router.routes
-                           if getattr(r, "path", None) in {x.path for x in refused_routes.REFUSED}}
+        wanted = {(x.path, x.methods) for x in refused_routes.REFUSED} | {(server_info_redaction.PATH,
+                                                                            frozenset({"GET"}))}
+        seen["refused"] = {key: getattr(r.endpoint, "__pdfleet_patch__", None) for r in http_server.app.router.routes
+                           if (key := (getattr(r, "path", None), frozenset(getattr(r, "methods", None) or ())))
+                           in wanted}
 
     monkeypatch.setattr(launcher, "start_agent", start_agent)
     monkeypatch.setattr(sglang_server, "run_server", run_server)
@@ -160,7 +163,8 @@ def test_the_launcher_serves_livez_on_the_agent_port_before_sglang_starts(
     assert launched["ledger_exists"] is False
     assert launched["endpoint"] == {"url": "http://127.0.0.1:31000"}
     # The app run_server would serve already refuses what no pdfleet engine runs.
-    assert launched["refused"] == {r.path: refused_routes.ID for r in refused_routes.REFUSED}
+    assert launched["refused"] == {(r.path, r.methods): refused_routes.ID for r in refused_routes.REFUSED} | {
+        (server_info_redaction.PATH, frozenset({"GET"})): server_info_redaction.ID}
     assert os.environ["PDFLEET_PATCHES"] == ""
 
 
@@ -210,14 +214,18 @@ def test_a_process_that_imports_sglangs_http_server_serves_the_refused_routes(tm
     requires.installed("sglang")
     env = {**os.environ, "PDFLEET_PATCHES": "", "PYTHONWARNINGS": "ignore",
            "PYTHONPATH": os.pathsep.join(p for p in (str(launcher.BOOTSTRAP), os.environ.get("PYTHONPATH")) if p)}
+    paths = (*(r.path for r in refused_routes.REFUSED), server_info_redaction.PATH)
     script = ("import sglang.srt.entrypoints.http_server as h\n"
               "for r in h.app.router.routes:\n"
-              f"    if getattr(r, 'path', None) in {tuple(r.path for r in refused_routes.REFUSED)!r}:\n"
-              "        print(r.path, getattr(r.endpoint, '__pdfleet_patch__', None))")
+              f"    if getattr(r, 'path', None) in {paths!r}:\n"
+              "        print(r.path, ','.join(sorted(r.methods)), getattr(r.endpoint, '__pdfleet_patch__', None))")
     result = subprocess.run([sys.executable, "-c", script], env=env, cwd=tmp_path, capture_output=True, text=True,
                             timeout=180)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(result.stdout.splitlines()) == sorted(f"{r.path} {refused_routes.ID}" for r in refused_routes.REFUSED)
+    assert set(result.stdout.splitlines()) == {
+        *(f"{r.path} {','.join(sorted(r.methods))} {refused_routes.ID}" for r in refused_routes.REFUSED),
+        f"{server_info_redaction.PATH} GET {server_info_redaction.ID}",
+        "/hicache/storage-backend GET None"}  # a read, SGLang's own
 
 
 def test_a_runtime_without_its_bootstrap_is_refused_instead_of_installed(tmp_path: Path) -> None:
