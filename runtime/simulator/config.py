@@ -25,8 +25,10 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 from collections.abc import Mapping
 
+from pdfleet.runtime.engine_flags import TOKEN_AGREEMENT_ENV
 from pdfleet.runtime.health import phases
 
 ENV_PREFIX = "PDFLEET_SIM_"
@@ -92,6 +94,12 @@ class Timing:
         )
 
 
+def token_agreement(env: Mapping[str, str]) -> bool:
+    """Whether SGLang's sampler reconciles sampled tokens across TP ranks in this environment: its own reading of
+    the variable (`get_bool_env_var`: 'true' or '1')."""
+    return env.get(TOKEN_AGREEMENT_ENV, "false").strip().lower() in ("true", "1")
+
+
 @dataclasses.dataclass(frozen=True)
 class Engine:
     """The facts of one engine process that shape what it serves and which loop its ranks run."""
@@ -109,9 +117,10 @@ class Engine:
     served_model_name: str
     transfer_backend: str
     dist_init_addr: str | None = None  # node rank 0's rendezvous (host:port) of a multi-node group
+    token_agreement: bool = False  # SGLang's sampler reconciles sampled tokens across TP ranks (`token_agreement`)
 
     @classmethod
-    def from_args(cls, args: argparse.Namespace) -> Engine:
+    def from_args(cls, args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Engine:
         nnodes = max(1, int(getattr(args, "nnodes", 1) or 1))
         tp = int(args.tp_size)
         if tp % nnodes:
@@ -130,6 +139,7 @@ class Engine:
             served_model_name=str(args.served_model_name or args.model_path),
             transfer_backend=str(getattr(args, "disaggregation_transfer_backend", "mooncake")),
             dist_init_addr=getattr(args, "dist_init_addr", None) or None,
+            token_agreement=token_agreement(env if env is not None else os.environ),
         )
 
     @property

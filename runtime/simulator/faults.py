@@ -11,6 +11,7 @@ annotation wins over the environment while it is present.
                                                                         | leak-malformed-call | truncated-call
                                                                         | failing
                                                                         | slow-requests | crash
+                                                                        | token-divergence
                                                                         (env only: crash-at-start)
     sim.pdfleet.dev/fault-rank         PDFLEET_SIM_FAULT_RANK          local rank index (default: the last)
     sim.pdfleet.dev/forward-delay-ms   PDFLEET_SIM_FORWARD_DELAY_MS    a forward's duration under `slow`
@@ -30,6 +31,13 @@ The last three make a bad revision of the kind that passes a rollout's first che
 20 s after each engine starts; `failing` answers a share of requests with a 500 (deterministically: the k-th
 request fails when floor(k * share) moves); `slow-requests` multiplies the prefill's time and each decode
 step's; `crash` ends the engine process with a non-zero exit, as a fatal error in SGLang does.
+
+token-divergence: the fault rank samples another token than its peers in a forward step, as a non-deterministic
+kernel can make it. On an engine whose SGLang agrees its sampled tokens across TP ranks (SYNC_TOKEN_IDS_ACROSS_TP,
+which the operator sets on every group of more than one rank), the sampler's all-reduce takes the group's token
+and nothing follows. On one that does not, that rank's stop check, then its batch, differ from its peers' from the
+next iteration on: its ranks read as a desync, latched (SGLang's own sampler shows both, on real gloo ranks, in
+tests/unit/test_token_agreement.py).
 
 straggle is one stall of one rank in its own code (default 5 s) while its peers wait for it in the KV-poll
 collective: past desyncAfter it reads as a Desync, then the rank catches up and the group recovers. Each
@@ -92,6 +100,7 @@ class Fault(enum.IntEnum):
     SLOW_REQUESTS = 14
     CRASH = 15
     TRUNCATED_CALL = 16
+    TOKEN_DIVERGENCE = 17
 
     @property
     def label(self) -> str:

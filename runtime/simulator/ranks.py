@@ -164,6 +164,9 @@ def _loop(engine: Engine, timing: Timing, control: Control, slot: int, tick_fd: 
                 writer.begin(phases.Phase.FORWARD)
                 slow = fault is Fault.SLOW
                 time.sleep(control.delay_ms.value / 1000 if slow else timing.decode_step_s)
+                if fault is Fault.TOKEN_DIVERGENCE and latched is Fault.NONE and engine.tp_size > 1 \
+                        and not engine.token_agreement:
+                    latched = Fault.DESYNC  # the fault rank sampled its own token: its next batch differs
             else:
                 writer.begin(phases.Phase.IDLE)
                 control.busy.wait(timing.idle_step_s)

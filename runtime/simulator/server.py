@@ -43,7 +43,7 @@ def run(parsed: argparse.Namespace, sglang_args: list[str], *, bind: str, env: M
     """Serve as the engine these (already checked) SGLang arguments describe, on `bind` (the pod's address),
     until SIGTERM."""
     try:
-        engine = Engine.from_args(parsed)
+        engine = Engine.from_args(parsed, env)
         timing = Timing.from_env(env, max_running=getattr(parsed, "max_running_requests", None),
                                  context_len=getattr(parsed, "context_length", None),
                                  max_prefill_tokens=getattr(parsed, "max_prefill_tokens", None))

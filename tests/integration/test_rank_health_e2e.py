@@ -11,8 +11,10 @@ from __future__ import annotations
 import json
 import time
 
+import httpx
 import pytest
 
+from pdfleet.runtime.health.agent import DEFAULT_PORT as AGENT_PORT
 from tests.support import fleet
 from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
@@ -160,3 +162,35 @@ def test_an_engine_pod_deleted_in_normal_operation_is_replaced_without_being_jud
     evidence = cluster.get("configmaps", "-n", namespace, "-l", "pdfleet.dev/evidence=true")["items"]
     assert evidence == []
     assert fleet.group_status(cluster, namespace, POOL, DECODE)["restarts"] == 0
+
+
+def test_a_rank_that_samples_its_own_token_does_not_desync_a_group_the_operator_renders(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    """A decode rank that samples another token than its peers (`token-divergence`, in every engine's environment)
+    desyncs a group whose sampler does not agree its tokens (tests/unit/test_engine_simulator.py). The operator
+    sets SYNC_TOKEN_IDS_ACROSS_TP on every group of more than one rank, so under requests through the router the
+    group stays Healthy and is never restarted."""
+    fleet.apply_pool(cluster, namespace, POOL, base="minimal", decode={"tp": 2, "gpusPerNode": 2}, health=HEALTH,
+                     transfer={"backend": "fake"},
+                     engine={"env": [{"name": "PDFLEET_SIM_FAULT", "value": "token-divergence"}]})
+    fleet.wait_ready(cluster, namespace, POOL)
+    (decode,) = fleet.engine_pods(cluster, namespace, POOL, role="decode")
+    env = {e["name"]: e.get("value") for e in decode["spec"]["containers"][0].get("env", [])}
+    assert env["SYNC_TOKEN_IDS_ACROSS_TP"] == "1"
+    url = fleet.router_url(cluster, namespace, POOL, workers=2)
+    for n in range(8):
+        answer = httpx.post(f"{url}/generate", timeout=30,
+                            json={"text": f"request {n}", "sampling_params": {"max_new_tokens": 8}})
+        assert answer.status_code == 200, answer.text
+    # The ranks go on turning their loop in step after every forward: a desynced group's ranks would sit in
+    # different collectives, their iterations frozen.
+    agent = f"http://{decode['status']['podIP']}:{AGENT_PORT}/ranks"
+
+    def iterations() -> list[int]:
+        return [r["iteration"] for r in httpx.get(agent, timeout=10).json()["ranks"]]
+    after = max(iterations())
+    wait_for("both decode ranks 50 iterations further", lambda: len(its := iterations()) == 2 and min(its) > after + 50,
+             timeout=60, interval=0.5)
+    group = fleet.group_status(cluster, namespace, POOL, DECODE)
+    assert (group["verdict"], group.get("restarts", 0)) == ("Healthy", 0), group
+    assert fleet.events(cluster, namespace, POOL, "GroupRestarted") == []

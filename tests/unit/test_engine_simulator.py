@@ -4,6 +4,7 @@ through the real agent and verdict, faults, and SIGTERM. Real processes on 127.0
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import importlib.metadata
 import json
 import random
@@ -18,7 +19,7 @@ import openai
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from pdfleet.runtime import drain
+from pdfleet.runtime import drain, engine_flags
 from pdfleet.runtime.health import ledger, procs, report, verdict
 from tests.support import sim_engine
 from tests.support.operator_process import free_port
@@ -47,6 +48,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, SimEng
         "unified": sim_engine.start(tmp, "null", tp=1, env=LATENCY_TIMING),
         "slow": sim_engine.start(tmp, "null", tp=1, env={**LATENCY_TIMING, "PDFLEET_SIM_FAULT": "slow-requests",
                                                            "PDFLEET_SIM_LATENCY_FACTOR": "3"}),
+        # One rank samples its own token; SGLang's sampler agrees the tokens only with the variable set.
+        "unagreed": sim_engine.start(tmp, "null", tp=2, env={"PDFLEET_SIM_FAULT": "token-divergence"}),
+        "agreed": sim_engine.start(tmp, "null", tp=2, env={"PDFLEET_SIM_FAULT": "token-divergence",
+                                                            engine_flags.TOKEN_AGREEMENT_ENV: "1"}),
     }
     # Started with the others, checked by its own test: one more SGLang import in parallel, not in series.
     crashing = sim_engine.start(tmp, "decode", env={"PDFLEET_SIM_FAULT": "crash-at-start"})
@@ -284,6 +289,27 @@ def test_a_desync_is_judged_desync_while_health_says_200_and_requests_stall(flee
         httpx.post(engine.url + "/generate", json={"text": "stuck", **FAKE_BOOTSTRAP}, timeout=1.5)
     engine.annotate()  # permanent, as in production
     assert verdict.judge(views(engine), POLICY).health is verdict.Health.DESYNC
+
+
+def test_a_rank_sampling_its_own_token_desyncs_its_group_unless_the_tokens_are_agreed(
+        fleet: dict[str, SimEngine]) -> None:
+    """The fault the operator's SYNC_TOKEN_IDS_ACROSS_TP (every group of tp > 1) exists for: without agreement the
+    rank's next batch differs and the group desyncs; with it the same requests finish and the ranks stay in step."""
+    agreed, unagreed = fleet["agreed"], fleet["unagreed"]
+    for n in range(3):
+        answer = httpx.post(agreed.url + "/generate", timeout=30,
+                            json={"text": f"agreed {n}", "sampling_params": {"max_new_tokens": 8}})
+        assert answer.status_code == 200
+    with contextlib.suppress(httpx.ReadTimeout):  # the request that diverged may or may not finish first
+        httpx.post(unagreed.url + "/generate", timeout=3,
+                   json={"text": "diverges", "sampling_params": {"max_new_tokens": 8}})
+    deadline = time.monotonic() + 15
+    until(lambda: verdict.judge(views(unagreed), POLICY).health is verdict.Health.DESYNC, deadline,
+          "a Desync verdict without token agreement")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(unagreed.url + "/generate", json={"text": "stuck"}, timeout=1.5)
+    assert verdict.judge(views(agreed), POLICY).health is verdict.Health.HEALTHY
+    assert httpx.post(agreed.url + "/generate", timeout=30, json={"text": "still serving"}).status_code == 200
 
 
 def test_a_dead_rank_is_judged_dead(fleet: dict[str, SimEngine]) -> None:
