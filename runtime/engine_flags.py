@@ -49,6 +49,10 @@ NO_LORA = "refused: LoRA adapters are loaded and admitted per TP rank, with no a
 # store completions) mis-pairs every later message. `--radix-cache-backend` picks a cache by a registered name, and
 # in SGLang 0.5.23 only FlexKV registers one (docs/desync-audit.md).
 NO_FLEXKV = "refused: FlexKV's cache syncs TP ranks by sends received in call order (docs/desync-audit.md)"
+# SGLang's `--api-key` makes every engine endpoint but health, readiness and metrics ask for the key: the router's
+# requests, the operator's /server_info (the serverArgs gate) and the drain's /v1/loads would all be refused.
+# Clients are authenticated in front of the router (docs/security.md), not at the engines.
+NO_CLIENT_KEY = "refused: engines with a client key refuse the router's requests and the operator's reads"
 # SGLang's native gRPC server (0.5.23) serves UpdateWeightsFromDisk and the other run-time controls whose HTTP
 # routes every pdfleet engine refuses (runtime/refused_routes.py): each rank loads and catches its own failure, so
 # one rank that fails desyncs the group. `--grpc-port` (or SGLANG_GRPC_PORT, refused in spec.engine.env) starts it
@@ -101,6 +105,8 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--disable-tokenizer-batch-decode": ManagedFlag("spec.engine.tokenizerBatchDecode",
                                                     "disable_tokenizer_batch_decode", bool, switch=True),
     "--enable-metrics": ManagedFlag("the operator (metrics are always on)", "enable_metrics", bool),
+    "--api-key": ManagedFlag("the operator (a client key on engines would shut out the router and the operator)",
+                             unchecked=NO_CLIENT_KEY),
 }
 MANAGED_FLAGS: Final[dict[str, str]] = {name: flag.owner for name, flag in FLAGS.items()}
 
