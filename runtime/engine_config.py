@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 
-from pdfleet.runtime.engine_flags import FLAGS, LAYOUT_FLAGS, option_name, reserved_flag
+from pdfleet.runtime.engine_flags import FLAGS, layout_flag, option_name, reserved_flag
 
 CONFIG = "--config"
 
@@ -43,7 +43,7 @@ def resolve(sglang_args: list[str], parser: argparse.ArgumentParser) -> list[str
         raise ConfigError(f"SGLang cannot read the --config file: {' '.join(str(e).split())}") from None
     path = sglang_args[sglang_args.index(CONFIG) + 1]
     from_file = merged[:len(merged) - (len(sglang_args) - 2)]  # the merger puts the file's options first
-    owned = [flag for arg in from_file if (flag := reserved_flag(arg) or _layout(arg)) is not None]
+    owned = [flag for arg in from_file if (flag := reserved_flag(arg) or layout_flag(option_name(arg))) is not None]
     if owned:
         reasons = "; ".join(f"{flag}: {_why(flag)}" for flag in dict.fromkeys(owned))
         raise ConfigError(f"the --config file {path} sets what a pdfleet engine may not take from it ({reasons}); "
@@ -51,12 +51,8 @@ def resolve(sglang_args: list[str], parser: argparse.ArgumentParser) -> list[str
     return merged
 
 
-def _layout(arg: str) -> str | None:
-    return option_name(arg) if option_name(arg) in LAYOUT_FLAGS else None
-
-
 def _why(flag: str) -> str:
-    if flag in LAYOUT_FLAGS:
+    if layout_flag(flag) is not None:
         return ("it shapes the KV layout, which the operator must see to keep old and new layouts from serving one "
                 "router: put it in spec.engine.extraArgs")
     entry = FLAGS[flag]

@@ -133,6 +133,16 @@ def reserved_flag(arg: str) -> str | None:
 LAYOUT_FLAGS: Final = ("--page-size", "--kv-cache-dtype", "--attention-backend", "--prefill-attention-backend",
                        "--decode-attention-backend", "--dsa-prefill-backend", "--dsa-decode-backend")
 
+
+def layout_flag(name: str) -> str | None:
+    """The layout flag an option name sets: itself, or one it abbreviates (SGLang's parser takes any unambiguous
+    prefix, so `--page-siz 32` sets the page size). A prefix of several counts as itself: whatever SGLang makes of
+    it, it is counted."""
+    if not name.startswith("--") or len(name) <= 2:
+        return None
+    found = [flag for flag in LAYOUT_FLAGS if flag.startswith(name)]
+    return name if name in LAYOUT_FLAGS or len(found) > 1 else (found[0] if found else None)
+
 # SGLang's switch for agreeing on sampled tokens across TP ranks: the renderer sets it on every group of more than
 # one rank (render/engine_group.py), so spec.engine.env may not.
 TOKEN_AGREEMENT_ENV: Final = "SYNC_TOKEN_IDS_ACROSS_TP"

@@ -52,7 +52,8 @@ def resolve(declared: InferencePoolSpec, previous: InferencePoolStatus) -> Resol
     listed = tuple(engine.patches)
     for_spec = declared_digest(declared)
     kept = previous.patches
-    if engine.patch_policy is PatchPolicy.EXPLICIT:
+    explicit = engine.patch_policy is PatchPolicy.EXPLICIT
+    if explicit:
         effective = listed
     elif kept is not None and kept.policy is PatchPolicy.RECOMMENDED and kept.for_spec == for_spec:
         effective = tuple(kept.effective)
@@ -63,7 +64,6 @@ def resolve(declared: InferencePoolSpec, previous: InferencePoolStatus) -> Resol
         wanted = {*recommended, *listed}
         effective = tuple(patch.id for patch in catalogue.CATALOGUE if patch.id in wanted)
     missing = tuple(pid for pid in recommended if pid not in effective)
-    explicit = engine.patch_policy is PatchPolicy.EXPLICIT
     status = PatchStatus(policy=engine.patch_policy, effective=effective, recommended=recommended,
                          held=() if explicit else missing, opted_out=missing if explicit else (), for_spec=for_spec)
     if effective == listed and explicit:

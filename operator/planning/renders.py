@@ -95,8 +95,13 @@ class Renders:
         previous = self.previous(pool)
         key = (previous.patches, previous.update_revision)
         if entry.resolved is None or entry.resolved[0] != key:
-            entry.resolved = (key, patch_set.resolve(entry.spec, previous))
-            entry.desired.clear()  # rendered from the set resolved before
+            resolution = patch_set.resolve(entry.spec, previous)
+            if entry.resolved is not None and resolution.spec == entry.resolved[1].spec:
+                # The same set (a new update revision, say): the spec object the renders kept are keyed by stays.
+                resolution = dataclasses.replace(resolution, spec=entry.resolved[1].spec)
+            else:
+                entry.desired.clear()  # rendered from the set resolved before
+            entry.resolved = (key, resolution)
         return entry.resolved[1]
 
     def desired(self, pool: Mapping[str, Any], ctx: RenderContext, spec: InferencePoolSpec,

@@ -13,25 +13,15 @@ import hashlib
 import json
 
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.runtime.engine_flags import LAYOUT_FLAGS
+from pdfleet.runtime.engine_flags import layout_flag
 from pdfleet.runtime.patches import catalogue
-
-
-def _layout_flag(name: str) -> str | None:
-    """The layout flag an option name sets: itself, or one it abbreviates (SGLang's parser takes any unambiguous
-    prefix, so `--page-siz 32` sets the page size). A prefix of several counts as itself: whatever SGLang makes of
-    it, it is counted."""
-    if not name.startswith("--") or len(name) <= 2:
-        return None
-    found = [flag for flag in LAYOUT_FLAGS if flag.startswith(name)]
-    return name if name in LAYOUT_FLAGS or len(found) > 1 else (found[0] if found else None)
 
 
 def _flag_values(args: tuple[str, ...]) -> dict[str, str]:
     values: dict[str, str] = {}
     for i, arg in enumerate(args):
         name, eq, inline = arg.partition("=")
-        if (flag := _layout_flag(name)) is not None:
+        if (flag := layout_flag(name)) is not None:
             values[flag] = inline if eq else (args[i + 1] if i + 1 < len(args) else "")
     return values
 

@@ -145,7 +145,7 @@ def test_a_planned_pool_renders_the_effective_set_and_writes_it_in_its_status(pa
     assert not [e for e in again.events if e.reason in (patch_set.HELD, patch_set.OPTED_OUT)]
 
 
-def test_the_cli_and_the_rollback_record_read_the_revision_the_operator_computes() -> None:
+def test_readers_outside_a_reconcile_get_the_resolved_set_not_the_declared_one() -> None:
     pool = pool_body()
     spec, problems = patch_set.validated(pool)
     assert not problems and spec is not None and spec.engine.patches == DESYNC_FIXES
@@ -188,3 +188,17 @@ def test_pdfleet_status_names_what_a_pool_runs_without() -> None:
     assert report_cli.patches_line(InferencePoolStatus(patches=held)) == (
         "Patches:    none (Recommended); recommended kv-poll-lockstep, abort-consensus held until the next "
         "engine-shaping change")
+
+
+def test_a_status_that_moves_without_moving_the_set_keeps_the_renders_made_for_it() -> None:
+    renders = Renders()
+    pool = pool_body()
+    first = reconcile.plan(pool, Observed(pool=pool, owned={}), now=NOW, renders=renders)
+    spec, _ = renders.validated(pool)
+    assert first.status is not None
+    moved = {**pool, "status": {**first.status, "updateRevision": "elsewhere"}}
+    again, _ = renders.validated(moved)
+    assert again is spec, "the same set: the spec object the renders are kept by is the same"
+    misses = renders.counts.desired_misses
+    reconcile.plan(moved, Observed(pool=moved, owned={}), now=NOW, renders=renders)
+    assert renders.counts.desired_misses == misses
