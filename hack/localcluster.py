@@ -274,10 +274,23 @@ def ensure_pki() -> None:
     (pki / "complete").write_text("")
 
 
+def write_file(path: Path, text: str, mode: int = 0o644) -> bool:
+    """Writes `text` to `path` only when it differs, and atomically (a temporary file renamed over it): whatever
+    reads the file meanwhile (a test's kubectl while another test's `up` runs) sees the old or the new content,
+    never a truncated file. Whether it wrote."""
+    with contextlib.suppress(FileNotFoundError):
+        if path.read_text() == text and (path.stat().st_mode & 0o777) == mode:
+            return False
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    tmp.chmod(mode)
+    os.replace(tmp, path)
+    return True
+
+
 def write_kubeconfig(ports: Ports) -> None:
     pki = DIR / "pki"
-    (DIR / "kubeconfig").write_text(
-        f"""apiVersion: v1
+    write_file(DIR / "kubeconfig", f"""apiVersion: v1
 kind: Config
 clusters:
 - name: pdfleet-local
@@ -293,9 +306,7 @@ contexts:
 - name: pdfleet-local
   context: {{cluster: pdfleet-local, user: pdfleet-admin}}
 current-context: pdfleet-local
-"""
-    )
-    (DIR / "kubeconfig").chmod(0o600)
+""", mode=0o600)
 
 
 # ----------------------------------------------------------------------------------------- health checks

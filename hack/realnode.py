@@ -212,7 +212,7 @@ state = "{RUN / 'containerd'}"
     (NODE_DIR / "resolv.conf").write_text(f"nameserver {DNS_VIP}\n")
     pki = lc.DIR / "pki"
     lc.issue_client("node", f"/O=system:nodes/CN=system:node:{NODE_NAME}")
-    (NODE_DIR / "kubeconfig").write_text(f"""apiVersion: v1
+    lc.write_file(NODE_DIR / "kubeconfig", f"""apiVersion: v1
 kind: Config
 clusters:
 - name: pdfleet-local
@@ -228,8 +228,7 @@ contexts:
 - name: node
   context: {{cluster: pdfleet-local, user: {NODE_NAME}}}
 current-context: node
-""")
-    (NODE_DIR / "kubeconfig").chmod(0o600)
+""", mode=0o600)
     (NODE_DIR / "kubelet.yaml").write_text(json.dumps({
         "apiVersion": "kubelet.config.k8s.io/v1beta1", "kind": "KubeletConfiguration",
         "address": "127.0.0.1", "port": kubelet_port(), "readOnlyPort": 0, "healthzBindAddress": "127.0.0.1",
