@@ -63,6 +63,8 @@ class Phase(enum.IntEnum):
     VMM_ERROR_GATHER = 42  # Scheduler._gather_vmm_materialization_errors, from process_input_requests
     # flush-consensus: MIN all-reduce of the flush decisions (idle; the leader's deadline) over the flush's ranks.
     FLUSH_AGREEMENT = 43  # SchedulerFlushWrapper.handle / check_pending, from process_input_requests
+    # grammar-consensus: MIN all-reduce of grammar outcomes (compiled; a token rejected) over the batch's ranks.
+    GRAMMAR_AGREEMENT = 44  # GrammarManager.get_ready_grammar_requests, batch results, disagg prefill accepts
 
     @classmethod
     def _missing_(cls, value: object) -> Phase:

@@ -232,6 +232,42 @@ CATALOGUE: tuple[Patch, ...] = (
         recommended=True,
     ),
     Patch(
+        id="grammar-consensus",
+        summary=(
+            "The ranks that share a batch agree on every grammar outcome before it changes the batch: a grammar "
+            "that compiled on some ranks only is aborted and uncached on all, and a token any rank's grammar "
+            "rejects aborts the request on every rank, so constrained decoding (JSON schema, regex, EBNF, "
+            "structural tags) can no longer leave one rank with a different batch."
+        ),
+        applies_to=VersionRange(min="0.5.0", below="0.6.0"),
+        # Checked against 0.5.23: GrammarManager.get_ready_grammar_requests (compile results read per rank after
+        # the agreed ready poll), Scheduler.process_batch_result (normal decode and prefill accepts, aborts
+        # deferred to the next step), SchedulerBatchResultProcessor.advance_grammar_fsm (speculative accepts),
+        # SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch (a PD decode server's first-token accept) and
+        # process_batch_result_disagg_prefill (acts on a rejection at once) are replaced; the accept helpers,
+        # process_batch_result_decode and process_prebuilt are fingerprinted. Cost: none without grammar requests;
+        # one all-reduce per ready-grammar poll and per batch step with grammar requests, one per grammar request
+        # of a disaggregated prefill batch.
+        targets=(
+            "sglang.srt.constrained.grammar_manager.GrammarManager.get_ready_grammar_requests",
+            "sglang.srt.managers.scheduler.Scheduler.process_batch_result",
+            "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+            ".advance_grammar_fsm",
+            "sglang.srt.disaggregation.decode.SchedulerDisaggregationDecodeMixin.get_new_prebuilt_batch",
+            "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin"
+            ".process_batch_result_disagg_prefill",
+            "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+            "._accept_grammar_tokens",
+            "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+            "._apply_prefill_grammar",
+            "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor"
+            ".process_batch_result_decode",
+            "sglang.srt.disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin"
+            ".process_prebuilt",
+        ),
+        recommended=True,
+    ),
+    Patch(
         id="overlap-loop-report",
         summary=(
             "Records which event loop each scheduler rank selected (overlap, normal or pp) in the rank-health "

@@ -14,6 +14,7 @@ MODULES: dict[str, str] = {
     "retraction-consensus": "pdfleet.runtime.patches.impl.retraction_consensus",
     "admission-consensus": "pdfleet.runtime.patches.impl.admission_consensus",
     "flush-consensus": "pdfleet.runtime.patches.impl.flush_consensus",
+    "grammar-consensus": "pdfleet.runtime.patches.impl.grammar_consensus",
     "overlap-loop-report": "pdfleet.runtime.patches.impl.overlap_loop_report",
     "dsml-leak-guard": "pdfleet.runtime.patches.impl.dsml_leak_guard",
     "dsml-batch-decode-guard": "pdfleet.runtime.patches.impl.dsml_batch_decode_guard",

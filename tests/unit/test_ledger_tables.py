@@ -71,8 +71,9 @@ def test_the_numbers_on_the_wire_never_change() -> None:
         "GRAMMAR_READY_GATHER": 41,
         "VMM_ERROR_GATHER": 42,
         "FLUSH_AGREEMENT": 43,
+        "GRAMMAR_AGREEMENT": 44,
     }
     assert phases.LoopName.EVENT_LOOP_OVERLAP_DISAGG_DECODE == 8
     assert phases.LoopName.EVENT_LOOP_NORMAL_DISAGG_DECODE == 7
-    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 44))
+    assert [p for p in phases.Phase if p.is_collective] == list(range(16, 45))
 

@@ -23,7 +23,7 @@ from tests.support.pools import example, pool_body
 
 NOW = datetime.datetime(2026, 12, 7, 12, 0, tzinfo=datetime.UTC)
 DESYNC_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
-                "admission-consensus", "flush-consensus")
+                "admission-consensus", "flush-consensus", "grammar-consensus")
 
 
 def spec_of(**engine: object) -> InferencePoolSpec:
