@@ -56,8 +56,26 @@ EXPECTATION_TTL = 60.0  # seconds; a watch that has not shown our write by then 
 STATUS_PAUSE = 1.0
 
 
-# A pool's phase and its groups' (role, verdict), as its last status said: what the pools and groups gauges count.
-Summary = tuple[str, tuple[tuple[str, str], ...]]
+# A pool's phase, its groups' (role, verdict), and why it runs without recommended fixes (optedOut, held), as its
+# last status said: what the pools, groups and missing-fixes gauges count.
+Summary = tuple[str, tuple[tuple[str, str], ...], tuple[str, ...]]
+SUMMARY_GAUGES = (metrics.POOLS, metrics.ENGINE_GROUPS, metrics.POOLS_WITHOUT_RECOMMENDED_PATCHES)
+
+
+def summary_labels(summary: Summary | None) -> tuple[tuple[tuple[str, ...], ...], ...]:
+    """The label sets `summary` counts once each, per gauge of SUMMARY_GAUGES (none for a pool that is gone)."""
+    if summary is None:
+        return tuple(() for _ in SUMMARY_GAUGES)
+    phase, groups, missing = summary
+    return ((phase,),), groups, tuple((reason,) for reason in missing)
+
+
+def summary_of(status: Mapping[str, Any]) -> Summary:
+    patches = status.get("patches") or {}
+    return (status.get("phase", "Pending"),
+            tuple((g.get("role", ""), g.get("verdict", "Unknown")) for g in status.get("groups", [])),
+            tuple(reason for reason in ("optedOut", "held") if patches.get(reason)))
+
 _gauges_of: Controller | None = None  # the executor whose pools the gauges count (one per operator process)
 
 # What the operator last judged of a pool's engine groups' ranks, by group name (`engines.monitor`).
@@ -113,9 +131,9 @@ class Controller:
         self._deleting: dict[PoolKey, dict[ObjectKey, float]] = {}
         self._in_flight = Slots(MAX_IN_FLIGHT, ranks=len(_RANKS) + 1)
         self._summaries: dict[PoolKey, Summary] = {}
-        # How many pools are in each phase and groups in each (role, verdict), as the gauges show them.
-        self._phases: collections.Counter[tuple[str, ...]] = collections.Counter()
-        self._verdicts: collections.Counter[tuple[str, ...]] = collections.Counter()
+        # Per gauge of SUMMARY_GAUGES, how many pools (groups) count under each label set, as the gauge shows it.
+        self._counts: tuple[collections.Counter[tuple[str, ...]], ...] = tuple(
+            collections.Counter() for _ in SUMMARY_GAUGES)
         # The pool as our last status write left it, by the resourceVersion it replaced: until the watch shows
         # the write, a reconcile plans from this instead of the stale cached pool (whose status write would be
         # refused with a conflict and retried with backoff, as it was dozens of times in a burst).
@@ -153,17 +171,17 @@ class Controller:
             written[1].get("metadata", {}).get("resourceVersion") == resource_version
 
     def _record_summary(self, key: PoolKey, status: Mapping[str, Any] | None) -> None:
-        """Keeps the pools-by-phase and groups-by-verdict gauges true to the last status of every pool."""
+        """Keeps the summary gauges (pools by phase, groups by verdict, pools without recommended fixes) true to the
+        last status of every pool."""
         if not status:
             return
-        groups = tuple((g.get("role", ""), g.get("verdict", "Unknown")) for g in status.get("groups", []))
-        summary = (status.get("phase", "Pending"), groups)
+        summary = summary_of(status)
         if self._summaries.get(key) != summary:
             self._summarise(key, summary)
 
     def _summarise(self, key: PoolKey, summary: Summary | None) -> None:
-        """Moves the pool's counts in both gauges from its last summary to `summary` (None: the pool is gone),
-        setting only the label sets that change and removing one no pool has any more. Rebuilding both gauges from
+        """Moves the pool's counts in the summary gauges from its last summary to `summary` (None: the pool is gone),
+        setting only the label sets that change and removing one no pool has any more. Rebuilding the gauges from
         every pool's summary at each change cost O(pools) per status change (0.8% of the operator's CPU with 100
         pools, docs/operator-throughput.md), and a scrape in between saw them empty."""
         global _gauges_of
@@ -172,20 +190,17 @@ class Controller:
             self._summaries[key] = summary
         if _gauges_of is not self:  # another executor of this process (a test's) wrote them last: start over
             old = None
-            self._phases.clear()
-            self._verdicts.clear()
-            metrics.POOLS.clear()
-            metrics.ENGINE_GROUPS.clear()
             _gauges_of = self
-            for phase, groups in [s for k, s in self._summaries.items() if k != key]:
-                self._phases[(phase,)] += 1
-                self._verdicts.update(groups)
-                metrics.POOLS.labels(phase).set(self._phases[(phase,)])
-                for labels in groups:
-                    metrics.ENGINE_GROUPS.labels(*labels).set(self._verdicts[labels])
-        for gauge, counts, before, after in (
-                (metrics.POOLS, self._phases, [(old[0],)] if old else [], [(summary[0],)] if summary else []),
-                (metrics.ENGINE_GROUPS, self._verdicts, old[1] if old else (), summary[1] if summary else ())):
+            for gauge, counts in zip(SUMMARY_GAUGES, self._counts, strict=True):
+                counts.clear()
+                gauge.clear()
+            for other in [s for k, s in self._summaries.items() if k != key]:
+                for gauge, counts, labelled in zip(SUMMARY_GAUGES, self._counts, summary_labels(other), strict=True):
+                    counts.update(labelled)
+                    for labels in labelled:
+                        gauge.labels(*labels).set(counts[labels])
+        for gauge, counts, before, after in zip(SUMMARY_GAUGES, self._counts, summary_labels(old),
+                                                summary_labels(summary), strict=True):
             for labels in before:
                 counts[labels] -= 1
             for labels in after:

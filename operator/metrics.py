@@ -19,6 +19,12 @@ POOLS = Gauge("pdfleet_pools", "InferencePools known to the operator, by phase."
 ENGINE_GROUPS = Gauge(
     "pdfleet_engine_groups", "Engine groups, by role and health verdict.", ["role", "verdict"], registry=REGISTRY,
 )
+POOLS_WITHOUT_RECOMMENDED_PATCHES = Gauge(
+    "pdfleet_pools_without_recommended_patches",
+    "InferencePools whose engines run without some recommended fix for their SGLang release, by why: optedOut "
+    "(patchPolicy Explicit) or held (fixes added by an operator upgrade, rolled out with the pool's next change).",
+    ["reason"], registry=REGISTRY,
+)
 KUBE_REQUESTS = Counter(
     "pdfleet_kube_requests_total", "Requests the operator sent to the Kubernetes API, by verb, resource and code.",
     ["verb", "resource", "code"], registry=REGISTRY,

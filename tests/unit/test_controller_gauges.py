@@ -48,3 +48,23 @@ def test_the_gauges_count_every_pools_last_status_and_one_change_moves_only_its_
     controller.forget(("ns", "p7"))  # gone: a label set no pool has any more is removed, not left at 0
     assert pools("Degraded") is None and groups("decode", "Desync") is None
     assert pools("Ready") == 99 and groups("prefill", "Healthy") == 99
+
+
+def missing(reason: str) -> float | None:
+    return metrics.REGISTRY.get_sample_value("pdfleet_pools_without_recommended_patches", {"reason": reason})
+
+
+def test_pools_that_run_without_recommended_fixes_are_counted_by_why() -> None:
+    controller = Controller(client=FakeKube(), cache=Cache(pools={}, owned=[]))
+    ready = status("Ready", ("decode", "Healthy"))
+    controller._record_summary(("ns", "defaults"), ready | {"patches": {"effective": ["abort-consensus"]}})
+    controller._record_summary(("ns", "explicit"), ready | {"patches": {"optedOut": ["abort-consensus"]}})
+    controller._record_summary(("ns", "upgraded"), ready | {"patches": {"held": ["grammar-consensus"]}})
+    controller._record_summary(("ns", "legacy"), ready)  # a status written before patch policies
+    assert (missing("optedOut"), missing("held")) == (1, 1)
+    assert pools("Ready") == 4
+
+    # The held fixes rolled out with the pool's next change: it no longer counts; nor does a pool that is gone.
+    controller._record_summary(("ns", "upgraded"), ready | {"patches": {"held": []}})
+    controller.forget(("ns", "explicit"))
+    assert missing("held") is None and missing("optedOut") is None
