@@ -33,6 +33,14 @@ def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "loca
                **spec: dict[str, Any]) -> dict[str, Any]:
     """Applies the example `base` as pool `name`, each keyword merged into the spec section it names (a rollout's
     `verification` merged one level deeper). `baked`: the example's rollout as it is, else MECHANICS first."""
+    body = pool_manifest(namespace, name, base=base, baked=baked, **spec)
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    return body
+
+
+def pool_manifest(namespace: str, name: str, *, base: str = "local-fleet", baked: bool = False,
+                  **spec: dict[str, Any]) -> dict[str, Any]:
+    """The body `apply_pool` applies."""
     body = example(base)
     body["metadata"] = {"name": name, "namespace": namespace}
     if not baked:
@@ -48,7 +56,6 @@ def apply_pool(cluster: Cluster, namespace: str, name: str, *, base: str = "loca
             body["spec"].setdefault(section, {}).update(values)
         else:
             body["spec"][section] = values
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
     return body
 
 

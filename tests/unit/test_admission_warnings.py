@@ -1,0 +1,65 @@
+"""The chart's admission warnings: a ValidatingAdmissionPolicy generated from the patch catalogue that warns, never
+refuses, when a pool opts out of recommended fixes. Rendered by the real helm, offline; the real apiserver runs
+it in tests/integration/test_verified_rollout_e2e.py (the warning kubectl prints, the policy's type check)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pdfleet.operator.api import admission_warnings
+from pdfleet.runtime.patches import catalogue
+from tests.unit.test_chart import documents, of_kind, one, template
+
+ROOT = Path(__file__).resolve().parents[2]
+SERVED = ("--api-versions", admission_warnings.VAP_API)  # what helm learns from a cluster that serves policies
+
+
+def test_the_chart_s_policy_is_the_one_the_catalogue_generates() -> None:
+    assert (ROOT / admission_warnings.OUTPUT).read_text() == admission_warnings.render(), \
+        "charts/pdfleet/templates/admission-warnings.yaml is stale: run `make crds`"
+
+
+def test_the_recommended_map_is_the_catalogue_s_for_every_release_an_engine_can_start() -> None:
+    policy = one(documents(template({}, extra=SERVED).stdout), "ValidatingAdmissionPolicy")
+    [release_map] = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "recommendedByRelease"]
+    assert json.loads(release_map) == {v: list(catalogue.recommended_for(v)) for v in catalogue.INSTRUMENTED}
+    assert "grammar-consensus" in json.loads(release_map)["0.5.23"]
+
+
+def test_it_only_warns_and_a_failure_to_evaluate_admits_the_pool() -> None:
+    docs = documents(template({}, extra=SERVED).stdout)
+    policy, binding = one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["validationActions"] == ["Warn"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert policy["spec"]["failurePolicy"] == "Ignore"
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["pdfleet.dev"], "apiVersions": ["v1alpha1"], "operations": ["CREATE", "UPDATE"],
+        "resources": ["inferencepools"]}]
+    assert "matchResources" not in binding["spec"], "cluster-wide release: every namespace"
+
+
+def test_a_namespaced_release_warns_in_its_namespaces_only() -> None:
+    binding = one(documents(template({"watchNamespaces": ["team-a", "team-b"]}, extra=SERVED).stdout),
+                  "ValidatingAdmissionPolicyBinding")
+    assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": [
+        {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
+
+
+def test_nothing_is_rendered_when_disabled_or_when_the_cluster_serves_no_admission_policies() -> None:
+    kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+    for docs in (documents(template({"admissionWarnings": {"enabled": False}}, extra=SERVED).stdout),
+                 documents(template({}).stdout)):
+        assert not [d for kind in kinds for d in of_kind(docs, kind)]
+
+
+def test_check_names_the_command_that_regenerates_a_stale_file(tmp_path: Path,
+                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    stale = tmp_path / "admission-warnings.yaml"
+    stale.write_text("stale")
+    assert admission_warnings.main(["--check", "--output", str(stale)]) == 1
+    assert "make crds" in capsys.readouterr().err
+    assert admission_warnings.main(["--output", str(stale)]) == 0
+    assert admission_warnings.main(["--check", "--output", str(stale)]) == 0
