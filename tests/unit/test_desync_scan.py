@@ -1,4 +1,4 @@
-"""docs/desync-audit.md names every collective a PD scheduler rank can reach, found by following calls.
+"""docs/desync-audit.md names every collective the scan finds reachable from a PD scheduler loop, and every door.
 
 The scan (tests/support/desync_scan/) reads the installed SGLang once per process; the test of the test scans
 a copy of the modules it read, with one collective added behind a dispatched handler, in another module.
@@ -10,9 +10,12 @@ import ast
 import shutil
 from pathlib import Path
 
+import pytest
 import sglang
 
-from tests.support.desync_scan import page, primitives, scan
+from tests.support.desync_scan import holders, page, primitives, scan
+from tests.support.desync_scan.graph import Graph, Node
+from tests.support.desync_scan.index import Function, Index
 
 AUDIT_PAGE = Path(__file__).resolve().parents[2] / "docs" / "desync-audit.md"
 SGLANG_ROOT = Path(sglang.__file__).parent
@@ -22,6 +25,73 @@ def test_every_reachable_collective_and_each_entry_to_it_has_a_row() -> None:
     problems = page.problems(scan.installed(), AUDIT_PAGE.read_text())
     assert problems == [], ("re-audit in docs/desync-audit.md (`python -m tests.support.desync_scan.scan` prints "
                             "each chain and its conditions):\n" + "\n".join(problems))
+
+
+def test_every_door_the_scan_maps_to_a_handler_has_a_row() -> None:
+    problems = page.door_problems(scan.installed(), AUDIT_PAGE.read_text())
+    assert problems == [], "add the doors to docs/desync-audit.md:\n" + "\n".join(problems)
+
+
+def test_the_scan_lists_the_sampler_the_grammar_paths_the_weight_group_routes_and_the_grpc_server() -> None:
+    """Issue 39's acceptance: what an independent read found that the scan used to miss, found by the scan."""
+    found = scan.installed()
+    weights = "sglang.srt.model_executor.model_runner_components"
+    collectives = {
+        "sglang.srt.layers.sampler.Sampler._sync_token_ids_across_tp:torch.distributed.all_reduce":
+            "Scheduler.run_batch",
+        "sglang.srt.constrained.grammar_manager.GrammarManager.get_ready_grammar_requests:"
+        "torch.distributed.all_gather_object": "SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run",
+        f"{weights}.weight_updater.WeightUpdater.init_weights_update_group:sglang.srt.utils.common."
+        "init_custom_process_group": "SchedulerWeightUpdaterManager.init_weights_update_group",
+        f"{weights}.weight_exporter.WeightExporter.init_weights_send_group_for_remote_instance:"
+        "torch.distributed.barrier": "Scheduler.init_weights_send_group_for_remote_instance",
+        f"{weights}.weight_exporter.WeightExporter.send_weights_to_remote_instance:torch.distributed.broadcast":
+            "Scheduler.send_weights_to_remote_instance",
+    }
+    assert {key: entry for key, entry in collectives.items()
+            if key not in found.collectives or entry not in {scan.short(e) for e in found.collectives[key].entries}
+            } == {}
+    grammar_failures = {
+        "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor."
+        "_apply_prefill_grammar",
+        "sglang.srt.disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin.process_prebuilt",
+        "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill",
+    }
+    assert grammar_failures - found.reached == set()
+    doors = {door: {scan.short(h) for h in handlers} for door, handlers in found.doors.items()}
+    assert doors["gRPC RuntimeHandle.update_weights_from_disk"] == {
+        "SchedulerWeightUpdaterManager.update_weights_from_disk"}
+    assert doors["POST /init_weights_update_group"] == {"SchedulerWeightUpdaterManager.init_weights_update_group"}
+    assert doors["GET,POST /release_memory_occupation"] == {"SchedulerWeightUpdaterManager.release_memory_occupation"}
+
+
+# (entry function, a collective only the resolution kind reaches from it)
+_KIND_FINDS = {
+    "holders": (  # a field typed Any filled by the constructor, then the worker's `model_runner` property
+        "sglang.srt.managers.scheduler_components.weight_updater.SchedulerWeightUpdaterManager.init_weights_update_group",
+        "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.init_weights_update_group:"
+        "sglang.srt.utils.common.init_custom_process_group"),
+    "accessors": (  # `get_parallel().tp_group`, answered by ParallelContext.__getattr__
+        "sglang.srt.layers.dp_attention._dp_gather_via_all_gatherv",
+        "sglang.srt.layers.dp_attention._dp_gather_via_all_gatherv:GroupCoordinator.all_gatherv"),
+    "model": (  # `runner.model_runner.model.get_input_embeddings()`: a model method, any registered model
+        "sglang.srt.layers.cp.bcg.bcg.PrefillCPBCGInput.prepare",
+        "sglang.srt.layers.dp_attention.attn_tp_all_reduce:GroupCoordinator.all_reduce"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(_KIND_FINDS))
+def test_each_resolution_kind_finds_a_collective_the_scan_misses_without_it(kind: str) -> None:
+    start, key = _KIND_FINDS[kind]
+
+    def keys(kinds: frozenset[str]) -> set[str]:
+        index = Index(SGLANG_ROOT)
+        function = index.resolve(start)
+        assert isinstance(function, Function), start
+        return scan.collectives_from(Graph(index, kinds), Node(function, function.owner))
+
+    assert key in keys(holders.KINDS)
+    assert key not in keys(holders.KINDS - {kind})
 
 
 def test_the_scan_reaches_the_handlers_and_the_collectives_the_hand_audit_missed() -> None:

@@ -23,7 +23,7 @@ import builtins
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from tests.support.desync_scan import primitives
+from tests.support.desync_scan import holders, primitives
 from tests.support.desync_scan.index import Class, Function, Index, Module, Symbol
 
 _BUILTINS = frozenset(dir(builtins))
@@ -74,10 +74,15 @@ class Site:
 @dataclass
 class Graph:
     index: Index
+    kinds: frozenset[str] = holders.KINDS  # which of holders.py's resolutions are on
+    returns: dict[tuple[int, int], set[Class]] = field(default_factory=dict)
+    constructions: dict[int, list[tuple[Function, ast.Call]]] = field(default_factory=dict)
+    boundary: set[str] = field(default_factory=set)  # model methods not entered (holders.MODEL_BOUNDARY)
     _sites: dict[Node, list[Site]] = field(default_factory=dict)
     _attr_types: dict[tuple[int, str], set[Class]] = field(default_factory=dict)
     _callables: dict[tuple[int, str], list[Node | Primitive]] = field(default_factory=dict)
     _locals: dict[tuple[int, int], dict[str, set[Class]]] = field(default_factory=dict)
+    _model_set: set[Class] | None = None
 
     # ---- sites -------------------------------------------------------------------------------------------
 
@@ -127,9 +132,12 @@ class Graph:
             classes |= {sub for cls in classes for sub in self.index.subclasses(cls)}
         targets: list[Node | Primitive] = []
         dispatch = False
+        models = self._models(classes)
         for cls in sorted(classes, key=lambda c: c.qualname):
             if primitive := _coordinator_primitive(cls, method):
                 targets.append(primitive)
+            elif cls in models and method in holders.MODEL_BOUNDARY:
+                self.boundary.add(f"{cls.qualname}.{method}")
             elif found := cls.lookup(method):
                 if Node(found, cls) not in targets and not any(
                         isinstance(t, Node) and t.function is found for t in targets):
@@ -137,6 +145,8 @@ class Graph:
             elif bound := self.callable_attr(cls, method):
                 targets.extend(bound)
                 dispatch = dispatch or self._is_dispatcher(cls, method)
+            elif "holders" in self.kinds:
+                targets.extend(self._instance_call(self.attr_types(cls, method)))
         if not targets and method in primitives.BY_NAME:
             return [Primitive(f"?.{method}")], False, False
         return targets, not targets and not _builtin_method(method), dispatch
@@ -148,7 +158,9 @@ class Graph:
                 return [Node(function.nested[name], scope.self_class)], False, False
             function = function.outer
         if name in self._locals_of(scope):
-            return [], False, False  # a local callable value (a parameter, a lambda): not followed
+            # A local holding an instance runs its __call__ / forward; other local callables are not followed.
+            held = self._locals_of(scope)[name]
+            return (self._instance_call(held) if "holders" in self.kinds else []), False, False
         symbol = self.index.resolve_expr_name(ast.Name(name), scope.module)
         if symbol is None:
             return [], name not in _BUILTINS, False
@@ -170,6 +182,18 @@ class Graph:
             init = symbol.lookup("__init__")
             return ([Node(init, symbol)] if init else []), False, False
         return [], False, False
+
+    def _instance_call(self, classes: set[Class]) -> list[Node | Primitive]:
+        models = self._models(classes)
+        self.boundary.update(f"{model.qualname}.forward" for model in models)
+        return [Node(function, cls) for function, cls in holders.instance_call(classes - models)]
+
+    def _models(self, classes: set[Class]) -> set[Class]:
+        if "model" not in self.kinds or not classes:
+            return set()
+        if self._model_set is None:
+            self._model_set = set(holders.model_classes(self.index))
+        return classes & self._model_set
 
     @staticmethod
     def _external(dotted: str) -> tuple[list[Node | Primitive], bool, bool]:
@@ -193,7 +217,10 @@ class Graph:
         if isinstance(expr, ast.Name):
             if expr.id == "self" and scope.self_class is not None:
                 return {scope.self_class}
-            return set(self._locals_of(scope).get(expr.id, ()))
+            local = self._locals_of(scope)
+            if expr.id not in local and expr.id != "self" and "accessors" in self.kinds:
+                return holders.global_types(self, scope.module, expr.id)
+            return set(local.get(expr.id, ()))
         if isinstance(expr, ast.Attribute):
             symbol = self._static_symbol(expr, scope)
             if symbol is not None:
@@ -218,12 +245,12 @@ class Graph:
             if isinstance(symbol, Class):
                 return {symbol}
             if isinstance(symbol, Function):
-                return self.annotation_types(symbol.node.returns, symbol.module)
+                return holders.return_types(self, symbol, symbol.owner)
             if isinstance(func, ast.Attribute) and symbol is None:
                 found: set[Class] = set()
                 for cls in self.expr_types(func.value, scope):
                     if method := cls.lookup(func.attr):
-                        found |= self.annotation_types(method.node.returns, method.module)
+                        found |= holders.return_types(self, method, cls)
                 return found
         return set()
 
@@ -263,6 +290,14 @@ class Graph:
                     found |= self.annotation_types(annotation, method.module)
                 if value is not None:
                     found |= self.expr_types(value, Node(method, cls))
+        if "holders" in self.kinds:
+            found |= holders.property_types(self, cls, attr)
+            if not found:  # a field typed Any or a bare parameter: what its constructors pass
+                found |= holders.constructor_types(self, cls, attr)
+        if "accessors" in self.kinds and not found:
+            found |= holders.getattr_types(self, cls, attr)
+        if "model" in self.kinds and holders.holds_model(cls, attr):
+            found |= set(holders.model_classes(self.index))
         self._attr_types[key] = found
         return found
 

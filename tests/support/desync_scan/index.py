@@ -82,13 +82,17 @@ class Class:
                 if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
 
     @cached_property
+    def _base_symbols(self) -> list[Symbol | None]:
+        return [self.module.index.resolve_expr_name(base, self.module) for base in self.node.bases]
+
+    @cached_property
     def bases(self) -> list[Class]:
-        found = []
-        for base in self.node.bases:
-            symbol = self.module.index.resolve_expr_name(base, self.module)
-            if isinstance(symbol, Class):
-                found.append(symbol)
-        return found
+        return [symbol for symbol in self._base_symbols if isinstance(symbol, Class)]
+
+    @cached_property
+    def external_bases(self) -> list[str]:
+        """Bases from outside SGLang, dotted (`torch.nn.Module`): how a torch module is recognised."""
+        return [symbol for symbol in self._base_symbols if isinstance(symbol, str)]
 
     @cached_property
     def mro(self) -> list[Class]:
@@ -127,6 +131,7 @@ class Module:
     classes: dict[str, Class] = field(default_factory=dict)
     aliases: dict[str, ast.expr] = field(default_factory=dict)  # module-level `name = other` assignments
     variables: dict[str, ast.expr] = field(default_factory=dict)  # other module-level assignments
+    annotations: dict[str, ast.expr] = field(default_factory=dict)  # module-level `name: T [= value]`
 
     @cached_property
     def calls_by_name(self) -> dict[str, list[tuple[Function, ast.Call]]]:
@@ -175,9 +180,15 @@ class Module:
                     self.aliases[node.targets[0].id] = node.value
                 else:
                     self.variables[node.targets[0].id] = node.value
+            elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+                self.annotations[node.target.id] = node.annotation
+                if node.value is not None:
+                    self.variables[node.target.id] = node.value
 
 
 _CLASS_LINE = re.compile(r"^class\s+(\w+)\s*\(([^)]*)\)", re.M)
+_CALLED = re.compile(r"(\w+)\(")
+_ACCESSOR_RETURN = re.compile(r"^\s+return\s+[\w.]+\([^()]*\)\.(\w+)\s*$", re.M)
 
 
 def _module_functions(module: Module) -> list[Function]:
@@ -207,6 +218,8 @@ class Index:
         self._modules: dict[str, Module | None] = {}
         self._class_lines: dict[Path, list[tuple[str, str, str]]] = {}
         self._subclasses: dict[int, list[Class]] = {}
+        self._texts: dict[Path, str] | None = None
+        self._word_indexes: dict[re.Pattern[str], dict[str, list[Path]]] = {}  # pattern -> match -> files
 
     def subclasses(self, cls: Class) -> list[Class]:
         """Every class below `cls`, looked for in the files of the package folder its module sits in (and the
@@ -233,14 +246,48 @@ class Index:
         found: list[tuple[str, str, str]] = []
         for path in sorted(folder.rglob("*.py")):
             if path not in self._class_lines:
-                relative = path.relative_to(self.package_root).with_suffix("")
-                parts = ["sglang", *relative.parts]
-                if parts[-1] == "__init__":
-                    parts.pop()
-                self._class_lines[path] = [(".".join(parts), m[1], m[2]) for m in _CLASS_LINE.finditer(
+                self._class_lines[path] = [(self._module_name(path), m[1], m[2]) for m in _CLASS_LINE.finditer(
                     path.read_text(errors="replace"))]
             found.extend(self._class_lines[path])
         return found
+
+    def _sources(self) -> dict[Path, str]:
+        if self._texts is None:
+            self._texts = {path: path.read_text(errors="replace")
+                           for path in sorted((self.package_root / "srt").rglob("*.py"))}
+        return self._texts
+
+    def _module_name(self, path: Path) -> str:
+        parts = ["sglang", *path.relative_to(self.package_root).with_suffix("").parts]
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    def _module_of(self, path: Path) -> Module | None:
+        return self.module(self._module_name(path))
+
+    def _modules_by(self, pattern: re.Pattern[str], word: str) -> list[Module]:
+        """The modules under srt/ where `pattern`'s group matches `word`, from one pass per pattern over every
+        file: a search that does not depend on which modules the scan happened to parse first."""
+        if pattern not in self._word_indexes:
+            found: dict[str, list[Path]] = {}
+            for path, text in self._sources().items():
+                for match in set(pattern.findall(text)):
+                    found.setdefault(match, []).append(path)
+            self._word_indexes[pattern] = found
+        return [m for path in self._word_indexes[pattern].get(word, ()) if (m := self._module_of(path)) is not None]
+
+    def modules_calling(self, name: str) -> list[Module]:
+        """Every module under srt/ whose source calls `name(` (graph.py's construction sites), parsed."""
+        return self._modules_by(_CALLED, name)
+
+    def accessor_modules(self, attr: str) -> list[Module]:
+        """Every module under srt/ with a line `return f().attr`: where an accessor returns an attribute read off
+        another accessor's result (`return get_parallel().tp_group`)."""
+        return self._modules_by(_ACCESSOR_RETURN, attr)
+
+    def modules_matching(self, pattern: re.Pattern[str]) -> list[Module]:
+        """Every module under srt/ whose source matches `pattern`, parsed."""
+        return [m for path, text in self._sources().items() if pattern.search(text)
+                and (m := self._module_of(path)) is not None]
 
     @property
     def modules(self) -> list[Module]:

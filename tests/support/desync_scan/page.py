@@ -14,6 +14,8 @@ from tests.support.desync_scan.scan import Scan, short
 
 SECTION = "## Reachable collectives"
 STATUSES = ("fixed by", "lockstep by construction", "out of scope", "OPEN")
+DOORS_SECTION = "## Doors from outside the loop"
+DOOR_STATUSES = ("refused at the engine", "refused at admission", "open")
 
 
 @dataclass(frozen=True)
@@ -23,17 +25,41 @@ class Row:
     status: str
 
 
-def rows(page: str) -> dict[str, Row]:
-    start = page.index(SECTION)
-    end = page.find("\n## ", start + len(SECTION))
+def _table(page: str, section: str, first: re.Pattern[str]) -> dict[str, Row]:
+    start = page.index(section)
+    end = page.find("\n## ", start + len(section))
     found: dict[str, Row] = {}
     for line in page[start:end if end != -1 else len(page)].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) != 3 or not cells[0].startswith("`sglang."):
+        if len(cells) != 3 or not first.fullmatch(cells[0]):
             continue
         key = cells[0].strip("`")
         found[key] = Row(key, frozenset(re.findall(r"`([^`]+)`", cells[1])), cells[2])
     return found
+
+
+def rows(page: str) -> dict[str, Row]:
+    return _table(page, SECTION, re.compile(r"`sglang\.[^`]+`"))
+
+
+def door_rows(page: str) -> dict[str, Row]:
+    """The doors table: `| `POST /path` or `gRPC RuntimeHandle.method` | `Handler.names` | status |`."""
+    return _table(page, DOORS_SECTION, re.compile(r"`(?:[A-Z,]+ /|gRPC )[^`]+`"))
+
+
+def door_problems(found: Scan, page: str) -> list[str]:
+    """A door the scan maps to handlers without a row, a row for a door it no longer finds, handlers that differ,
+    a status not in DOOR_STATUSES."""
+    listed = door_rows(page)
+    lines = [f"no door row for {door}, dispatched to {sorted(short(h) for h in found.doors[door])}"
+             for door in sorted(set(found.doors) - set(listed))]
+    lines += [f"door row {door}: the scan no longer finds it" for door in sorted(set(listed) - set(found.doors))]
+    for door in sorted(set(listed) & set(found.doors)):
+        if (handlers := {short(h) for h in found.doors[door]}) != listed[door].entries:
+            lines.append(f"door row {door}: handlers {sorted(handlers)}, the row names {sorted(listed[door].entries)}")
+    lines += [f"door row {door}: status must start with one of {DOOR_STATUSES}"
+              for door, row in sorted(listed.items()) if not row.status.startswith(DOOR_STATUSES)]
+    return lines
 
 
 def problems(found: Scan, page: str) -> list[str]:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 
+from tests.support.desync_scan import doors, holders
 from tests.support.desync_scan.graph import Graph, Node, Primitive, Site
 from tests.support.desync_scan.index import Class, Function, Index
 
@@ -26,7 +27,11 @@ ROOTS = (
 )
 
 # Functions the scan does not enter, each with why; docs/desync-audit.md names them under the scan's limits.
-BOUNDARIES: dict[str, str] = {}
+BOUNDARIES: dict[str, str] = {
+    "sglang.srt.model_executor.model_runner.ModelRunner.forward":
+        "the model forward (graph replay, attention back-ends, the model's layers): entered iff a batch runs, its "
+        "collectives fixed by the batch; out of the audit's scope. The sampler, `ModelRunner.sample`, is entered",
+}
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,9 @@ class Scan:
     functions: int  # functions reached
     unresolved: Counter[str]  # call text -> count, over the reached functions' calls the scan could not follow
     files: set[Path]
+    reached: frozenset[str] = frozenset()  # qualified names of the functions reached
+    doors: dict[str, set[str]] = field(default_factory=dict)  # HTTP route / gRPC method -> handlers (doors.py)
+    boundary: frozenset[str] = frozenset()  # model methods met and not entered (holders.MODEL_BOUNDARY)
 
 
 def _scheduler_node(index: Index, dotted: str) -> Node:
@@ -70,9 +78,9 @@ def _callees(graph: Graph, node: Node) -> list[tuple[Site, Node]]:
     return [(site, t) for site in graph.sites(node) for t in site.targets if isinstance(t, Node)]
 
 
-def scan(package_root: Path) -> Scan:
+def scan(package_root: Path, kinds: frozenset[str] = holders.KINDS) -> Scan:
     index = Index(package_root)
-    graph = Graph(index)
+    graph = Graph(index, kinds)
     roots = [_scheduler_node(index, r) for r in ROOTS]
 
     parent: dict[Node, tuple[Node, Site] | None] = {r: None for r in roots}
@@ -120,7 +128,29 @@ def scan(package_root: Path) -> Scan:
         for site in graph.sites(node) if node.name not in BOUNDARIES else []:
             if site.unresolved:
                 unresolved[site.text] += 1
-    return Scan(collectives, len({n.name for n in parent}), unresolved, {m.path for m in index.modules})
+    reached = frozenset(n.name for n in parent)
+    scheduler = index.resolve(SCHEDULER)
+    assert isinstance(scheduler, Class)
+    found_doors = doors.doors(graph, scheduler)
+    return Scan(collectives, len(reached), unresolved, {m.path for m in index.modules}, reached, found_doors,
+                frozenset(graph.boundary))
+
+
+def collectives_from(graph: Graph, start: Node) -> set[str]:
+    """The `site:primitive` keys reachable from one function: a scan of a single entry, for tests of the graph."""
+    keys: set[str] = set()
+    seen = {start}
+    queue = deque([start])
+    while queue:
+        node = queue.popleft()
+        for site in graph.sites(node) if node.name not in BOUNDARIES else []:
+            for target in site.targets:
+                if isinstance(target, Primitive):
+                    keys.add(f"{node.name}:{target.name}")
+                elif target not in seen:
+                    seen.add(target)
+                    queue.append(target)
+    return keys
 
 
 def _chain(parent: dict[Node, tuple[Node, Site] | None], node: Node, last: Site) -> tuple[Step, ...]:
