@@ -160,4 +160,19 @@ AUDITED: dict[str, str] = {
         "ee2d6191b4d6665c",
     "sglang.srt.managers.scheduler_components.profiler_manager.SchedulerProfilerManager._stop_profile":
         "f219e33d2c645ab9",
+    # Issue 39 item 6: what the scan reaches through model_runner, and the grammar failure sites.
+    "sglang.srt.layers.sampler.Sampler._sync_token_ids_across_tp":
+        "91db6683669b7150",
+    "sglang.srt.model_executor.model_runner_components.weight_updater.WeightUpdater.init_weights_update_group":
+        "47e31653420b54a8",
+    "sglang.srt.model_executor.model_runner_components.weight_exporter.WeightExporter.init_weights_send_group_for_remote_instance":
+        "deba358eb4b2aff2",
+    "sglang.srt.model_executor.model_runner_components.weight_exporter.WeightExporter.send_weights_to_remote_instance":
+        "19db0ef85a211fd5",
+    "sglang.srt.managers.scheduler_components.batch_result_processor.SchedulerBatchResultProcessor._apply_prefill_grammar":
+        "cd6750661dbe5faa",
+    "sglang.srt.disaggregation.decode_schedule_batch_mixin.ScheduleBatchDisaggregationDecodeMixin.process_prebuilt":
+        "446d3137f2137bb0",
+    "sglang.srt.disaggregation.prefill.SchedulerDisaggregationPrefillMixin.process_batch_result_disagg_prefill":
+        "f8ce20674721341d",
 }
