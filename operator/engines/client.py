@@ -147,7 +147,7 @@ class EngineClient:
     async def workers(self, router: Body, port: int, key: str | None) -> list[Registered] | None:
         """The router's registered workers, or None when it does not answer with a list of them."""
         url = self.url(router, port, "/workers")
-        body = _json(await self._get(url, headers=_auth(key)))
+        body = _json(await self._get(url, key=key))
         try:
             return [Registered(id=str(w["id"]), url=str(w["url"]), worker_type=str(w.get("worker_type", "")),
                                healthy=w.get("is_healthy") is not False)
@@ -191,15 +191,14 @@ class EngineClient:
 
     # --- the transport
 
-    async def _get(self, url: str | None, *, timeout: float | None = None,
-                   headers: Mapping[str, str] | None = None) -> bytes | None:
+    async def _get(self, url: str | None, *, timeout: float | None = None, key: str | None = None) -> bytes | None:
         """The body of a 200 answer to GET `url`, or None: no URL, no answer in time, another status, or more than
         MAX_BODY (counted as it arrives: a chunked answer has no length to check first)."""
         if url is None:
             return None
         limit = aiohttp.ClientTimeout(total=timeout or self._timeout)
         try:
-            async with self._limit, self._session.get(url, timeout=limit, headers=headers,
+            async with self._limit, self._session.get(url, timeout=limit, headers=_auth(key),
                                                       allow_redirects=False) as r:
                 if r.status != 200:
                     level = logging.WARNING if r.status in (401, 403) else logging.DEBUG
@@ -213,7 +212,7 @@ class EngineClient:
                         return None
                 return bytes(body)
         except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as e:
-            log.debug("%s did not answer: %r", url, e)
+            log.debug("%s did not answer: %s", url, failure(e, key))
             return None
 
     async def _send(self, method: str, url: str | None, key: str | None, body: Body | None) -> bool:
@@ -226,11 +225,25 @@ class EngineClient:
                                                           timeout=aiohttp.ClientTimeout(total=self._timeout),
                                                           allow_redirects=False) as r:
                 if r.status >= 300:
-                    log.warning("%s %s answered %s: %s", method, url, r.status, (await r.text())[:300])
+                    log.warning("%s %s answered %s: %s", method, url, r.status,
+                                redacted((await r.text())[:300], key))
                 return r.status < 300
         except (aiohttp.ClientError, TimeoutError, OSError) as e:
-            log.warning("%s %s failed: %r", method, url, e)
+            log.warning("%s %s failed: %s", method, url, failure(e, key))
             return False
+
+
+def failure(e: BaseException, key: str | None) -> str:
+    """How a failed request is logged: its type and message, never its repr (an aiohttp ClientResponseError's repr
+    holds the request's headers, the router's control-plane key among them), and never the key itself."""
+    if isinstance(e, aiohttp.ClientResponseError):
+        return redacted(f"{type(e).__name__}: status {e.status}, {e.message}", key)
+    return redacted(f"{type(e).__name__}: {e}", key)
+
+
+def redacted(text: str, key: str | None) -> str:
+    """`text` without `key` (a router that echoes the request, or an error that quotes it)."""
+    return text.replace(key, "<router key>") if key else text
 
 
 def _json(raw: bytes | None) -> Any | None:
