@@ -58,6 +58,10 @@ NO_CLIENT_KEY = "refused: engines with a client key refuse the router's requests
 # one rank that fails desyncs the group. `--grpc-port` (or SGLANG_GRPC_PORT, refused in spec.engine.env) starts it
 # beside the HTTP server; `--grpc-mode` and `--smg-grpc-mode` serve the engine over gRPC instead.
 NO_GRPC = "refused: SGLang's gRPC server serves the weight updates refused over HTTP (docs/desync-audit.md item 17)"
+# SGLang's `--enable-custom-logit-processor` lets a request carry a serialized (dill) logit processor that every
+# engine rank deserializes and runs: code execution for any client that reaches the router. Refused until a cluster
+# policy can allow it for a pool.
+NO_CLIENT_CODE = "refused: it runs code that any client reaching the router sends (docs/security.md)"
 
 # The one table: admission (`reserved_flag`, the CEL rule), the serverArgs gate (`server_args_fields`) and the
 # renderer's test (every flag `render.engine_args` writes is here) all read it.
@@ -107,6 +111,8 @@ FLAGS: Final[dict[str, ManagedFlag]] = {
     "--enable-metrics": ManagedFlag("the operator (metrics are always on)", "enable_metrics", bool),
     "--api-key": ManagedFlag("the operator (a client key on engines would shut out the router and the operator)",
                              unchecked=NO_CLIENT_KEY),
+    "--enable-custom-logit-processor": ManagedFlag("the operator (clients' custom logit processors are refused)",
+                                                   unchecked=NO_CLIENT_CODE),
 }
 MANAGED_FLAGS: Final[dict[str, str]] = {name: flag.owner for name, flag in FLAGS.items()}
 

@@ -37,6 +37,7 @@ def test_sglangs_merger_alone_switches_on_what_admission_refuses(tmp_path: pathl
     ("enable-lora: true\n", "--enable-lora: refused: LoRA adapters"),
     ("enable-flexkv: true\nradix-cache-backend: flexkv\n", "--enable-flexkv: refused: FlexKV"),
     ("grpc-port: 31001\n", "--grpc-port: refused: SGLang's gRPC server"),
+    ("enable-custom-logit-processor: true\n", "--enable-custom-logit-processor: refused: it runs code"),
     ("disable-overlap-schedule: true\n", "--disable-overlap-schedule: set from spec.engine.overlapSchedule"),
     ("tp-size: 2\n", "--tp-size: set from spec.<role>.tp"),
     ("page-size: 64\n", "--page-size: it shapes the KV layout, which the operator must see"),
