@@ -1,7 +1,8 @@
 """The rank-health agent of one engine pod: a small HTTP server over the pod's ledger.
 
     GET /ranks               the ranks' records as JSON (`report`), read from shared memory
-    GET /ranks/stacks        every live rank's Python stacks (`stacks`); ?timeout=<seconds>, default 2
+    GET /ranks/stacks        every live rank's Python stacks (`stacks`); ?timeout=<seconds>, default 2; at most
+                             one capture a second (429 with Retry-After otherwise)
 
 It only reads the ledger, so it never slows a scheduler rank down; it runs beside the engine (a daemon
 thread of the launcher, or `python -m pdfleet.runtime.health.agent`) and must share the ranks' process
@@ -29,22 +30,34 @@ PORT_ENV = "PDFLEET_AGENT_PORT"
 DEFAULT_PORT = 8470  # the one place the agent port is set; the operator renders pods with it
 MAX_STACK_TIMEOUT_S = 30.0
 POD_UID_ENV = "PDFLEET_POD_UID"  # the pod's uid, from the downward API: named in every /ranks answer
+# A capture signals every rank of the pod, and the agent's port takes no key (the NetworkPolicy is what keeps
+# strangers off it): captures are spaced so that no caller can make the ranks dump stacks in a loop. The operator
+# asks once per sick group.
+STACKS_MIN_INTERVAL_S = 1.0
 
 
 class Agent:
     """Serves one ledger over HTTP from a daemon thread. `start()` binds (port 0: an ephemeral port)."""
 
     def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
-                 pod_uid: str | None = None, patches: tuple[str, ...] | None = None) -> None:
+                 pod_uid: str | None = None, patches: tuple[str, ...] | None = None,
+                 stacks_interval_s: float = STACKS_MIN_INTERVAL_S) -> None:
         self.ledger_path = Path(ledger_path)
         self.pod_uid = pod_uid or os.environ.get(POD_UID_ENV) or None
         self.patches = patches  # what the launcher applied (None: an agent started on its own, which cannot know)
         self._bind = (host, port)
         self._ledger: ledger.Ledger | None = None
         self._open_lock = threading.Lock()
-        self._capture_lock = threading.Lock()
+        self._capture_lock = threading.Lock()  # the rate's bookkeeping
+        self._signal_lock = threading.Lock()  # one capture at a time: each rank writes one stack file
+        self._stacks_interval_s = stacks_interval_s
+        self._last_capture: float | None = None
         self._server: http.server.ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+
+    @property
+    def stacks_interval_s(self) -> float:
+        return self._stacks_interval_s
 
     @property
     def port(self) -> int:
@@ -83,6 +96,15 @@ class Agent:
         return report.build(recs, now_ns=time.monotonic_ns(), ledger=str(self.ledger_path), alive=_alive,
                             pod_uid=self.pod_uid, patches=self.patches)
 
+    def capture_wait(self) -> float:
+        """0 when a stack capture may start now (and it counts as started), else the seconds until one may."""
+        with self._capture_lock:
+            now = time.monotonic()
+            if self._last_capture is not None and (left := self._last_capture + self._stacks_interval_s - now) > 0:
+                return left
+            self._last_capture = now
+            return 0.0
+
     def stacks(self, *, timeout_s: float) -> dict[str, Any]:
         """Stacks of every live rank that advertised a stack signal; the others are listed with why not."""
         led = self._open()
@@ -98,7 +120,7 @@ class Agent:
             else:
                 targets[r.slot] = stacks.Target(r.pid, r.stack_signal, stacks.stack_path(self.ledger_path, r.slot))
             entries.append(entry)
-        with self._capture_lock:
+        with self._signal_lock:
             captured = stacks.capture(list(targets.values()), timeout_s=timeout_s)
         by_target = {c.target: c for c in captured}
         for entry in entries:
@@ -140,7 +162,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             elif url.path == "/ranks/stacks":
                 query = urllib.parse.parse_qs(url.query)
                 timeout_s = min(float(query.get("timeout", ["2"])[0]), MAX_STACK_TIMEOUT_S)
-                self._send(200, agent.stacks(timeout_s=timeout_s))
+                if (wait := agent.capture_wait()) > 0:
+                    self._send(429, {"error": f"stacks were captured less than {agent.stacks_interval_s:g} s ago"},
+                               headers={"Retry-After": str(max(1, round(wait)))})
+                else:
+                    self._send(200, agent.stacks(timeout_s=timeout_s))
             else:
                 self._send(404, {"error": f"no such path: {url.path}"})
         except ValueError as e:
@@ -149,9 +175,11 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.exception("agent request %s failed", self.path)
             self._send(500, {"error": repr(e)})
 
-    def _send(self, status: int, body: dict[str, Any]) -> None:
+    def _send(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
         payload = json.dumps(body).encode()
         self.send_response(status)
+        for name, value in (headers or {}).items():
+            self.send_header(name, value)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()

@@ -70,7 +70,9 @@ def spawn() -> Iterator[Callable[..., subprocess.Popen[str]]]:
 
 
 def stacks_once(client: httpx.Client) -> dict[str, Any]:
-    response = client.get("/ranks/stacks", params={"timeout": 5})
+    """One capture, waiting out the agent's rate limit as its Retry-After says."""
+    while (response := client.get("/ranks/stacks", params={"timeout": 5})).status_code == 429:
+        time.sleep(float(response.headers["Retry-After"]))
     response.raise_for_status()
     return response.json()
 
@@ -144,3 +146,14 @@ def test_a_rank_blocked_in_a_gloo_collective_dumps_its_stack_and_its_python_hand
     assert "kv_poll_all_reduce" in again
     assert not marker.exists(), "a Python-level handler ran: the rank was not blocked in C after all"
     assert waiting.poll() is None
+
+
+def test_stack_captures_are_spaced_so_no_caller_can_signal_the_ranks_in_a_loop(served: httpx.Client) -> None:
+    first = served.get("/ranks/stacks")
+    again = served.get("/ranks/stacks")
+    assert first.status_code == 200
+    assert again.status_code == 429 and again.headers["Retry-After"] == "1", again.text
+    assert "captured less than 1 s ago" in again.json()["error"]
+    assert served.get("/ranks").status_code == 200, "the records are served meanwhile"
+    time.sleep(float(again.headers["Retry-After"]))  # as the answer says
+    assert served.get("/ranks/stacks").status_code == 200
