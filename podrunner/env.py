@@ -28,6 +28,10 @@ class EnvError(ValueError):
     """The container's env asks for something the runner does not emulate."""
 
 
+class MissingKey(EnvError):
+    """A Secret or key the env refers to is not there (yet): kubelet retries, and so does the runner."""
+
+
 def expand(value: str, defined: Mapping[str, str]) -> str:
     """Kubernetes' $(VAR) expansion: a defined name is replaced, an undefined one stays as written."""
     def sub(m: re.Match[str]) -> str:
@@ -53,7 +57,7 @@ def _secret_value(name: str, ref: Mapping[str, Any], secrets: SecretKeys) -> str
         return secrets[where]
     if ref.get("optional"):
         return None
-    raise EnvError(f"env {name}: couldn't find key {where[1]} in Secret {where[0]}")
+    raise MissingKey(f"env {name}: couldn't find key {where[1]} in Secret {where[0]}")
 
 
 def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import logging
 import shutil
 import time
@@ -24,7 +25,17 @@ CONFIG_ERROR = "CreateContainerConfigError"
 
 
 class Refused(Exception):
-    """The pod asks for something the runner does not emulate; the message goes into its status."""
+    """The pod asks for something the runner does not emulate, or that is not there yet (`retry`: a Secret or key
+    its env refers to, which kubelet keeps retrying for); the message goes into its status."""
+
+    def __init__(self, message: str, *, retry: bool = False) -> None:
+        super().__init__(message)
+        self.retry = retry
+
+
+# How soon a pod refused for a missing Secret key is prepared again: kubelet retries CreateContainerConfigError on
+# its pod syncs; doubling from 1 s up to 10 s keeps a pool waiting on a Secret from waiting long once it exists.
+CONFIG_RETRY_S = (1.0, 10.0)
 
 
 def deleting(pod: Body) -> bool:
@@ -112,18 +123,39 @@ class PodWorker:
         """Runs the pod's containers until the pod goes; returns once every process of the pod is gone."""
         if self._ending():
             return  # deleted while it waited for its IP: nothing to start
-        try:
-            await self._prepare()
-        except Refused as e:
-            self.refusal = str(e)
-            log.warning("pod refused", extra=self._fields(reason=self.refusal))
-            self.node.events.emit(self.pod, None, "Failed", f"Error: {self.refusal}", "Warning")
+        await self._prepare_until_ready()
         self.dirty.set()
         running = [asyncio.create_task(c.run()) for c in self.containers] if not self._ending() else []
         while not self._ending():
             await self._next_change()
         await self._terminate()
         await asyncio.gather(*running, return_exceptions=True)
+
+    async def _prepare_until_ready(self) -> None:
+        """Prepares the pod; refused for what may yet appear (a Secret key), again after a growing delay, as kubelet
+        does, until it is there or the pod goes. Each distinct refusal is an Event once."""
+        delay = CONFIG_RETRY_S[0]
+        while True:
+            try:
+                await self._prepare()
+                if self.refusal is not None:
+                    self.refusal = None
+                    self.dirty.set()
+                return
+            except Refused as e:
+                self.containers.clear()
+                if str(e) != self.refusal:
+                    log.warning("pod refused", extra=self._fields(reason=str(e)))
+                    self.node.events.emit(self.pod, None, "Failed", f"Error: {e}", "Warning")
+                self.refusal = str(e)
+                self.dirty.set()
+                if not e.retry:
+                    return
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._next_change(), timeout=delay)
+            if self._ending():
+                return
+            delay = min(delay * 2, CONFIG_RETRY_S[1])
 
     def _ending(self) -> bool:
         return deleting(self.pod) or self.removed or self.shutdown
@@ -158,6 +190,8 @@ class PodWorker:
                 if any(m.get("mountPath") == "/tmp" for m in c.get("volumeMounts") or []):
                     variables["TMPDIR"] = str(self.dir / "tmp")
                 probe_specs = probes.parse(c)
+            except env.MissingKey as e:
+                raise Refused(f"container {c['name']}: {e}", retry=True) from None
             except (commands.CommandError, env.EnvError, probes.UnsupportedProbe) as e:
                 raise Refused(f"container {c['name']}: {e}") from None
             self.containers.append(Container(self.node, lambda: self.pod, c, plan, variables, probe_specs,
@@ -173,7 +207,7 @@ class PodWorker:
             except ApiError as e:
                 if e.status == 404:
                     continue  # a reference to it fails with kubelet's message, unless optional
-                raise Refused(f"cannot read Secret {name}: HTTP {e.status}") from None
+                raise Refused(f"cannot read Secret {name}: HTTP {e.status}", retry=True) from None
             for key, encoded in (secret.get("data") or {}).items():
                 out[(name, key)] = base64.b64decode(encoded).decode("utf-8", "replace")
         return out

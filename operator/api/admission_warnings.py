@@ -1,5 +1,6 @@
 """Generates the chart's admission warnings: a ValidatingAdmissionPolicy that never refuses anything, and warns
-(`kubectl apply` prints it as `Warning: ...`) when a pool opts out of recommended fixes.
+(`kubectl apply` prints it as `Warning: ...`) when a pool opts out of recommended fixes, or writes what looks like a
+credential as a literal environment value.
 
 The recommended set per SGLang release comes from the patch catalogue, the one place it is decided, and is
 written into the policy's CEL as a literal map: the chart carries no copy to keep in step by hand.
@@ -44,6 +45,16 @@ OPT_OUT_MESSAGE = (
 )
 
 
+# Variable names that hold credentials by convention (HF_TOKEN, *_API_KEY, AWS_SECRET_ACCESS_KEY, ...): RE2, as CEL's
+# `matches` takes it.
+CREDENTIAL_NAME = "(?i)(TOKEN|SECRET|PASSWORD|PASSWD|API_?KEY|ACCESS_?KEY|CREDENTIAL)"
+CREDENTIAL_MESSAGE = (
+    "'spec.engine.env: ' + variables.literalCredentials.join(', ') + ' look like credentials written as literal "
+    "values: a value in the pool is in its pods, its verified revision and its rollback history, for whoever may "
+    "read them. Take them from a Secret instead (valueFrom.secretKeyRef).'"
+)
+
+
 def render() -> str:
     """The chart template: the policy and its binding, rendered when the cluster serves admission policies and
     `admissionWarnings.enabled` is set; bound to the namespaces the release watches."""
@@ -57,7 +68,7 @@ Warns, never refuses: a pool that opts out of recommended fixes is admitted, and
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicy
 metadata:
-  name: {{{{ include "pdfleet.clusterScopedName" . }}}}-patch-warnings
+  name: {{{{ include "pdfleet.clusterScopedName" . }}}}-pool-warnings
   labels:
     {{{{- include "pdfleet.labels" . | nindent 4 }}}}
 spec:
@@ -79,20 +90,27 @@ spec:
     - name: missing
       expression: {json.dumps(
           f"variables.recommended.filter(p, !(has({engine}.patches) && p in {engine}.patches))")}
+    - name: literalCredentials
+      expression: {json.dumps(
+          f"has({engine}.env) ? {engine}.env.filter(e, has(e.value) && e.value != '' && "
+          f"e.name.matches('{CREDENTIAL_NAME}')).map(e, e.name) : []")}
   validations:
     - expression: {json.dumps(
           f"!(has({engine}.patchPolicy) && {engine}.patchPolicy == 'Explicit') || size(variables.missing) == 0")}
       messageExpression: {json.dumps(OPT_OUT_MESSAGE)}
       reason: Invalid
+    - expression: "size(variables.literalCredentials) == 0"
+      messageExpression: {json.dumps(CREDENTIAL_MESSAGE)}
+      reason: Invalid
 ---
 apiVersion: admissionregistration.k8s.io/v1
 kind: ValidatingAdmissionPolicyBinding
 metadata:
-  name: {{{{ include "pdfleet.clusterScopedName" . }}}}-patch-warnings
+  name: {{{{ include "pdfleet.clusterScopedName" . }}}}-pool-warnings
   labels:
     {{{{- include "pdfleet.labels" . | nindent 4 }}}}
 spec:
-  policyName: {{{{ include "pdfleet.clusterScopedName" . }}}}-patch-warnings
+  policyName: {{{{ include "pdfleet.clusterScopedName" . }}}}-pool-warnings
   validationActions: [Warn]
   {{{{- with .Values.watchNamespaces }}}}
   matchResources:

@@ -189,7 +189,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
                 # processes at this pod's address for this pod's (see rank_health.own_answers).
                 {"name": agent.POD_UID_ENV, "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                 *token_agreement_env(role_spec),
-                *({"name": e.name, "value": e.value} for e in spec.engine.env),
+                *(e.to_container() for e in spec.engine.env),
             ],
             "ports": ports,
             "resources": _resources(role_spec),

@@ -221,3 +221,24 @@ def test_a_status_about_a_deleted_pod_never_lands_on_a_new_pod_of_its_name(clust
     assert pod(cluster, namespace, "same-name")["status"].get("message") is None
     asyncio.run(write(new_uid))
     assert pod(cluster, namespace, "same-name")["status"]["message"] == f"from {new_uid}"
+
+
+def test_a_pod_waiting_for_a_secret_key_says_so_and_starts_once_the_secret_exists(cluster: Cluster,
+                                                                                   namespace: str) -> None:
+    create_pod(cluster, namespace, "waits", {
+        "command": ["python3", "-c", "import os; print('token is', os.environ['TOKEN'], flush=True)"],
+        "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "later", "key": "token"}}}],
+    }, restartPolicy="Never")
+
+    def waiting() -> dict | None:
+        statuses = pod(cluster, namespace, "waits")["status"].get("containerStatuses") or []
+        return next((s["state"]["waiting"] for s in statuses if "waiting" in s.get("state", {})), None)
+
+    state = wait_for("the container to wait for its Secret", waiting, timeout=60)
+    assert state["reason"] == "CreateContainerConfigError"
+    assert "couldn't find key token in Secret later" in state["message"]
+
+    cluster.kubectl("create", "secret", "generic", "later", "-n", namespace, "--from-literal=token=t0k3n")
+    wait_for("the pod to run to completion", lambda: pod(cluster, namespace, "waits")["status"].get("phase") ==
+             "Succeeded", timeout=60)
+    assert "token is t0k3n" in (pod_dir(cluster, namespace, "waits") / "main.log").read_text()

@@ -9,6 +9,7 @@ A wrong engine is asked for the way a new revision would bring one: `PDFLEET_SIM
 from __future__ import annotations
 
 import json
+import secrets
 from typing import Any
 
 import pytest
@@ -131,7 +132,7 @@ def test_a_pool_that_opts_out_of_the_recommended_fixes_runs_without_them_and_a_w
     # kubectl prints: Warning: Validation failed for ValidatingAdmissionPolicy ... with binding ...: <message>
     assert applied.stderr.startswith("Warning: ") and says in applied.stderr and "created" in applied.stdout
     for policy in cluster.get("validatingadmissionpolicies")["items"]:
-        if policy["metadata"]["name"].endswith("-patch-warnings"):
+        if policy["metadata"]["name"].endswith("-pool-warnings"):
             assert not policy.get("status", {}).get("typeChecking", {}).get("expressionWarnings"), policy["status"]
 
     now = wait_verified(cluster, namespace)
@@ -142,3 +143,38 @@ def test_a_pool_that_opts_out_of_the_recommended_fixes_runs_without_them_and_a_w
     (warning,) = fleet.events(cluster, namespace, POOL, "RecommendedPatchesOptedOut")
     assert warning["type"] == "Warning"
     assert f"without the recommended fixes {', '.join(lacking)}," in warning["message"]
+
+
+def test_a_token_from_a_secret_starts_the_engines_and_nothing_the_operator_writes_or_logs_holds_it(
+        cluster: Cluster, operator: OperatorProcess, namespace: str) -> None:
+    token = "hf_" + secrets.token_hex(16)
+    from_secret = {"env": [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}}]}
+
+    # A literal credential is admitted with a warning that says where it ends up; the Secret's key is not warned.
+    literal = fleet.pool_manifest(namespace, POOL, engine={"env": [{"name": "HF_TOKEN", "value": "hf_x"}]},
+                                  **ONE_AND_ONE)
+    wait_for("the admission policy to warn of a literal credential", lambda: "HF_TOKEN look like credentials" in
+             cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(literal)).stderr, timeout=60)
+    referenced = fleet.pool_manifest(namespace, POOL, engine=from_secret, **ONE_AND_ONE)
+    assert "Warning" not in cluster.kubectl("apply", "--dry-run=server", "-f", "-",
+                                            input=json.dumps(referenced)).stderr
+
+    # The Secret is missing: the engines do not start, and their pods say why (kubelet's words).
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(referenced))
+    wait_for("an engine pod saying which Secret key it lacks", lambda: any(
+        "couldn't find key token in Secret hf" in json.dumps(p.get("status", {}))
+        for p in fleet.engine_pods(cluster, namespace, POOL)), timeout=120)
+
+    cluster.kubectl("create", "secret", "generic", "hf", "-n", namespace, f"--from-literal=token={token}")
+    now = wait_verified(cluster, namespace)
+    assert now["phase"] == "Ready"
+    for pod in fleet.engine_pods(cluster, namespace, POOL):
+        [engine] = [c for c in pod["spec"]["containers"] if c["name"] == "engine"]
+        assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token"}}} in engine["env"]
+    written = {
+        "the pool (spec, annotations, status)": json.dumps(fleet.pool(cluster, namespace, POOL)),
+        "the namespace's Events": json.dumps(cluster.get("events", "-n", namespace)),
+        "the pods, ConfigMaps and Deployments": json.dumps(cluster.get("pods,configmaps,deployments", "-n", namespace)),
+        "the operator's log": operator.logs(),
+    }
+    assert [where for where, text in written.items() if token in text] == []

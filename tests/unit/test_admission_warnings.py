@@ -5,6 +5,7 @@ it in tests/integration/test_verified_rollout_e2e.py (the warning kubectl prints
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -63,3 +64,11 @@ def test_check_names_the_command_that_regenerates_a_stale_file(tmp_path: Path,
     assert "make crds" in capsys.readouterr().err
     assert admission_warnings.main(["--output", str(stale)]) == 0
     assert admission_warnings.main(["--check", "--output", str(stale)]) == 0
+
+
+def test_credential_like_names_are_matched_as_the_warning_means() -> None:
+    pattern = re.compile(admission_warnings.CREDENTIAL_NAME)  # RE2's syntax here is Python's too
+    assert all(pattern.search(n) for n in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "db_password"))
+    assert not any(pattern.search(n) for n in ("SGLANG_LOG_LEVEL", "NCCL_DEBUG", "HF_HUB_OFFLINE"))
+    policy = one(documents(template({}, extra=SERVED).stdout), "ValidatingAdmissionPolicy")
+    assert any("literalCredentials" in v["expression"] for v in policy["spec"]["validations"])
