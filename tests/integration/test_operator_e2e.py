@@ -36,10 +36,12 @@ def pool_status(cluster: Cluster, namespace: str, name: str = "tiny") -> dict:
 def wait_pool_ready(cluster: Cluster, namespace: str, *, decode: int, name: str = "tiny") -> dict:
     def ready() -> dict | None:
         status = pool_status(cluster, namespace, name)
-        verified = any(c["type"] == "RolloutVerified" and c["status"] == "True" for c in status.get("conditions", []))
-        ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode and verified
+        conditions = {c["type"]: c["status"] for c in status.get("conditions", [])}
+        # Settled: verified, and its post-rollout watch over (Progressing stays True, reason Watching, until then).
+        settled = conditions.get("RolloutVerified") == "True" and conditions.get("Progressing") == "False"
+        ok = status.get("phase") == "Ready" and status.get("decode", {}).get("ready") == decode and settled
         return status if ok else None
-    return wait_for(f"pool {name} Ready and verified with {decode} decode group(s)", ready, timeout=120)
+    return wait_for(f"pool {name} Ready, verified and settled with {decode} decode group(s)", ready, timeout=120)
 
 
 def owned(cluster: Cluster, namespace: str, name: str = "tiny") -> list[dict]:

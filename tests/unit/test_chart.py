@@ -7,6 +7,7 @@ widens the operator's permissions fails here until the table is changed with it,
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import subprocess
 import tomllib
@@ -118,6 +119,15 @@ def one(docs: Iterable[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = of_kind(docs, kind)
     assert len(found) == 1, f"expected one {kind}, found {[d['metadata']['name'] for d in found]}"
     return found[0]
+
+
+USER_ROLE_SUFFIXES = ("-view", "-edit")  # templates/user-roles.yaml: for people, not the operator
+
+
+def operator_cluster_role(docs: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The operator's one ClusterRole (the user roles aside)."""
+    return one([d for d in of_kind(docs, "ClusterRole") if not d["metadata"]["name"].endswith(USER_ROLE_SUFFIXES)],
+               "ClusterRole")
 
 
 def rule_table(role: dict[str, Any]) -> Rules:
@@ -381,7 +391,7 @@ def test_the_deployment_can_be_disabled_or_scaled_to_zero_while_the_account_and_
     assert not of_kind(disabled, "Deployment")
     assert not of_kind(disabled, "Service")
     assert one(disabled, "ServiceAccount")["metadata"]["name"] == RELEASE
-    assert_rules(one(disabled, "ClusterRole"), CLUSTER_WIDE_RULES)
+    assert_rules(operator_cluster_role(disabled), CLUSTER_WIDE_RULES)
     assert one(render("scaled-to-zero"), "Deployment")["spec"]["replicas"] == 0
 
 
@@ -404,7 +414,7 @@ def test_cluster_wide_mode_grants_exactly_the_operator_table_through_one_cluster
     docs = render("default")
     # The only Role is leader election's, for its Lease.
     assert [r["metadata"]["name"] for r in of_kind(docs, "Role")] == ["pdfleet-leader-election"]
-    assert_rules(one(docs, "ClusterRole"), CLUSTER_WIDE_RULES)
+    assert_rules(operator_cluster_role(docs), CLUSTER_WIDE_RULES)
 
 
 def test_namespaced_mode_grants_the_table_by_a_role_in_each_watched_namespace() -> None:
@@ -420,14 +430,14 @@ def test_namespaced_mode_grants_the_table_by_a_role_in_each_watched_namespace() 
 def test_namespaced_mode_has_no_cluster_role_granting_pods_or_anything_but_discovery() -> None:
     """CRDs, and namespace objects: kopf lists those in namespaced mode too, and a refusal held the operator's
     first reconcile back about 40 s at every start on a real node (tests/integration/test_real_node_chart.py)."""
-    (cluster_role,) = of_kind(render("namespaced"), "ClusterRole")
+    cluster_role = operator_cluster_role(render("namespaced"))
     assert ("", "pods") not in rule_table(cluster_role)
     assert_rules(cluster_role, CRD_DISCOVERY_RULES | NAMESPACE_RULES)
 
 
 def test_leases_are_granted_only_with_leader_election_and_only_in_the_release_namespace() -> None:
     for scenario in SCENARIOS:
-        for role in of_kind(render(scenario), "ClusterRole"):
+        for role in of_kind(render(scenario), "ClusterRole"):  # the user roles' too
             assert not any(group == "coordination.k8s.io" for group, _ in rule_table(role))
     assert not any(group == "coordination.k8s.io" for r in of_kind(render("no-leader-election"), "Role")
                    for group, _ in rule_table(r))
@@ -533,3 +543,21 @@ def test_the_image_runs_as_the_user_the_chart_requires_and_exposes_its_ports() -
     assert image.config.entrypoint == ("pdfleet-operator",)
     assert tuple(image.config.exposed_ports) == (8080, 9090)
     assert deployment_pod()["securityContext"]["runAsUser"] == 65532
+
+
+def test_the_readme_s_permission_table_is_the_operator_s_table() -> None:
+    """charts/pdfleet/README.md's table of the operator's rules, read as rules: the same as NAMESPACED_RULES (and so
+    as the chart), so the README cannot omit or invent a permission."""
+    text = (CHART / "README.md").read_text()
+    lines = text.split("## Permissions (least privilege)", 1)[1].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| API group"))
+    block = itertools.takewhile(lambda line: line.startswith("|"), lines[start + 2:])  # after header and rule
+    rows = list(block)
+    table: dict[tuple[str, str], frozenset[str]] = {}
+    for row in rows:
+        groups, resources, verbs = (cell.strip() for cell in row.strip("|").split("|")[:3])
+        for group in groups.split(", "):
+            for resource in resources.split(", "):
+                table[("" if group == "core" else group.strip("`"), resource.strip("`"))] = \
+                    frozenset(v.strip() for v in verbs.split(","))
+    assert table == NAMESPACED_RULES

@@ -25,11 +25,13 @@ def engine_env(pool: dict[str, Any]) -> list[list[dict[str, Any]]]:
             for o in plan.apply if o["kind"] == "Pod"]
 
 
+@pytest.mark.effect("spec.engine.env.valueFrom.secretKeyRef.name", "spec.engine.env.valueFrom.secretKeyRef.key")
 def test_every_engine_container_takes_the_secret_s_key_by_reference() -> None:
     envs = engine_env(pool_body(engine__env=[FROM_SECRET, {"name": "PLAIN", "value": "1"}]))
     assert envs and all(FROM_SECRET in env and {"name": "PLAIN", "value": "1"} in env for env in envs)
 
 
+@pytest.mark.effect("spec.engine.env.valueFrom.secretKeyRef.optional")
 def test_optional_is_passed_on_only_when_written() -> None:
     optional = {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf", "key": "token", "optional": True}}}
     assert all(optional in env for env in engine_env(pool_body(engine__env=[optional])))
