@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# The catalogue's desync fixes: every patch that keeps a TP group's ranks in the same collectives.
+# The catalogue's desync fixes that act in this decode loop. grammar-consensus is left out: it enters no collective
+# without grammar requests, and the loop has none.
 DESYNC_FIXES = ("kv-poll-lockstep", "abort-consensus", "health-check-consensus", "retraction-consensus",
                 "admission-consensus", "flush-consensus")
 ROLES = ("decode", "prefill")

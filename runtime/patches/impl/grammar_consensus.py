@@ -131,7 +131,9 @@ def agree_aborts(reqs: Sequence[Any], group: Any, abort: Callable[[], Any], redu
     takes effect. Returns the requests this rank now aborts because a peer did."""
     if not reqs:
         return []
-    pending = [_aborting(req) for req in reqs]
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    pending = [isinstance(req.to_finish, FINISH_ABORT) for req in reqs]
     agreed = _agreed([0 if p else 1 for p in pending], group, reduce_min)
     joined = []
     for req, mine, everyone in zip(reqs, pending, agreed, strict=True):
@@ -139,12 +141,6 @@ def agree_aborts(reqs: Sequence[Any], group: Any, abort: Callable[[], Any], redu
             req.to_finish = abort()
             joined.append(req)
     return joined
-
-
-def _aborting(req: Any) -> bool:
-    from sglang.srt.managers.schedule_batch import FINISH_ABORT
-
-    return isinstance(req.to_finish, FINISH_ABORT)
 
 
 # --- acceptance, immediate --------------------------------------------------------------------------------------
