@@ -21,13 +21,13 @@ from pdfleet.operator.cache import Cache, ObjectKey, Observed, PoolKey
 from pdfleet.operator.engines import evidence
 from pdfleet.operator.engines.client import EngineClient
 from pdfleet.operator.kube import events as kube_events
-from pdfleet.operator.kube import pool_patch, resources
+from pdfleet.operator.kube import existing, pool_patch, resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.kube.detached import Detached
 from pdfleet.operator.kube.kueue import WorkloadReasons
 from pdfleet.operator.kube.router_keys import RouterKeys
 from pdfleet.operator.kube.slots import Slots
-from pdfleet.operator.planning import gang_wait, reconcile, refusals, restarts
+from pdfleet.operator.planning import gang_wait, ownership, reconcile, refusals, restarts
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.engine_load import Work
 from pdfleet.operator.planning.groups import Expectations
@@ -35,6 +35,7 @@ from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.router_breakers import RouterView
+from pdfleet.operator.planning.router_keys import KeySet, key_name
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import gang, router_secret, stamp
@@ -283,7 +284,13 @@ class Controller:
             self._written.pop(key, None)  # the watch has caught up (or someone else wrote): the cache is news
         expect = self._expectations(key, observed.owned)
         started = time.perf_counter()
-        keys, rotated, write_secret = await self.router_keys.prepare(pool, observed.routers)
+        held: tuple[ownership.Blocker, ...] = ()
+        try:
+            keys, rotated, write_secret = await self.router_keys.prepare(pool, observed.routers)
+        except ownership.Blocked as e:
+            # Its Secret is not the pool's: planned all the same (with the name a first key gets), so that the pool
+            # names every object that blocks it, not the Secret alone; nothing is written.
+            keys, rotated, write_secret, held = KeySet(key_name(1), {}), False, None, e.blockers
         gangs = gang_wait.held_gangs(observed.of_kind("Pod"))
         why = await self._kueue.read(key[0], gangs) if gangs else {}
         plan = reconcile.plan(pool, observed, now=datetime.datetime.now(datetime.UTC), expect=expect,
@@ -298,6 +305,9 @@ class Controller:
             return "deleted"
         if on_planned is not None and not plan.empty:
             on_planned.set()  # what is left is writing: the worker may go on to the next pool
+        if blocked := tuple(sorted({*held, *await self._blockers(key, pool, observed, plan, expect,
+                                                                write_secret is not None)})):
+            return await self._blocked(key, pool, plan, blocked)
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
         # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back
         # until the Secret is written. A new pool's engine pods no longer wait a request's round trip for it.
@@ -320,7 +330,10 @@ class Controller:
         async def apply(obj: dict[str, Any]) -> None:
             key_ = (obj["kind"], obj["metadata"]["name"])
             if secret is not None and obj["kind"] in _NEEDS_ROUTER_KEY:
-                await secret  # raises what the Secret's write raised: the Deployment is then not written
+                try:
+                    await secret  # raises what the Secret's write raised: the Deployment is then not written
+                except ownership.Blocked:
+                    raise Refused from None  # said below, as the pool being blocked
             verb = "create" if obj["kind"] in _CREATED else "apply"
             try:
                 async with self._in_flight.held(rank=_write_rank(obj["kind"])):
@@ -359,6 +372,10 @@ class Controller:
                 await secret
             except KubeError as e:
                 error = error or e
+            except ownership.Blocked as e:
+                # A Secret of its name made between the read before the writes and the Secret's own read: what
+                # went out meanwhile is the pool's; the rest waits, as for a blocker found before the writes.
+                return await self._blocked(key, pool, plan, e.blockers)
             else:
                 made.add(("Secret", router_secret.secret_name(key[1])))
                 if rotated:
@@ -406,6 +423,39 @@ class Controller:
                      1000 * (planned - started), 1000 * (written - planned),
                      extra={"pool": key[1], "namespace": key[0]})
         return "rejected" if plan.rejected else "refused" if refused else "success"
+
+    async def _blockers(self, key: PoolKey, pool: Mapping[str, Any], observed: Observed, plan: Plan,
+                        expect: Expectations, secret: bool) -> tuple[ownership.Blocker, ...]:
+        """The objects this plan would write (its objects, its evidence ConfigMaps, the router-key Secret when
+        `secret`) whose names are taken by objects the pool does not control. What the cache does not vouch for is
+        read by name first, ahead of every write: a new pool's first reconcile reads all of its objects once."""
+        desired = [*plan.apply, *({"apiVersion": "v1", "kind": "ConfigMap", "metadata": r.metadata}
+                                  for r in plan.capture)]
+        if secret and not self.router_keys.vouched(*key):
+            desired.append(router_secret.reference(key[1]))
+        unknown = ownership.unverified(desired, observed.owned, expect.applied)
+        read = await existing.read(self._client, key[0], unknown, lambda: self._in_flight.held(rank=0)) \
+            if unknown else {}
+        return ownership.blockers(pool["metadata"].get("uid", ""), key[0], desired, {**observed.owned, **read})
+
+    async def _blocked(self, key: PoolKey, pool: Mapping[str, Any], plan: Plan | None,
+                       blocked: tuple[ownership.Blocker, ...]) -> str:
+        """Writes nothing of the pool but its status (`ownership.blocked_status`) and the Events that say what
+        the status says (none that report a write: there is none), and looks again after `ownership.RECHECK_S`:
+        an unlabelled object, or a Secret, makes no event the operator sees when it goes."""
+        status, warning = ownership.blocked_status(pool, plan.status if plan is not None else None, blocked,
+                                                   datetime.datetime.now(datetime.UTC))
+        log.warning("%s/%s: blocked: %s", key[0], key[1], ", ".join(map(str, blocked)),
+                    extra={"pool": key[1], "namespace": key[0]})
+        if status is not None:
+            await self._write_status(pool, status)
+        if key in self._applied:
+            self._record_summary(key, status if status is not None else pool.get("status"))
+        await self._post_events(pool, tuple(e for e in (plan.events if plan is not None else ()) if not e.about)
+                                + warning)
+        if self._requeue is not None:
+            self._requeue(key, ownership.RECHECK_S)
+        return "blocked"
 
     async def _capture(self, pool: Mapping[str, Any], observed: Observed, request: restarts.EvidenceRequest,
                        apply: Callable[[dict[str, Any]], Awaitable[None]]) -> None:

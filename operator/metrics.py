@@ -7,7 +7,8 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 REGISTRY = CollectorRegistry(auto_describe=True)
 
 RECONCILES = Counter(
-    "pdfleet_reconcile_total", "Reconciles of InferencePools, by result (success, error, rejected, refused, deleted).",
+    "pdfleet_reconcile_total",
+    "Reconciles of InferencePools, by result (success, error, rejected, refused, blocked, deleted).",
     ["result"], registry=REGISTRY,
 )
 RECONCILE_DURATION = Histogram(

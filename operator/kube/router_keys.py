@@ -16,7 +16,7 @@ from typing import Any
 
 from pdfleet.operator.kube import resources
 from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import router_keys
+from pdfleet.operator.planning import ownership, router_keys
 from pdfleet.operator.planning.router_keys import KeySet
 from pdfleet.operator.render import labels, router_secret
 from pdfleet.operator.render.context import RenderContext
@@ -72,7 +72,7 @@ class RouterKeys:
             named, _ = router_keys.decide(None, rotate=rotate, referenced=referenced, new_key=lambda: "")
 
             async def read_then_write() -> None:
-                current = router_keys.recovered(await self._read(*where), None, referenced)
+                current = router_keys.recovered(await self._read(pool), None, referenced)
                 wanted, rotated = router_keys.decide(current, rotate=rotate, referenced=referenced,
                                                      new_key=self._new_key)
                 if wanted != current:
@@ -86,7 +86,7 @@ class RouterKeys:
         if held and self._clock() - held[1] < REFRESH_S:
             current: KeySet | None = held[0]
         else:
-            current = router_keys.recovered(await self._read(*where), held[0] if held else None, referenced)
+            current = router_keys.recovered(await self._read(pool), held[0] if held else None, referenced)
         wanted, rotated = router_keys.decide(current, rotate=rotate, referenced=referenced, new_key=self._new_key)
         if wanted == current:
             self._known[where] = (wanted, self._clock())
@@ -111,11 +111,23 @@ class RouterKeys:
         held = self._known.get((meta.get("namespace", ""), pool))
         return held[0].value(router_secret.referenced_key(pod, pool)) if held else None
 
-    async def _read(self, namespace: str, pool: str) -> KeySet | None:
-        path = resources.path_for("v1", "Secret", namespace, router_secret.secret_name(pool))
+    def vouched(self, namespace: str, pool: str) -> bool:
+        """Whether this process has read the pool's Secret as the pool's, or written it: if not, the executor reads
+        it with the pool's other objects before any write (`planning.ownership`)."""
+        return (namespace, pool) in self._known
+
+    async def _read(self, pool: Mapping[str, Any]) -> KeySet | None:
+        """The keys of the pool's Secret (None: there is none). A Secret of that name the pool does not control is
+        not the pool's to read keys from nor to write: `ownership.Blocked`."""
+        meta = pool["metadata"]
+        name = router_secret.secret_name(meta["name"])
         try:
-            return router_keys.parse(await self._client.request("GET", path))
+            found = await self._client.request("GET", resources.path_for("v1", "Secret", meta["namespace"], name))
         except KubeError as e:
             if e.not_found:
                 return None
             raise
+        wanted = [router_secret.reference(meta["name"])]
+        if blocked := ownership.blockers(meta.get("uid", ""), meta["namespace"], wanted, {("Secret", name): found}):
+            raise ownership.Blocked(blocked)
+        return router_keys.parse(found)

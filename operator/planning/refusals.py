@@ -18,7 +18,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pdfleet.operator.api.conditions import ConditionType
+from pdfleet.operator.api.conditions import Condition, ConditionType
 from pdfleet.operator.api.status import Phase
 from pdfleet.operator.planning import status as status_mod
 from pdfleet.operator.planning.plan import Event
@@ -88,14 +88,8 @@ def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequ
                    now: datetime.datetime) -> tuple[Body | None, tuple[Event, ...]]:
     """The status to write after `refusals` (None when the pool already says exactly this), from the one the
     planner computed (`planned`, None when it saw no change) and the Warning to post (none if already said)."""
-    current = status_mod.parse_status(pool.get("status"))
-    base = status_mod.parse_status(planned) if planned is not None else current
     message = describe(refusals)
-    cond = status_mod.condition(current.conditions, ConditionType.ACCEPTED, False, REASON, message,
-                                generation=pool["metadata"].get("generation"), now=now.replace(microsecond=0))
-    new = base.model_copy(update={"phase": Phase.DEGRADED,
-                                  "conditions": status_mod.merge_conditions(base.conditions, [cond])})
-    before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
+    status, before = not_accepted(pool, planned, REASON, message, now)
     # A Warning says which writes are refused; it is news only when one of them was not said already. The
     # apiserver's wording varies from one try to the next (a quota's usage), and some writes of a refused set
     # may pass before the rest (a quota raised while a reconcile's writes are in flight): neither is news.
@@ -103,4 +97,19 @@ def refused_status(pool: Mapping[str, Any], planned: Body | None, refusals: Sequ
     said = before is not None and before.status == "False" and before.reason == REASON and (
         before.message.startswith(_headline(refusals) + ": ") or set(_targets(refusals)) <= _named(before.message))
     events = () if said else (Event("Warning", REASON, message),)
-    return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), events
+    return status, events
+
+
+def not_accepted(pool: Mapping[str, Any], planned: Body | None, reason: str, message: str,
+                 now: datetime.datetime) -> tuple[Body | None, Condition | None]:
+    """The status that says `Accepted=False` (`reason`, `message`) and phase Degraded, from the one the planner
+    computed (`planned`, None when it saw no change), or None when the pool already says exactly this; and the
+    pool's Accepted condition before it, from which the caller tells whether its Warning is news."""
+    current = status_mod.parse_status(pool.get("status"))
+    base = status_mod.parse_status(planned) if planned is not None else current
+    cond = status_mod.condition(current.conditions, ConditionType.ACCEPTED, False, reason, message,
+                                generation=pool["metadata"].get("generation"), now=now.replace(microsecond=0))
+    new = base.model_copy(update={"phase": Phase.DEGRADED,
+                                  "conditions": status_mod.merge_conditions(base.conditions, [cond])})
+    before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
+    return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), before

@@ -22,6 +22,11 @@ def secret_name(pool: str) -> str:
     return f"{pool}-router-key"
 
 
+def reference(pool: str) -> Body:
+    """The Secret as far as its name goes: what is read to learn whether the name is taken (`planning.ownership`)."""
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": secret_name(pool)}}
+
+
 def referenced_key(pod: Mapping[str, Any], pool: str) -> str | None:
     """The key name a router pod's container takes from its pool's Secret, as its spec says."""
     for container in pod.get("spec", {}).get("containers") or []:
