@@ -20,6 +20,20 @@ def accepted(cluster: Cluster, namespace: str) -> dict:
     return next((c for c in status.get("conditions", []) if c["type"] == "Accepted"), {})
 
 
+def apply_tiny(cluster: Cluster, namespace: str) -> None:
+    body = example("minimal")
+    body["metadata"] = {"name": "tiny", "namespace": namespace}
+    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+
+
+def not_accepted(cluster: Cluster, namespace: str, reason: str) -> dict:
+    """The pool's Accepted condition once it is False for `reason`."""
+    cond = wait_for(f"Accepted=False with reason {reason}",
+                    lambda: (c := accepted(cluster, namespace)).get("reason") == reason and c, timeout=60)
+    assert cond["status"] == "False"
+    return cond
+
+
 def refusal_events(cluster: Cluster, namespace: str) -> list[dict]:
     events = cluster.get("events", "-n", namespace, "--field-selector", "involvedObject.kind=InferencePool")
     return [e for e in events["items"] if e["reason"] == "WriteRefused"]
@@ -33,13 +47,9 @@ def test_a_write_the_apiserver_refuses_shows_in_status_and_one_event(
     # Quota admission enforces a quota once the quota controller has filled in its status.
     wait_for("the quota to be in force", lambda: cluster.get("resourcequota", "no-services", "-n", namespace)
              .get("status", {}).get("hard"))
-    body = example("minimal")
-    body["metadata"] = {"name": "tiny", "namespace": namespace}
-    cluster.kubectl("apply", "-f", "-", input=json.dumps(body))
+    apply_tiny(cluster, namespace)
 
-    cond = wait_for("Accepted=False with reason WriteRefused",
-                    lambda: (c := accepted(cluster, namespace)).get("reason") == "WriteRefused" and c, timeout=60)
-    assert cond["status"] == "False"
+    cond = not_accepted(cluster, namespace, "WriteRefused")
     assert "apply Service tiny-router: 403 Forbidden" in cond["message"]
     assert "exceeded quota: no-services" in cond["message"]  # the apiserver's own words
     assert cluster.get("pdpool", "tiny", "-n", namespace)["status"]["phase"] == "Degraded"
