@@ -71,10 +71,11 @@ cluster-env: ## print the KUBECONFIG and PATH exports: eval "$$(make -s cluster-
 cluster-status: ## what of the local control plane runs
 	@$(PYTHON) hack/localcluster.py status
 
-crds: $(STAMP) ## regenerate crds/ from the API models and copy them into the chart; the chart's admission warnings from the patch catalogue
+crds: $(STAMP) ## regenerate crds/ from the API models and copy them into the chart; the chart's admission warnings (patch catalogue) and pool policy (api/pool_policy.py)
 	$(PY) -m pdfleet.operator.api.crd
 	$(PY) hack/sync-chart-crds.py
 	$(PY) -m pdfleet.operator.api.admission_warnings
+	$(PY) -m pdfleet.operator.api.admission_policy
 
 lint: $(STAMP) ## ruff and the import layering contracts
 	$(VENV)/bin/ruff check .

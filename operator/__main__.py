@@ -23,6 +23,8 @@ from pdfleet.operator import (
     kopf_support,
     metrics,
 )
+from pdfleet.operator.api import pool_policy
+from pdfleet.operator.api.pool_policy import PoolPolicy
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.kube.client import KubeClient, load_configuration
 from pdfleet.operator.leader.decision import Timings
@@ -86,6 +88,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     net.add_argument("--operator-labels", type=_labels, default=DEFAULT_OPERATOR_LABELS, metavar="K=V,...",
                      help="labels of the operator's pods, for the same (default: "
                      f"{','.join(f'{k}={v}' for k, v in DEFAULT_OPERATOR_LABELS)})")
+    policy = p.add_argument_group(
+        "pool policy", "what a pool may ask for that reaches past its namespace (docs/security.md); each flag is "
+        "repeatable, and '*' allows anything. A pool asking for more is not accepted (ForbiddenByPolicy)")
+    policy.add_argument("--allow-host-path-prefix", action="append", default=[], metavar="PATH",
+                        help="a host folder model.source.hostPath may name, itself or below (default: none)")
+    policy.add_argument("--allow-priority-class", action="append", default=[], metavar="NAME",
+                        help="a PriorityClass engine and router pods may use (default: none)")
+    policy.add_argument("--allow-toleration-key", action="append", default=[], metavar="KEY",
+                        help="a taint key pods may tolerate besides the GPU taint (default: none)")
+    policy.add_argument("--allow-image-prefix", action="append", metavar="PREFIX",
+                        help="images pools may run: a prefix ending in '/' (a registry or project), or one "
+                        "repository with any tag or digest (default: '*', any image)")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     le = p.add_argument_group("leader election", "several replicas, one of which leads (a coordination.k8s.io "
@@ -112,7 +126,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             _timings(args).validate()
         except ValueError as e:
             p.error(f"--leader-elect: {e}")
+    for flag, values in (("--allow-host-path-prefix", args.allow_host_path_prefix),
+                         ("--allow-image-prefix", args.allow_image_prefix or [])):
+        for value in values:
+            if problem := pool_policy.prefix_problem(flag, value):
+                p.error(problem)
     return args
+
+
+def _policy(args: argparse.Namespace) -> PoolPolicy:
+    return PoolPolicy(host_path_prefixes=tuple(args.allow_host_path_prefix),
+                      priority_classes=tuple(args.allow_priority_class),
+                      toleration_keys=tuple(args.allow_toleration_key),
+                      image_prefixes=tuple(args.allow_image_prefix) if args.allow_image_prefix else (pool_policy.ANY,))
 
 
 def _labels(text: str) -> tuple[tuple[str, str], ...]:
@@ -153,7 +179,7 @@ def _render_settings(args: argparse.Namespace) -> Settings:
     return Settings(runtime_image=args.runtime_image or DEFAULT_RUNTIME_IMAGE,
                     network_policies=args.network_policies == "true",
                     operator_namespace=args.operator_namespace or _pod_namespace() or DEFAULT_OPERATOR_NAMESPACE,
-                    operator_labels=args.operator_labels)
+                    operator_labels=args.operator_labels, policy=_policy(args))
 
 
 def _identity() -> str:

@@ -42,8 +42,20 @@ class PersistentVolumeClaimSource(ApiModel):
     )
 
 
+_NO_BACKSTEPS = Rule(
+    cel="!self.path.matches('(^|/)[.][.](/|$)')",
+    holds=lambda s: ".." not in s.path.split("/"),
+    message="hostPath.path may not contain '..': the pool policy allows host folders by prefix, and Kubernetes "
+            "refuses such a hostPath in a pod",
+    field=".path",
+)
+
+
 class HostPathSource(ApiModel):
-    """Weights in a folder on every node that may run an engine (pre-staged local NVMe, say)."""
+    """Weights in a folder on every node that may run an engine (pre-staged local NVMe, say). The cluster's pool
+    policy decides which folders a pool may use (none by default: docs/security.md)."""
+
+    RULES = (_NO_BACKSTEPS,)
 
     path: AbsolutePath = Field(description="Absolute folder on the node that holds the model.")
 

@@ -29,8 +29,8 @@ import datetime
 from collections.abc import Iterable, Mapping, Set
 from typing import Any
 
-from pdfleet.operator.api import checks
-from pdfleet.operator.api.conditions import ConditionStatus, ConditionType
+from pdfleet.operator.api import checks, pool_policy
+from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
@@ -137,6 +137,8 @@ def plan(pool: Body, observed: Observed, *, now: datetime.datetime, expect: Expe
     spec, problems = renders.validated(pool)
     if spec is None or problems:
         return _rejected_plan(pool, previous, problems, generation, now)
+    if refused := pool_policy.problems(spec, (settings or Settings()).policy):
+        return _rejected_plan(pool, previous, refused, generation, now, reason=REFUSED_BY_POLICY)
     ctx = RenderContext.of(pool, settings, router_key=router_key)
     if spec.paused:
         return _status_only(pool, previous, _paused_status(previous, generation, now))
@@ -486,8 +488,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     paused = spec.rollout.paused and not settled and not stopped
     integrity = toolcall_integrity.judge(spec)
     conds = [
-        status_mod.condition(prev_conds, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
-                             generation=generation, now=now),
+        _accepted(prev_conds, generation, now),
         status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
                              "GroupsNotReady", summary, generation=generation, now=now),
         status_mod.condition(prev_conds, ConditionType.PROGRESSING,
@@ -623,9 +624,16 @@ def _routers_lacking(views: list[RouterView]) -> str:
     return f" ({'; '.join(lacking)})" if lacking else ""
 
 
+def _accepted(conditions: Iterable[Condition], generation: int | None, now: datetime.datetime) -> Condition:
+    return status_mod.condition(conditions, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
+                                generation=generation, now=now)
+
+
 def _paused_status(previous: InferencePoolStatus, generation: int | None,
                    now: datetime.datetime) -> InferencePoolStatus:
-    conds = [status_mod.condition(previous.conditions, ConditionType.PROGRESSING, False, "Paused",
+    # Accepted too: a pool refused, then mended and paused, would otherwise keep the refusal it no longer earns.
+    conds = [_accepted(previous.conditions, generation, now),
+             status_mod.condition(previous.conditions, ConditionType.PROGRESSING, False, "Paused",
                                   "the pool is paused: nothing is created, replaced or restarted",
                                   generation=generation, now=now)]
     return previous.model_copy(update={"phase": Phase.PAUSED, "observed_generation": generation,
@@ -637,15 +645,28 @@ def _status_only(pool: Body, previous: InferencePoolStatus, new: InferencePoolSt
     return Plan(status=status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None, events=events)
 
 
+@dataclasses.dataclass(frozen=True)
+class Rejection:
+    """Why a spec is not acted on: the Accepted condition's reason and the Warning's."""
+
+    condition: str
+    event: str
+
+
+INVALID_SPEC = Rejection("InvalidSpec", "SpecRejected")
+# The spec is valid, but asks for what the cluster admin's pool policy does not allow (api/pool_policy.py).
+REFUSED_BY_POLICY = Rejection("ForbiddenByPolicy", "PolicyRefused")
+
+
 def _rejected_plan(pool: Body, previous: InferencePoolStatus, problems: list[checks.Problem],
-                   generation: int | None, now: datetime.datetime) -> Plan:
+                   generation: int | None, now: datetime.datetime, *, reason: Rejection = INVALID_SPEC) -> Plan:
     message = "; ".join(str(p) for p in problems[:10]) or "the spec could not be read"
-    cond = status_mod.condition(previous.conditions, ConditionType.ACCEPTED, False, "InvalidSpec", message,
+    cond = status_mod.condition(previous.conditions, ConditionType.ACCEPTED, False, reason.condition, message,
                                 generation=generation, now=now)
     new = previous.model_copy(update={"observed_generation": generation,
                                       "conditions": status_mod.merge_conditions(previous.conditions, [cond])})
     before = next((c for c in previous.conditions if c.type == ConditionType.ACCEPTED), None)
     events: tuple[Event, ...] = ()
     if before is None or before.status != "False" or before.message != message:
-        events = (Event("Warning", "SpecRejected", f"nothing in the fleet was changed: {message}"),)
+        events = (Event("Warning", reason.event, f"nothing in the fleet was changed: {message}"),)
     return dataclasses.replace(_status_only(pool, previous, new, events), rejected=True)

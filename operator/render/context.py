@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from pdfleet.operator.api import meta
+from pdfleet.operator.api.pool_policy import PoolPolicy
 
 # The runtime image an operator run without --runtime-image gives engine pods. The chart always passes
 # --runtime-image (its runtime.image value), and its default is this same reference (charts/pdfleet/values.yaml,
@@ -24,6 +25,8 @@ class Settings:
     network_policies: bool = True  # the default of every pool's spec.networkPolicy.enabled
     operator_namespace: str = DEFAULT_OPERATOR_NAMESPACE
     operator_labels: tuple[tuple[str, str], ...] = DEFAULT_OPERATOR_LABELS
+    # What pools may ask for (the --allow-* flags): checked before anything is rendered, so not a render input.
+    policy: PoolPolicy = dataclasses.field(default_factory=PoolPolicy)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,8 +46,10 @@ class RenderContext:
     def of(cls, pool_body: dict[str, Any], settings: Settings | None = None, *,
            router_key: str = "key-1") -> RenderContext:
         meta = pool_body["metadata"]
+        settings = settings or Settings()
         return cls(pool=meta["name"], namespace=meta["namespace"], uid=meta["uid"], router_key=router_key,
-                   **dataclasses.asdict(settings or Settings()))
+                   runtime_image=settings.runtime_image, network_policies=settings.network_policies,
+                   operator_namespace=settings.operator_namespace, operator_labels=settings.operator_labels)
 
     def owner_reference(self) -> dict[str, Any]:
         return {"apiVersion": meta.API_VERSION, "kind": meta.KIND, "name": self.pool,

@@ -19,6 +19,7 @@ from tests.support.operator_process import OperatorProcess, running_operator, to
 from tests.support.release import RELEASE_NAMESPACE
 
 ROOT = Path(__file__).resolve().parents[2]
+ALLOW_ANY = {"hostPathPrefixes": ["*"], "priorityClasses": ["*"], "tolerationKeys": ["*"], "imagePrefixes": ["*"]}
 
 
 @pytest.fixture(autouse=True)
@@ -38,8 +39,12 @@ def chart(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[None]:
     def install() -> None:
         # helm installs a chart's CRDs only once and never upgrades them: a long-lived cluster needs them applied.
         cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(ROOT / "crds"))
+        # The release is cluster-wide, so its pool-policy admission would hold every test's namespace to one
+        # policy: it allows anything here, and each operator holds its own namespaces to its flags (the defaults,
+        # below). tests/integration/test_pool_policy.py binds policies of its own to its namespace.
         cluster.helm("upgrade", "--install", release, str(ROOT / "charts" / "pdfleet"), "--namespace",
-                     RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false", "--wait")
+                     RELEASE_NAMESPACE, "--create-namespace", "--set", "operator.enabled=false",
+                     "--set-json", f"poolPolicy={json.dumps(ALLOW_ANY)}", "--wait")
 
     # Uninstalled by the last module that uses it: another run's module on the same release keeps its token.
     with release_users.using(cluster.kubeconfig, release, install=install, uninstall=lambda: cluster.helm(
@@ -63,7 +68,8 @@ def operator(cluster: Cluster, chart: None, tmp_path_factory: pytest.TempPathFac
             # Only the namespaces of the tests on it: the other cluster tests run alongside
             # (tests/support/scheduling.py).
             op = stack.enter_context(running_operator(kubeconfig, tmp / "operator.log", "--resync-period", "1",
-                                                      "--namespace", shared.namespaces))
+                                                      "--namespace", shared.namespaces,
+                                                      f"--allow-toleration-key={kueue_support.NODES_LABEL}"))
         yield op
         assert "Traceback" not in op.logs(), op.logs()[-5000:]
         # An RBAC denial reads: ... is forbidden: User "system:serviceaccount:..." cannot <verb> resource ...

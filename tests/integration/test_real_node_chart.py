@@ -58,6 +58,8 @@ def release(cluster: Cluster) -> Iterator[tuple[str, str, dict[str, real_node.Pu
         "runtime": {"image": {"digest": images["pdfleet-runtime"].digest}},
         "watchNamespaces": [pools],
         "nodeSelector": real_node.NODE_SELECTOR, "tolerations": real_node.TOLERATIONS,
+        # The pool's pods tolerate the node's taint too, which the pool policy must allow.
+        "poolPolicy": {"tolerationKeys": [t["key"] for t in real_node.TOLERATIONS]},
     }
     try:
         cluster.run("helm", "install", RELEASE, str(ROOT / "charts" / "pdfleet"), "--namespace", system,

@@ -18,20 +18,26 @@ ROOT = Path(__file__).resolve().parents[2]
 SERVED = ("--api-versions", admission_warnings.VAP_API)  # what helm learns from a cluster that serves policies
 
 
+def warning_docs(values: dict[str, object], extra: tuple[str, ...] = SERVED) -> list[dict[str, object]]:
+    """The chart's documents of the warn-only policy (the pool policy's are tests/unit/test_pool_policy.py's)."""
+    return [d for d in documents(template(values, extra=extra).stdout)
+            if d["metadata"]["name"].endswith("-pool-warnings")]
+
+
 def test_the_chart_s_policy_is_the_one_the_catalogue_generates() -> None:
     assert (ROOT / admission_warnings.OUTPUT).read_text() == admission_warnings.render(), \
         "charts/pdfleet/templates/admission-warnings.yaml is stale: run `make crds`"
 
 
 def test_the_recommended_map_is_the_catalogue_s_for_every_release_an_engine_can_start() -> None:
-    policy = one(documents(template({}, extra=SERVED).stdout), "ValidatingAdmissionPolicy")
+    policy = one(warning_docs({}), "ValidatingAdmissionPolicy")
     [release_map] = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "recommendedByRelease"]
     assert json.loads(release_map) == {v: list(catalogue.recommended_for(v)) for v in catalogue.INSTRUMENTED}
     assert "grammar-consensus" in json.loads(release_map)["0.5.23"]
 
 
 def test_it_only_warns_and_a_failure_to_evaluate_admits_the_pool() -> None:
-    docs = documents(template({}, extra=SERVED).stdout)
+    docs = warning_docs({})
     policy, binding = one(docs, "ValidatingAdmissionPolicy"), one(docs, "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["validationActions"] == ["Warn"]
     assert binding["spec"]["policyName"] == policy["metadata"]["name"]
@@ -43,16 +49,14 @@ def test_it_only_warns_and_a_failure_to_evaluate_admits_the_pool() -> None:
 
 
 def test_a_namespaced_release_warns_in_its_namespaces_only() -> None:
-    binding = one(documents(template({"watchNamespaces": ["team-a", "team-b"]}, extra=SERVED).stdout),
-                  "ValidatingAdmissionPolicyBinding")
+    binding = one(warning_docs({"watchNamespaces": ["team-a", "team-b"]}), "ValidatingAdmissionPolicyBinding")
     assert binding["spec"]["matchResources"]["namespaceSelector"] == {"matchExpressions": [
         {"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["team-a", "team-b"]}]}
 
 
 def test_nothing_is_rendered_when_disabled_or_when_the_cluster_serves_no_admission_policies() -> None:
     kinds = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
-    for docs in (documents(template({"admissionWarnings": {"enabled": False}}, extra=SERVED).stdout),
-                 documents(template({}).stdout)):
+    for docs in (warning_docs({"admissionWarnings": {"enabled": False}}), warning_docs({}, extra=())):
         assert not [d for kind in kinds for d in of_kind(docs, kind)]
 
 
@@ -70,5 +74,5 @@ def test_credential_like_names_are_matched_as_the_warning_means() -> None:
     pattern = re.compile(admission_warnings.CREDENTIAL_NAME)  # RE2's syntax here is Python's too
     assert all(pattern.search(n) for n in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "db_password"))
     assert not any(pattern.search(n) for n in ("SGLANG_LOG_LEVEL", "NCCL_DEBUG", "HF_HUB_OFFLINE"))
-    policy = one(documents(template({}, extra=SERVED).stdout), "ValidatingAdmissionPolicy")
+    policy = one(warning_docs({}), "ValidatingAdmissionPolicy")
     assert any("literalCredentials" in v["expression"] for v in policy["spec"]["validations"])

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 
+from pdfleet.operator.api.pool_policy import PoolPolicy
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile, spec_change
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.router_breakers import RouterView
 from pdfleet.operator.render import labels
+from pdfleet.operator.render.context import Settings
 from tests.support import verified_engines
 from tests.support.pools import NO_BAKE, pool_body
 
@@ -26,6 +28,10 @@ Body = dict[str, Any]
 class FakeCluster:
     """Applies plans the way the apiserver, kwok and the controllers would, instantly: pods become Ready,
     deletions complete, status is stored. Enough to walk the planner through a whole life."""
+
+    # The examples' multi-node pools load their model from a host folder, which a cluster's admin must allow
+    # (api/pool_policy.py): this cluster's admin does; tests/unit/test_pool_policy.py is about the policy.
+    SETTINGS = Settings(policy=PoolPolicy(host_path_prefixes=("/mnt/nvme/models",)))
 
     def __init__(self, pool: Body, *, engines: bool = True) -> None:
         self.pool = pool
@@ -78,7 +84,7 @@ class FakeCluster:
     def step(self, now: datetime.datetime = NOW) -> Plan:
         health, engines = self.answers()
         plan = reconcile.plan(self.pool, self.observed(), now=now, health=health, engines=engines,
-                              gang_reasons=self.gang_reasons, routers=self.routers)
+                              gang_reasons=self.gang_reasons, routers=self.routers, settings=self.SETTINGS)
         self.apply(plan)
         return plan
 

@@ -1,0 +1,51 @@
+"""The parts the chart's two generated ValidatingAdmissionPolicies share: the policy's head (its name and the pool
+writes it matches) and its binding to the namespaces the release watches. Strings of a helm template."""
+
+from __future__ import annotations
+
+from pdfleet.operator.api import meta
+
+VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
+NAME = '{{ include "pdfleet.clusterScopedName" . }}'
+
+
+def policy_head(suffix: str) -> str:
+    """From `apiVersion` to `spec:` of the policy named `<release name>-<suffix>`."""
+    return f"""apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicy
+metadata:
+  name: {NAME}-{suffix}
+  labels:
+    {{{{- include "pdfleet.labels" . | nindent 4 }}}}
+spec:"""
+
+
+def match_constraints() -> str:
+    group, version = meta.API_VERSION.split("/")
+    return f"""  matchConstraints:
+    resourceRules:
+      - apiGroups: [{group}]
+        apiVersions: [{version}]
+        operations: [CREATE, UPDATE]
+        resources: [{meta.PLURAL}]"""
+
+
+def binding(suffix: str, action: str) -> str:
+    """The policy's binding (`validationActions: [action]`), to the release's namespaces when it names them."""
+    return f"""apiVersion: admissionregistration.k8s.io/v1
+kind: ValidatingAdmissionPolicyBinding
+metadata:
+  name: {NAME}-{suffix}
+  labels:
+    {{{{- include "pdfleet.labels" . | nindent 4 }}}}
+spec:
+  policyName: {NAME}-{suffix}
+  validationActions: [{action}]
+  {{{{- with .Values.watchNamespaces }}}}
+  matchResources:
+    namespaceSelector:
+      matchExpressions:
+        - key: kubernetes.io/metadata.name
+          operator: In
+          values: {{{{ toJson . }}}}
+  {{{{- end }}}}"""
