@@ -1,9 +1,9 @@
 """A container's environment as kubelet builds it, plus the local-fleet contract (docs/local-fleet.md).
 
 Values may refer to earlier variables as $(NAME) ($$ escapes); valueFrom supports the downward-API fields a
-pdfleet pod uses and Secret keys (`secretKeyRef`, read from the apiserver as kubelet reads them). Anything
-else (ConfigMap references, resource fields, envFrom) is refused with a message, which ends up in the pod's
-status, rather than silently run with a wrong environment. A Secret's value never appears in a message.
+pdfleet pod uses and keys of Secrets and ConfigMaps (`secretKeyRef`, `configMapKeyRef`, read from the apiserver as
+kubelet reads them). Anything else (resource fields, envFrom) is refused with a message, which ends up in the pod's
+status, rather than silently run with a wrong environment. A referenced value never appears in a message.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ class EnvError(ValueError):
 
 
 class MissingKey(EnvError):
-    """A Secret or key the env refers to is not there (yet): kubelet retries, and so does the runner."""
+    """A Secret, ConfigMap or key the env refers to is not there (yet): kubelet retries, and so does the runner."""
 
 
 def expand(value: str, defined: Mapping[str, str]) -> str:
@@ -42,27 +42,36 @@ def expand(value: str, defined: Mapping[str, str]) -> str:
     return _REF.sub(sub, value)
 
 
-SecretKeys = Mapping[tuple[str, str], str]  # (Secret name, key) -> value, of the pod's namespace
+# The key selectors the runner resolves, by the kind of object they name. kubelet's env takes a ConfigMap's `data`
+# only (not `binaryData`), and a Secret's `data` decoded.
+KEY_SELECTORS = {"secretKeyRef": "Secret", "configMapKeyRef": "ConfigMap"}
+Sources = Mapping[tuple[str, str], Mapping[str, str]]  # (kind, name) -> its keys' values; a missing object is absent
 
 
-def secret_refs(containers: Sequence[Mapping[str, Any]]) -> set[str]:
-    """The names of the Secrets the containers' env refers to."""
-    return {str(ref["name"]) for c in containers for var in c.get("env") or []
-            if (ref := (var.get("valueFrom") or {}).get("secretKeyRef")) and ref.get("name")}
+def referenced(containers: Sequence[Mapping[str, Any]]) -> set[tuple[str, str]]:
+    """The (kind, name) of every Secret and ConfigMap the containers' env refers to."""
+    return {(kind, str(ref["name"])) for c in containers for var in c.get("env") or []
+            for selector, kind in KEY_SELECTORS.items()
+            if (ref := (var.get("valueFrom") or {}).get(selector)) and ref.get("name")}
 
 
-def _secret_value(name: str, ref: Mapping[str, Any], secrets: SecretKeys) -> str | None:
-    where = (str(ref.get("name", "")), str(ref.get("key", "")))
-    if where in secrets:
-        return secrets[where]
+def _key_value(pod: Mapping[str, Any], var: str, kind: str, ref: Mapping[str, Any], sources: Sources) -> str | None:
+    """The referenced key's value; None for an optional one that is missing. A missing one fails in kubelet's words
+    (`secret "hf" not found`, `couldn't find key token in Secret ns/hf`), never with a value."""
+    name, key = str(ref.get("name", "")), str(ref.get("key", ""))
+    data = sources.get((kind, name))
+    if data is not None and key in data:
+        return data[key]
     if ref.get("optional"):
         return None
-    raise MissingKey(f"env {name}: couldn't find key {where[1]} in Secret {where[0]}")
+    if data is None:
+        raise MissingKey(f'env {var}: {kind.lower()} "{name}" not found')
+    raise MissingKey(f"env {var}: couldn't find key {key} in {kind} {pod['metadata']['namespace']}/{name}")
 
 
 def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],
-                  secrets: SecretKeys | None = None) -> dict[str, str]:
-    """The variables the container spec sets, resolved against the pod and its Secrets' keys."""
+                  sources: Sources | None = None) -> dict[str, str]:
+    """The variables the container spec sets, resolved against the pod and the keys of its Secrets and ConfigMaps."""
     if container.get("envFrom"):
         raise EnvError("envFrom is not emulated by pdfleet-sim")
     out: dict[str, str] = {}
@@ -70,8 +79,10 @@ def container_env(pod: Mapping[str, Any], container: Mapping[str, Any],
         name = var["name"]
         if "valueFrom" in var:
             source = var["valueFrom"]
-            if "secretKeyRef" in source:
-                if (value := _secret_value(name, source["secretKeyRef"], secrets or {})) is not None:
+            selector = next((s for s in KEY_SELECTORS if s in source), None)
+            if selector is not None:
+                value = _key_value(pod, name, KEY_SELECTORS[selector], source[selector], sources or {})
+                if value is not None:
                     out[name] = value
                 continue
             field = (source.get("fieldRef") or {}).get("fieldPath")
@@ -107,7 +118,7 @@ def base_env(*, path: str, home: str, hostname: str) -> dict[str, str]:
 
 
 def build(pod: Mapping[str, Any], container: Mapping[str, Any], *, base: Mapping[str, str],
-          contract: Mapping[str, str], secrets: SecretKeys | None = None) -> dict[str, str]:
+          contract: Mapping[str, str], sources: Sources | None = None) -> dict[str, str]:
     """base, then the container's own, then the contract: the emulation must win (a container's KUBECONFIG
     or bind address would point at things that do not exist here)."""
-    return {**base, **container_env(pod, container, secrets), **contract}
+    return {**base, **container_env(pod, container, sources), **contract}

@@ -25,16 +25,17 @@ CONFIG_ERROR = "CreateContainerConfigError"
 
 
 class Refused(Exception):
-    """The pod asks for something the runner does not emulate, or that is not there yet (`retry`: a Secret or key
-    its env refers to, which kubelet keeps retrying for); the message goes into its status."""
+    """The pod asks for something the runner does not emulate, or that is not there yet (`retry`: a Secret, ConfigMap
+    or key its env refers to, which kubelet keeps retrying for); the message goes into its status."""
 
     def __init__(self, message: str, *, retry: bool = False) -> None:
         super().__init__(message)
         self.retry = retry
 
 
-# How soon a pod refused for a missing Secret key is prepared again: kubelet retries CreateContainerConfigError on
-# its pod syncs; doubling from 1 s up to 10 s keeps a pool waiting on a Secret from waiting long once it exists.
+# How soon a pod refused for a missing Secret or ConfigMap key is prepared again: kubelet retries
+# CreateContainerConfigError on its pod syncs; doubling from 1 s up to 10 s keeps a pool waiting on a Secret from
+# waiting long once it exists.
 CONFIG_RETRY_S = (1.0, 10.0)
 
 
@@ -132,8 +133,8 @@ class PodWorker:
         await asyncio.gather(*running, return_exceptions=True)
 
     async def _prepare_until_ready(self) -> None:
-        """Prepares the pod; refused for what may yet appear (a Secret key), again after a growing delay, as kubelet
-        does, until it is there or the pod goes. Each distinct refusal is an Event once."""
+        """Prepares the pod; refused for what may yet appear (a Secret's or ConfigMap's key), again after a growing
+        delay, as kubelet does, until it is there or the pod goes. Each distinct refusal is an Event once."""
         delay = CONFIG_RETRY_S[0]
         while True:
             try:
@@ -180,13 +181,13 @@ class PodWorker:
         contract = env.contract_env(pod_ip=pod_ip, pod_dir=str(self.dir), kubeconfig=kubeconfig)
         base = env.base_env(path=self.node.container_path, home=str(self.dir),
                             hostname=spec.get("hostname") or self.pod["metadata"]["name"])
-        secrets = await self._secret_keys(env.secret_refs(spec["containers"]))
+        sources = await self._sources(env.referenced(spec["containers"]))
         for c in spec["containers"]:
             try:
                 # kubelet expands $(VAR) in command and args from the container's own env only.
                 plan = commands.plan(c, pod_ip=pod_ip, python=self.node.python,
-                                     variables=env.container_env(self.pod, c, secrets))
-                variables = env.build(self.pod, c, base=base, contract=contract, secrets=secrets)
+                                     variables=env.container_env(self.pod, c, sources))
+                variables = env.build(self.pod, c, base=base, contract=contract, sources=sources)
                 if any(m.get("mountPath") == "/tmp" for m in c.get("volumeMounts") or []):
                     variables["TMPDIR"] = str(self.dir / "tmp")
                 probe_specs = probes.parse(c)
@@ -197,19 +198,23 @@ class PodWorker:
             self.containers.append(Container(self.node, lambda: self.pod, c, plan, variables, probe_specs,
                                              self.dir, self.dirty.set))
 
-    async def _secret_keys(self, names: set[str]) -> dict[tuple[str, str], str]:
-        """The keys of the Secrets the pod's env refers to, read from the apiserver as kubelet reads them."""
+    async def _sources(self, refs: set[tuple[str, str]]) -> dict[tuple[str, str], dict[str, str]]:
+        """The keys of the Secrets and ConfigMaps the pod's env refers to, read from the apiserver as kubelet reads
+        them: (kind, name) -> key -> value, a missing object left out."""
         namespace = self.pod["metadata"]["namespace"]
-        out: dict[tuple[str, str], str] = {}
-        for name in sorted(names):
+        out: dict[tuple[str, str], dict[str, str]] = {}
+        for kind, name in sorted(refs):
             try:
-                secret = await self.node.client.request("GET", f"/api/v1/namespaces/{namespace}/secrets/{name}")
+                found = await self.node.client.request(
+                    "GET", f"/api/v1/namespaces/{namespace}/{kind.lower()}s/{name}")
             except ApiError as e:
                 if e.status == 404:
                     continue  # a reference to it fails with kubelet's message, unless optional
-                raise Refused(f"cannot read Secret {name}: HTTP {e.status}", retry=True) from None
-            for key, encoded in (secret.get("data") or {}).items():
-                out[(name, key)] = base64.b64decode(encoded).decode("utf-8", "replace")
+                raise Refused(f"cannot read {kind} {name}: HTTP {e.status}", retry=True) from None
+            data: dict[str, str] = dict(found.get("data") or {})
+            if kind == "Secret":
+                data = {key: base64.b64decode(encoded).decode("utf-8", "replace") for key, encoded in data.items()}
+            out[(kind, name)] = data
         return out
 
     async def _terminate(self) -> None:

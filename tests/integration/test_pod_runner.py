@@ -47,6 +47,12 @@ def pod(cluster: Cluster, namespace: str, name: str) -> dict[str, Any]:
     return cluster.get("pod", name, "-n", namespace)
 
 
+def waiting(cluster: Cluster, namespace: str, name: str) -> dict[str, Any] | None:
+    """The first of the pod's containers that waits: its reason and message."""
+    statuses = pod(cluster, namespace, name)["status"].get("containerStatuses") or []
+    return next((s["state"]["waiting"] for s in statuses if "waiting" in s.get("state", {})), None)
+
+
 def condition(p: dict[str, Any], kind: str) -> str | None:
     return next((c["status"] for c in p["status"].get("conditions", []) if c["type"] == kind), None)
 
@@ -230,15 +236,31 @@ def test_a_pod_waiting_for_a_secret_key_says_so_and_starts_once_the_secret_exist
         "env": [{"name": "TOKEN", "valueFrom": {"secretKeyRef": {"name": "later", "key": "token"}}}],
     }, restartPolicy="Never")
 
-    def waiting() -> dict | None:
-        statuses = pod(cluster, namespace, "waits")["status"].get("containerStatuses") or []
-        return next((s["state"]["waiting"] for s in statuses if "waiting" in s.get("state", {})), None)
-
-    state = wait_for("the container to wait for its Secret", waiting, timeout=60)
+    state = wait_for("the container to wait for its Secret", lambda: waiting(cluster, namespace, "waits"), timeout=60)
     assert state["reason"] == "CreateContainerConfigError"
-    assert "couldn't find key token in Secret later" in state["message"]
+    assert state["message"].endswith('secret "later" not found'), state  # kubelet's words
 
     cluster.kubectl("create", "secret", "generic", "later", "-n", namespace, "--from-literal=token=t0k3n")
     wait_for("the pod to run to completion", lambda: pod(cluster, namespace, "waits")["status"].get("phase") ==
              "Succeeded", timeout=60)
     assert "token is t0k3n" in (pod_dir(cluster, namespace, "waits") / "main.log").read_text()
+
+
+def test_a_pod_waiting_for_a_config_map_key_says_so_and_starts_once_the_key_exists(cluster: Cluster,
+                                                                                    namespace: str) -> None:
+    cluster.kubectl("create", "configmap", "settings", "-n", namespace, "--from-literal=other=x")
+    create_pod(cluster, namespace, "waits-cm", {
+        "command": ["python3", "-c", "import os; print('level', os.environ['LEVEL'], 'opt' in os.environ, flush=True)"],
+        "env": [{"name": "LEVEL", "valueFrom": {"configMapKeyRef": {"name": "settings", "key": "level"}}},
+                {"name": "opt", "valueFrom": {"configMapKeyRef": {"name": "absent", "key": "k", "optional": True}}}],
+    }, restartPolicy="Never")
+
+    state = wait_for("the container to wait for its ConfigMap key", lambda: waiting(cluster, namespace, "waits-cm"),
+                     timeout=60)
+    assert state["reason"] == "CreateContainerConfigError"
+    assert state["message"].endswith(f"couldn't find key level in ConfigMap {namespace}/settings"), state
+
+    cluster.kubectl("patch", "configmap", "settings", "-n", namespace, "--type=merge", "-p", '{"data":{"level":"3"}}')
+    wait_for("the pod to run to completion", lambda: pod(cluster, namespace, "waits-cm")["status"].get("phase") ==
+             "Succeeded", timeout=60)
+    assert "level 3 False" in (pod_dir(cluster, namespace, "waits-cm") / "main.log").read_text()

@@ -161,8 +161,8 @@ def test_a_token_from_a_secret_starts_the_engines_and_nothing_the_operator_write
 
     # The Secret is missing: the engines do not start, and their pods say why (kubelet's words).
     cluster.kubectl("apply", "-f", "-", input=json.dumps(referenced))
-    wait_for("an engine pod saying which Secret key it lacks", lambda: any(
-        "couldn't find key token in Secret hf" in json.dumps(p.get("status", {}))
+    wait_for("an engine pod saying which Secret it lacks", lambda: any(
+        'secret \\"hf\\" not found' in json.dumps(p.get("status", {}))
         for p in fleet.engine_pods(cluster, namespace, POOL)), timeout=120)
 
     cluster.kubectl("create", "secret", "generic", "hf", "-n", namespace, f"--from-literal=token={token}")

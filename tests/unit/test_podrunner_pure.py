@@ -104,15 +104,27 @@ def test_env_values_field_refs_and_expansion() -> None:
                                                  "SA": "sa"}
 
 
-def test_env_takes_secret_keys_and_refuses_a_missing_one_without_showing_any_value() -> None:
-    refs = [{"name": "K", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
-            {"name": "O", "valueFrom": {"secretKeyRef": {"name": "s", "key": "absent", "optional": True}}},
+@pytest.mark.parametrize(("selector", "kind"), [("secretKeyRef", "Secret"), ("configMapKeyRef", "ConfigMap")])
+def test_env_takes_keys_by_reference_and_refuses_a_missing_one_in_kubelets_words_without_any_value(
+        selector: str, kind: str) -> None:
+    refs = [{"name": "K", "valueFrom": {selector: {"name": "s", "key": "k"}}},
+            {"name": "O", "valueFrom": {selector: {"name": "s", "key": "absent", "optional": True}}},
+            {"name": "G", "valueFrom": {selector: {"name": "gone", "key": "k", "optional": True}}},
             {"name": "D", "value": "id:$(K)"}]
-    assert env.secret_refs([{"env": refs}, {"env": [{"name": "x", "value": "y"}]}]) == {"s"}
-    assert env.container_env(POD, {"env": refs}, {("s", "k"): "hush"}) == {"K": "hush", "D": "id:hush"}
-    with pytest.raises(env.MissingKey, match="couldn't find key k in Secret s") as refused:
-        env.container_env(POD, {"env": refs}, {("s", "other"): "hush"})
+    assert env.referenced([{"env": refs}, {"env": [{"name": "x", "value": "y"}]}]) == {(kind, "s"), (kind, "gone")}
+    assert env.container_env(POD, {"env": refs}, {(kind, "s"): {"k": "hush"}}) == {"K": "hush", "D": "id:hush"}
+    with pytest.raises(env.MissingKey, match=f"^env K: couldn't find key k in {kind} ns/s$") as refused:
+        env.container_env(POD, {"env": refs}, {(kind, "s"): {"other": "hush"}})
     assert "hush" not in str(refused.value)
+    with pytest.raises(env.MissingKey, match=f'^env K: {kind.lower()} "s" not found$'):
+        env.container_env(POD, {"env": refs}, {})
+    # A key of the same name in an object of the other kind is not it.
+    other = "ConfigMap" if kind == "Secret" else "Secret"
+    with pytest.raises(env.MissingKey):
+        env.container_env(POD, {"env": refs}, {(other, "s"): {"k": "hush"}})
+
+
+def test_a_missing_reference_is_told_apart_from_what_the_runner_never_emulates() -> None:
     # What may yet appear (kubelet retries it) is told apart from what the runner never emulates.
     with pytest.raises(env.EnvError) as never:
         env.container_env(POD, {"env": [{"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}}]})
@@ -121,6 +133,7 @@ def test_env_takes_secret_keys_and_refuses_a_missing_one_without_showing_any_val
 
 @pytest.mark.parametrize("var", [
     {"name": "S", "valueFrom": {"secretKeyRef": {"name": "s", "key": "k"}}},
+    {"name": "C", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}},
     {"name": "L", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['x']"}}},
     {"name": "R", "valueFrom": {"resourceFieldRef": {"resource": "limits.cpu"}}},
 ])
