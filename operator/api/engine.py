@@ -14,8 +14,9 @@ from pydantic_core import PydanticCustomError
 
 from pdfleet.operator.api import flags
 from pdfleet.operator.api.base import RULE_ERROR, ApiModel, Rule
+from pdfleet.operator.api.env import ENV_LIST_SCHEMA, MAX_ENV, UNIQUE_ENV, EnvName, EnvVarBase
 from pdfleet.operator.api.patches import PatchId
-from pdfleet.operator.api.scalars import DnsSubdomain, ImageRef
+from pdfleet.operator.api.scalars import ImageRef
 
 MAX_EXTRA_ARGS = 64
 MAX_EXTRA_ARG_LENGTH = 256
@@ -96,67 +97,19 @@ def _not_refused_env(name: str) -> str:
     return name
 
 
-class SecretKeyRef(ApiModel):
-    """A key of a Secret in the pool's namespace. kubelet reads it when it starts the container: the operator never
-    reads it, and the value is in no pool, pod spec, revision or history, only in the engine's environment."""
+class EnvVar(EnvVarBase):
+    """An environment variable for every engine container: a literal value, or a Secret's or ConfigMap's key
+    (`valueFrom`), which is what a credential such as a gated model's HF_TOKEN should use."""
 
-    name: DnsSubdomain = Field(description="The Secret's name, in the pool's namespace.")
-    key: Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[-._a-zA-Z0-9]+$")] = Field(
-        description="The key in the Secret.")
-    optional: bool | None = Field(default=None, description="Start without the variable when the Secret or its key "
-                                                            "is missing (default: the container does not start).")
-
-
-class EnvVarSource(ApiModel):
-    """Where a variable's value comes from instead of the spec."""
-
-    secret_key_ref: SecretKeyRef = Field(description="A key of a Secret in the pool's namespace.")
-
-
-_VALUE_OR_SOURCE = Rule(
-    cel="!has(self.valueFrom) || !has(self.value) || self.value == ''",
-    holds=lambda e: e.value_from is None or e.value == "",
-    message="env: set value or valueFrom, not both",
-    field=".valueFrom",
-)
-
-
-class EnvVar(ApiModel):
-    """An environment variable for every engine container: a literal value, or a Secret's key (`valueFrom`), which
-    is what a credential such as a gated model's HF_TOKEN should use."""
-
-    RULES = (_VALUE_OR_SOURCE,)
-
-    name: Annotated[str, Field(min_length=1, max_length=256, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
-                               json_schema_extra={"x-kubernetes-validations": [_NOT_REFUSED_ENV.to_crd()]}),
+    name: Annotated[EnvName, Field(json_schema_extra={"x-kubernetes-validations": [_NOT_REFUSED_ENV.to_crd()]}),
                     AfterValidator(_not_refused_env)] = Field(description="Variable name.")
-    value: Annotated[str, Field(max_length=4096)] = Field(
-        default="", description="Variable value, written in the pool (and so in its pods and revision history).")
-    value_from: EnvVarSource | None = Field(
-        default=None, description="Take the value from a Secret instead: it stays out of the pool and its history.")
-
-    def to_container(self) -> dict[str, object]:
-        """The container's env entry, as kubelet takes it."""
-        if self.value_from is None:
-            return {"name": self.name, "value": self.value}
-        ref = self.value_from.secret_key_ref
-        selector: dict[str, object] = {"name": ref.name, "key": ref.key}
-        if ref.optional is not None:
-            selector["optional"] = ref.optional
-        return {"name": self.name, "valueFrom": {"secretKeyRef": selector}}
 
 
 def _unique(values: tuple[str, ...]) -> bool:
     return len(set(values)) == len(values)
 
 
-# The apiserver enforces these two through x-kubernetes-list-type (map keyed by name; set), so no CEL.
-_UNIQUE_ENV = Rule(
-    cel=None,
-    holds=lambda e: _unique(tuple(v.name for v in e.env)),
-    message="env names must be unique",
-    field=".env",
-)
+# The apiserver enforces this through x-kubernetes-list-type set, so no CEL.
 _UNIQUE_PATCHES = Rule(
     cel=None,
     holds=lambda e: _unique(e.patches),
@@ -168,7 +121,7 @@ _UNIQUE_PATCHES = Rule(
 class EngineSpec(ApiModel):
     """The SGLang engine: image, version, patches, typed switches and pass-through arguments."""
 
-    RULES = (_UNIQUE_ENV, _UNIQUE_PATCHES)
+    RULES = (UNIQUE_ENV, _UNIQUE_PATCHES)
 
     image: ImageRef = Field(description="Container image with SGLang (and pdfleet's runtime) installed.")
     image_pull_policy: PullPolicy = Field(default=PullPolicy.IF_NOT_PRESENT, description="When to pull the image.")
@@ -209,7 +162,7 @@ class EngineSpec(ApiModel):
     )
     env: tuple[EnvVar, ...] = Field(
         default=(),
-        max_length=64,
+        max_length=MAX_ENV,
         description="Environment variables for every engine container.",
-        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+        json_schema_extra=ENV_LIST_SCHEMA,
     )

@@ -5,9 +5,10 @@ from __future__ import annotations
 import enum
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
-from pdfleet.operator.api.base import ApiModel
+from pdfleet.operator.api.base import ApiModel, Rule
+from pdfleet.operator.api.env import ENV_LIST_SCHEMA, MAX_ENV, UNIQUE_ENV, EnvName, EnvVarBase
 from pdfleet.operator.api.scalars import Duration, ImageRef, Port
 from pdfleet.operator.api.scheduling import Scheduling
 
@@ -19,6 +20,33 @@ class RouterPolicy(enum.StrEnum):
     ROUND_ROBIN = "round_robin"
     CACHE_AWARE = "cache_aware"
     POWER_OF_TWO = "power_of_two"
+
+
+# The router container's variable holding its control-plane key (render/router_secret.py); its args refer to it as
+# $(VAR), so a variable of this name in the spec would hand the router a key the operator does not have.
+ROUTER_KEY_ENV = "PDFLEET_ROUTER_ADMIN_KEY"
+
+_NOT_ROUTER_KEY = Rule(
+    cel=f"self != '{ROUTER_KEY_ENV}'",
+    holds=lambda name: name != ROUTER_KEY_ENV,
+    message=f"router env may not set {ROUTER_KEY_ENV}: it carries the router's control-plane key, which only the "
+            "operator sets",
+    reason="FieldValueForbidden",
+)
+
+
+def _not_router_key(name: str) -> str:
+    """Python's side of `_NOT_ROUTER_KEY`."""
+    if not _NOT_ROUTER_KEY.holds(name):
+        raise _NOT_ROUTER_KEY.error()
+    return name
+
+
+class RouterEnvVar(EnvVarBase):
+    """An environment variable for the router container: a literal value, or a Secret's or ConfigMap's key."""
+
+    name: Annotated[EnvName, Field(json_schema_extra={"x-kubernetes-validations": [_NOT_ROUTER_KEY.to_crd()]}),
+                    AfterValidator(_not_router_key)] = Field(description="Variable name.")
 
 
 class CircuitBreaker(ApiModel):
@@ -40,6 +68,8 @@ class CircuitBreaker(ApiModel):
 class RouterSpec(ApiModel):
     """The PD router."""
 
+    RULES = (UNIQUE_ENV,)
+
     replicas: Annotated[int, Field(ge=0, le=64)] = Field(
         default=2, description="Router pods. Two by default, spread across nodes and kept by a "
         "PodDisruptionBudget, so one router's death or eviction costs only the requests in flight on it. 0 runs "
@@ -58,3 +88,10 @@ class RouterSpec(ApiModel):
     scheduling: Scheduling = Field(default_factory=Scheduling, description="Where router pods may run.")
     circuit_breaker: CircuitBreaker = Field(
         default_factory=CircuitBreaker, description="Per-worker circuit breakers in the router (off by default).")
+    env: tuple[RouterEnvVar, ...] = Field(
+        default=(),
+        max_length=MAX_ENV,
+        description="Environment variables for the router container (sglang-router's, such as RUST_LOG, or a "
+                    "Secret's key by reference). A change rolls the router Deployment; the engines keep running.",
+        json_schema_extra=ENV_LIST_SCHEMA,
+    )

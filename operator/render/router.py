@@ -104,7 +104,8 @@ def router_objects(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
             "imagePullPolicy": str(spec.engine.image_pull_policy),
             "command": ["python3", "-m", "sglang_router.launch_router"],
             "args": router_args(ctx, spec),
-            "env": _key_env(ctx),
+            # The spec's after the operator's, as on the engines: refused names keep them apart (api/router.py).
+            "env": [*_key_env(ctx), *(e.to_container() for e in router.env)],
             "ports": [{"name": "http", "containerPort": router.port},
                       {"name": "metrics", "containerPort": METRICS_PORT}],
             # A router's start (its Python entry point, then the Rust server) took 40+ s on a busy node, and a

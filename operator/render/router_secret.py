@@ -7,13 +7,14 @@ import base64
 from collections.abc import Mapping
 from typing import Any
 
+from pdfleet.operator.api.router import ROUTER_KEY_ENV
 from pdfleet.operator.render import labels
 
 Body = dict[str, Any]
 
 HANDLED_ANNOTATION = f"{labels.PREFIX}/rotated-for"  # the rotation value last acted on
 CURRENT_ANNOTATION = f"{labels.PREFIX}/current-key"  # the key new router pods get
-ENV = "PDFLEET_ROUTER_ADMIN_KEY"  # the router container's variable; its args refer to it as $(ENV)
+ENV = ROUTER_KEY_ENV  # the router container's variable; its args refer to it as $(ENV)
 KEY_ID = "pdfleet-operator"  # the principal the router's audit log names for the operator's calls
 COMPONENT = "router-key"
 
