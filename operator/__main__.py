@@ -100,6 +100,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     policy.add_argument("--allow-image-prefix", action="append", metavar="PREFIX",
                         help="images pools may run: a prefix ending in '/' (a registry or project), or one "
                         "repository with any tag or digest (default: '*', any image)")
+    policy.add_argument("--require-non-root-engines", action="store_true",
+                        help="refuse pools whose engines would run as their image's user (root for SGLang's): "
+                        "spec.engine.runAsUser must name another")
     p.add_argument("--log-format", choices=["text", "json"], default="text")
     p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info")
     le = p.add_argument_group("leader election", "several replicas, one of which leads (a coordination.k8s.io "
@@ -138,7 +141,8 @@ def _policy(args: argparse.Namespace) -> PoolPolicy:
     return PoolPolicy(host_path_prefixes=tuple(args.allow_host_path_prefix),
                       priority_classes=tuple(args.allow_priority_class),
                       toleration_keys=tuple(args.allow_toleration_key),
-                      image_prefixes=tuple(args.allow_image_prefix) if args.allow_image_prefix else (pool_policy.ANY,))
+                      image_prefixes=tuple(args.allow_image_prefix) if args.allow_image_prefix else (pool_policy.ANY,),
+                      require_non_root_engines=args.require_non_root_engines)
 
 
 def _labels(text: str) -> tuple[tuple[str, str], ...]:

@@ -78,6 +78,8 @@ def validations() -> list[tuple[str, str]]:
     out.append((f"!({is_set}) || {host_path_ok(path + '.path')}",
                 f"{cel_string(field + ': ')} + "
                 f"{cel_message(pool_policy.host_path_message, path + '.path', 'host_path_prefixes')}"))
+    out.append(("!variables.requireNonRootEngines || (has(object.spec.engine) && has(object.spec.engine.runAsUser))",
+                cel_string(f"spec.engine.runAsUser: {pool_policy.NON_ROOT_MESSAGE}")))
     for field in ("spec.engine.image", "spec.router.image"):
         parent, leaf = field.rsplit(".", 1)
         is_set, image = guarded(parent, leaf)
@@ -103,7 +105,8 @@ def render() -> str:
     bound to the namespaces the release watches."""
     variables = "\n".join(
         f"    - name: {name}\n      expression: {{{{ toJson (toJson .Values.poolPolicy.{name}) }}}}"
-        for name in LISTS.values())
+        for name in LISTS.values()) + ("\n    - name: requireNonRootEngines\n      expression: "
+                                       "{{ .Values.poolPolicy.requireNonRootEngines | toJson | quote }}")
     rules = "\n".join(f"    - expression: {json.dumps(expression)}\n      messageExpression: {json.dumps(message)}\n"
                       "      reason: Forbidden" for expression, message in validations())
     return f"""{{{{- /*

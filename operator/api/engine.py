@@ -118,10 +118,19 @@ _UNIQUE_PATCHES = Rule(
 )
 
 
+MAX_ID = 2147483647  # what Kubernetes takes for a user or group id
+_GROUP_NEEDS_USER = Rule(
+    cel="!has(self.runAsGroup) || has(self.runAsUser)",
+    holds=lambda e: e.run_as_group is None or e.run_as_user is not None,
+    message="runAsGroup needs runAsUser: engines without a user of their own run as their image's",
+    field=".runAsGroup",
+)
+
+
 class EngineSpec(ApiModel):
     """The SGLang engine: image, version, patches, typed switches and pass-through arguments."""
 
-    RULES = (UNIQUE_ENV, _UNIQUE_PATCHES)
+    RULES = (UNIQUE_ENV, _UNIQUE_PATCHES, _GROUP_NEEDS_USER)
 
     image: ImageRef = Field(description="Container image with SGLang (and pdfleet's runtime) installed.")
     image_pull_policy: PullPolicy = Field(default=PullPolicy.IF_NOT_PRESENT, description="When to pull the image.")
@@ -165,4 +174,14 @@ class EngineSpec(ApiModel):
         max_length=MAX_ENV,
         description="Environment variables for every engine container.",
         json_schema_extra=ENV_LIST_SCHEMA,
+    )
+    run_as_user: Annotated[int, Field(ge=1, le=MAX_ID)] | None = Field(
+        default=None,
+        description="Run the engine pods as this user, not root (runAsNonRoot), for an image that works so: its "
+                    "pods then meet Pod Security's restricted level, unless RDMA or a hostPath model takes them "
+                    "out of baseline. Unset: the image's user, root for SGLang's images (baseline). The pool "
+                    "policy may require it (requireNonRootEngines).",
+    )
+    run_as_group: Annotated[int, Field(ge=0, le=MAX_ID)] | None = Field(
+        default=None, description="The primary group of runAsUser (default: the image's for that user).",
     )

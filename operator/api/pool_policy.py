@@ -7,7 +7,8 @@ that person the node: a `hostPath` model source (a read-only mount of `/run/cont
 nodes; no key at all tolerates every taint) and the image (what runs). The admin, not the pool, says what is
 allowed: the chart's `poolPolicy` values, which become the operator's `--allow-*` flags and a
 ValidatingAdmissionPolicy that refuses at admission (`admission_policy`). The defaults allow no host path, no
-priority class and no toleration beyond the GPU taint every engine already tolerates, and any image.
+priority class and no toleration beyond the GPU taint every engine already tolerates, and any image; engines may
+run as their image's user (root for SGLang's) unless the policy requires a non-root one.
 
 Lists of allowed values, each entry exact or a prefix as its field says; `*` alone allows anything. The
 operator checks the same rules on every reconcile, so a pool admitted before the policy was tightened (or on a
@@ -44,6 +45,8 @@ class PoolPolicy:
     # Images: an entry ending in `/` allows every image under it (a registry, a project); any other entry is
     # one repository, with any tag or digest.
     image_prefixes: tuple[str, ...] = (ANY,)
+    # Engines must run as a user the pool names (spec.engine.runAsUser), never as their image's (root for SGLang's).
+    require_non_root_engines: bool = False
 
 
 # Where each list comes from, for messages that tell the reader what to change.
@@ -130,6 +133,10 @@ def toleration_message(what: str, allowed: str) -> str:
 
 
 EVERY_TAINT = "every taint (it has no key)"
+NON_ROOT_MESSAGE = (
+    "unset, so the engines would run as their image's user (root for SGLang's images), and the pool policy's "
+    "requireNonRootEngines (chart value poolPolicy.requireNonRootEngines, operator flag --require-non-root-engines) "
+    "asks for a user of the pool's: set a non-root user the image works with")
 
 
 def problems(spec: InferencePoolSpec, policy: PoolPolicy) -> list[Problem]:
@@ -145,6 +152,8 @@ def _problems(spec: InferencePoolSpec, policy: PoolPolicy) -> Iterator[Problem]:
     if host_path is not None and not host_path_allowed(host_path.path, policy.host_path_prefixes):
         yield Problem("spec.model.source.hostPath.path",
                       host_path_message(host_path.path, allowed("host_path_prefixes")))
+    if policy.require_non_root_engines and spec.engine.run_as_user is None:
+        yield Problem("spec.engine.runAsUser", NON_ROOT_MESSAGE)
     for path, image in image_fields(spec):
         if not image_allowed(image, policy.image_prefixes):
             yield Problem(path, image_message(image, allowed("image_prefixes")))

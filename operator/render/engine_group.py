@@ -164,7 +164,7 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
         "terminationGracePeriodSeconds": role_spec.drain_seconds + SHUTDOWN_SECONDS,
         "enableServiceLinks": False,
         "automountServiceAccountToken": False,  # engines never talk to the Kubernetes API
-        "securityContext": pod_security.engine_pod(),
+        "securityContext": pod_security.engine_pod(spec.engine.run_as_user, spec.engine.run_as_group),
         "nodeSelector": dict(role_spec.scheduling.node_selector),
         "tolerations": _tolerations(role_spec),
         "initContainers": [{

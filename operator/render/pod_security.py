@@ -3,12 +3,12 @@
 - The router pod meets `restricted`: it runs as a non-root user (65532, whatever its image's user), with the
   runtime's default seccomp profile, no privilege escalation, no capabilities, a read-only root filesystem.
 - Engine pods meet `baseline`, and carry what `restricted` asks that their function allows: the runtime's default
-  seccomp profile, no privilege escalation, every capability dropped. They run as their image's user: SGLang's
-  images run as root, and the engine needs the GPU devices and the IPC of its ranks. Two things a pool may ask
-  for take an engine pod out of `baseline`: RDMA (`spec.transfer.ibDevice` with mooncake or nixl) adds IPC_LOCK,
-  which memory registration needs to pin pages and `baseline` does not allow; a `hostPath` model source mounts a
-  host directory, which `baseline` forbids. Such a pool needs a namespace that admits `privileged` (the security
-  issue decides what a pool author may ask for).
+  seccomp profile, no privilege escalation, every capability dropped. They run as their image's user (root for
+  SGLang's images) unless the pool names one (`spec.engine.runAsUser`, for an image that works so), and then meet
+  `restricted`. Two things a pool may ask for take an engine pod out of `baseline`: RDMA (`spec.transfer.ibDevice`
+  with mooncake or nixl) adds IPC_LOCK, which memory registration needs to pin pages and `baseline` does not
+  allow; a `hostPath` model source mounts a host directory, which `baseline` forbids (and the pool policy allows
+  only where the cluster admin says: api/pool_policy.py). Such a pool needs a namespace that admits `privileged`.
 - The runtime init container of an engine pod runs with its root filesystem read-only as well.
 
 Checked against the real apiserver's Pod Security admission in tests/integration/test_pod_security_e2e.py.
@@ -26,9 +26,15 @@ RUNTIME_DEFAULT = {"type": "RuntimeDefault"}
 NON_ROOT = 65532
 
 
-def engine_pod() -> Body:
-    """The engine pod's securityContext: the runtime's default seccomp profile."""
-    return {"seccompProfile": dict(RUNTIME_DEFAULT)}
+def engine_pod(user: int | None = None, group: int | None = None) -> Body:
+    """The engine pod's securityContext: the runtime's default seccomp profile, and with `user` (the pool's
+    spec.engine.runAsUser) that user, never root."""
+    context: Body = {"seccompProfile": dict(RUNTIME_DEFAULT)}
+    if user is not None:
+        context.update(runAsNonRoot=True, runAsUser=user)
+        if group is not None:
+            context["runAsGroup"] = group
+    return context
 
 
 def router_pod() -> Body:

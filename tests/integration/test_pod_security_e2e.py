@@ -121,6 +121,11 @@ def test_engine_pods_are_admitted_under_baseline_and_not_restricted_for_running_
                  "allowPrivilegeEscalation != false", "unrestricted capabilities", "seccompProfile")
 
 
+def test_an_engine_pod_given_a_user_of_its_own_is_admitted_under_restricted(cluster: Cluster) -> None:
+    with enforcing(cluster, "restricted") as namespace:
+        assert dry_run(cluster, engine_pod(namespace, engine__runAsUser=1000)) is None
+
+
 def test_what_takes_an_engine_pod_out_of_baseline_is_refused_there(cluster: Cluster) -> None:
     """RDMA's IPC_LOCK and a hostPath model: a pool asking for either needs a namespace admitting privileged."""
     with enforcing(cluster, "baseline") as namespace:

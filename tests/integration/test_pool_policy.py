@@ -1,8 +1,9 @@
-"""The pool policy (issue 40) on the real apiserver: a table of hostile pools, each refused at `kubectl apply` by
-the chart's ValidatingAdmissionPolicy with the field and the policy named, and nothing of it created; each admitted
-once the policy allows it. Pools admitted that way (a policy tightened later, a cluster without admission policies)
-are refused by the operator on reconcile (Accepted=False ForbiddenByPolicy, one Warning each, nothing created), and
-run once its flags allow them.
+"""The pool policy (issue 40) on the real apiserver: a table of hostile pools (host folders, a priority class, a
+toleration of every taint, an image from elsewhere, engines as root where the policy requires non-root), each
+refused at `kubectl apply` by the chart's ValidatingAdmissionPolicy with the field and the policy named, and nothing
+of it created; each admitted once the policy allows it. Pools admitted that way (a policy tightened later, a cluster
+without admission policies) are refused by the operator on reconcile (Accepted=False ForbiddenByPolicy, one Warning
+each, nothing created), and run once its flags allow them.
 
 The policy is the chart's own template, rendered by the real helm from poolPolicy values and bound to this test's
 namespace alone (the suite's shared release allows anything: tests/integration/conftest.py)."""
@@ -44,6 +45,10 @@ def scheduling_of(role: str, **values: Any) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def as_image_user(spec: dict[str, Any]) -> None:
+    del spec["engine"]["runAsUser"]
+
+
 def engine_image(image: str) -> Callable[[dict[str, Any]], None]:
     def change(spec: dict[str, Any]) -> None:
         spec["engine"]["image"] = image
@@ -60,9 +65,10 @@ HOSTILE: dict[str, tuple[Callable[[dict[str, Any]], None], str]] = {
     "every-taint": (scheduling_of("prefill", tolerations=[{"operator": "Exists"}]),
                     "spec.prefill.scheduling.tolerations"),
     "miner": (engine_image("evil.example/miner:1"), "spec.engine.image"),
+    "as-root": (as_image_user, "spec.engine.runAsUser"),
 }
 # The chart's defaults, with images held to the fleet's repository.
-STRICT = {"imagePrefixes": [FLEET_REPOSITORY]}
+STRICT = {"imagePrefixes": [FLEET_REPOSITORY], "requireNonRootEngines": True}
 ALLOWING = {"hostPathPrefixes": ["/"], "priorityClasses": ["system-node-critical"], "tolerationKeys": ["*"],
             "imagePrefixes": [FLEET_REPOSITORY, "evil.example/"]}
 
@@ -70,6 +76,7 @@ ALLOWING = {"hostPathPrefixes": ["/"], "priorityClasses": ["system-node-critical
 def manifest(namespace: str, name: str, **extra: Any) -> dict[str, Any]:
     body = fleet.pool_manifest(namespace, name, router={"replicas": 0}, prefill={"replicas": 1},
                                decode={"replicas": 1}, **extra)
+    body["spec"]["engine"]["runAsUser"] = 1000  # each pool asks for one thing too many, not for root besides
     HOSTILE[name][0](body["spec"])
     return body
 
@@ -165,12 +172,12 @@ def test_pools_admitted_before_the_policy_tightened_are_refused_on_reconcile_and
     for name in HOSTILE:
         cluster.kubectl("create", "-f", "-", input=json.dumps(manifest(namespace, name)))
 
-    strict = [f"--allow-image-prefix={FLEET_REPOSITORY}"]
+    strict = [f"--allow-image-prefix={FLEET_REPOSITORY}", "--require-non-root-engines"]
     with operator_with(cluster, namespace, tmp_path, *strict) as op:
         for name, (_, field) in HOSTILE.items():
             cond = accepted(cluster, namespace, name, "False")
             assert cond["reason"] == "ForbiddenByPolicy" and cond["message"].startswith(field), cond
-            assert "operator flag --allow-" in cond["message"], cond["message"]
+            assert "operator flag --" in cond["message"], cond["message"]
         wait_for("a reconcile of every pool", lambda: op.metric("pdfleet_reconcile_total") >= 2 * len(HOSTILE),
                  timeout=60)
         assert made(cluster, namespace) == [], "a refused pool makes nothing"

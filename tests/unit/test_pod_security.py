@@ -52,3 +52,14 @@ def test_the_router_pod_runs_as_non_root_with_everything_restricted_asks() -> No
     # without it the router exited at import in a real container (tests/integration/test_real_node_chart.py).
     assert spec["volumes"] == [{"name": "tmp", "emptyDir": {"sizeLimit": "64Mi"}}]
     assert router["volumeMounts"] == [{"name": "tmp", "mountPath": "/tmp"}]
+
+
+@pytest.mark.effect("spec.engine.runAsUser", "spec.engine.runAsGroup")
+@pytest.mark.parametrize("role", list(Role))
+def test_an_engine_given_a_user_runs_as_it_and_never_as_root(role: Role) -> None:
+    for pod in pods(spec_of(engine__runAsUser=1000, engine__runAsGroup=2000), role):
+        assert pod["spec"]["securityContext"] == {"seccompProfile": RUNTIME_DEFAULT, "runAsNonRoot": True,
+                                                  "runAsUser": 1000, "runAsGroup": 2000}
+    for pod in pods(spec_of(engine__runAsUser=1000), role):
+        assert pod["spec"]["securityContext"] == {"seccompProfile": RUNTIME_DEFAULT, "runAsNonRoot": True,
+                                                  "runAsUser": 1000}

@@ -55,6 +55,7 @@ HOSTILE: dict[str, tuple[dict[str, Any], str, PoolPolicy]] = {
 }
 # The policy the hostile pools meet first: the defaults, with images limited to one registry.
 STRICT = PoolPolicy(image_prefixes=("registry.example/",))
+POLICY_FLAGS = ("--allow-", "--require-non-root-engines")
 
 
 def spec_of(**updates: Any) -> InferencePoolSpec:
@@ -80,7 +81,16 @@ def test_a_pool_at_its_defaults_meets_the_default_policy_and_so_does_the_gpu_tai
 
 def test_the_default_policy_allows_no_host_path_no_priority_class_no_extra_toleration_and_any_image() -> None:
     assert PoolPolicy() == PoolPolicy(host_path_prefixes=(), priority_classes=(), toleration_keys=(),
-                                      image_prefixes=(ANY,))
+                                      image_prefixes=(ANY,), require_non_root_engines=False)
+
+
+@pytest.mark.effect("spec.engine.runAsUser")
+def test_a_policy_requiring_non_root_engines_refuses_a_pool_without_a_user_of_its_own() -> None:
+    required = PoolPolicy(require_non_root_engines=True)
+    [problem] = pool_policy.problems(spec_of(), required)
+    assert problem.path == "spec.engine.runAsUser" and "--require-non-root-engines" in problem.message
+    assert pool_policy.problems(spec_of(engine__runAsUser=1000), required) == []
+    assert pool_policy.problems(spec_of(), PoolPolicy()) == []
 
 
 @pytest.mark.parametrize(("path", "prefixes", "allowed"), [
@@ -162,9 +172,10 @@ def test_the_flags_make_the_policy_and_an_image_flag_replaces_the_any_default() 
     policy = _render_settings(parse_args([
         "--allow-host-path-prefix=/mnt/models", "--allow-host-path-prefix", "/data",
         "--allow-priority-class=gpu-high", "--allow-toleration-key=example.com/reserved",
-        "--allow-image-prefix=registry.example/"])).policy
+        "--allow-image-prefix=registry.example/", "--require-non-root-engines"])).policy
     assert policy == PoolPolicy(host_path_prefixes=("/mnt/models", "/data"), priority_classes=("gpu-high",),
-                                toleration_keys=("example.com/reserved",), image_prefixes=("registry.example/",))
+                                toleration_keys=("example.com/reserved",), image_prefixes=("registry.example/",),
+                                require_non_root_engines=True)
 
 
 @pytest.mark.parametrize("argv", [["--allow-host-path-prefix=models"], ["--allow-host-path-prefix=/a/../b"],
@@ -189,26 +200,29 @@ def policy_docs(values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]
 
 def test_the_chart_refuses_at_admission_with_its_values_written_in_and_passes_them_to_the_operator() -> None:
     values = {"poolPolicy": {"hostPathPrefixes": ["/mnt/models"], "priorityClasses": ["gpu-high"],
-                             "tolerationKeys": ["example.com/reserved"], "imagePrefixes": ["registry.example/"]}}
+                             "tolerationKeys": ["example.com/reserved"], "imagePrefixes": ["registry.example/"],
+                             "requireNonRootEngines": True}}
     policy, binding = policy_docs(values)
     assert binding["spec"]["validationActions"] == ["Deny"] and policy["spec"]["failurePolicy"] == "Fail"
     lists = {v["name"]: v["expression"] for v in policy["spec"]["variables"]}
     assert lists == {"hostPathPrefixes": '["/mnt/models"]', "priorityClasses": '["gpu-high"]',
-                     "tolerationKeys": '["example.com/reserved"]', "imagePrefixes": '["registry.example/"]'}
+                     "tolerationKeys": '["example.com/reserved"]', "imagePrefixes": '["registry.example/"]',
+                     "requireNonRootEngines": "true"}
     deployment = one(documents(template(values).stdout), "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert _render_settings(parse_args([a for a in args if a.startswith("--allow-")])).policy == PoolPolicy(
+    assert _render_settings(parse_args([a for a in args if a.startswith(POLICY_FLAGS)])).policy == PoolPolicy(
         host_path_prefixes=("/mnt/models",), priority_classes=("gpu-high",),
-        toleration_keys=("example.com/reserved",), image_prefixes=("registry.example/",))
+        toleration_keys=("example.com/reserved",), image_prefixes=("registry.example/",),
+        require_non_root_engines=True)
 
 
 def test_the_chart_s_defaults_are_the_operator_s() -> None:
     deployment = one(documents(template({}).stdout), "Deployment")
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
-    assert _render_settings(parse_args([a for a in args if a.startswith("--allow-")])).policy == PoolPolicy()
+    assert _render_settings(parse_args([a for a in args if a.startswith(POLICY_FLAGS)])).policy == PoolPolicy()
     lists = {v["name"]: v["expression"] for v in policy_docs({})[0]["spec"]["variables"]}
     assert lists == {"hostPathPrefixes": "[]", "priorityClasses": "[]", "tolerationKeys": "[]",
-                     "imagePrefixes": '["*"]'}
+                     "imagePrefixes": '["*"]', "requireNonRootEngines": "false"}
 
 
 def test_only_spec_writes_are_judged_so_a_grandfathered_pool_can_still_be_deleted() -> None:
