@@ -1,6 +1,6 @@
 """`pdfleet-engine`: start SGLang with pdfleet's patches and rank-health agent.
 
-    python -m pdfleet.runtime.launcher [--patch ID]... [--agent-port N] [--check] -- <sglang server args>
+    python -m pdfleet.runtime.launcher [--patch ID]... [--agent-port N] [--metrics-port N] [--check] -- <sglang args>
     python -m pdfleet.runtime.launcher patches        # the catalogue
 
 Before anything starts, the SGLang arguments go through SGLang's own parser and every selected patch is
@@ -11,8 +11,10 @@ code is never started. `--check` stops after the checks (used by tests and by `k
 Every engine also gets pdfleet's rank instrumentation (`pdfleet.runtime.instrument`), verified the same way,
 and the pod's rank-health agent on `--agent-port` (`/ranks`, `/ranks/stacks`, `/livez`; 0: no agent), served
 from a daemon thread of this process, which is SGLang's main process: same pid namespace as the ranks, same
-ledger path. The launcher starts each engine with an empty ledger and records the engine's URL beside it for
-the preStop drain (`pdfleet.runtime.drain`).
+ledger path. With `--metrics-port`, a metrics-only port beside it (`pdfleet.runtime.metrics_relay`: the engine's own
+`GET /metrics` and nothing else, for a Prometheus that must not reach the engine's API; 0, the default: none). The
+launcher starts each engine with an empty ledger and records the engine's URL beside it for the preStop drain
+(`pdfleet.runtime.drain`).
 
 Every engine refuses, always, the requests of SGLang's HTTP server that desync a TP group
 (`pdfleet.runtime.refused_routes`, its targets verified the same way): the run-time weight updates (roll out
@@ -34,7 +36,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import NoReturn
 
-from pdfleet.runtime import drain, engine_config, engine_setup, refused_routes, server_info_redaction
+from pdfleet.runtime import drain, engine_config, engine_setup, metrics_relay, refused_routes, server_info_redaction
 from pdfleet.runtime.health import agent, ledger
 from pdfleet.runtime.instrument import rank_seams
 from pdfleet.runtime.patches import base, catalogue
@@ -84,6 +86,9 @@ def parse(argv: Sequence[str]) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--patch", action="append", default=[], metavar="ID", help="apply this catalogue patch")
     parser.add_argument("--agent-port", type=int, default=agent.DEFAULT_PORT,
                         help="port of the rank-health agent (0: none)")
+    parser.add_argument("--metrics-port", type=int, default=0,
+                        help=f"port that relays only the engine's GET /metrics (0: none; pods use "
+                             f"{metrics_relay.DEFAULT_PORT})")
     parser.add_argument("--check", action="store_true", help="check arguments and patches, start nothing")
     return parser.parse_args(own), sglang_args
 
@@ -133,6 +138,15 @@ def start_agent(port: int, *, host: str = "0.0.0.0", patches: Sequence[str] = ()
     return agent.Agent(ledger.default_path(), host=host, port=port, patches=tuple(patches)).start()
 
 
+def start_metrics_relay(port: int, sglang: argparse.Namespace) -> metrics_relay.MetricsRelay | None:
+    """The pod's metrics-only port (None for port 0), bound where the agent binds, relaying this engine's
+    /metrics from the address the engine listens on, as seen from inside the pod."""
+    if port == 0:
+        return None
+    host = bind_address(sglang)
+    return metrics_relay.MetricsRelay.for_engine_url(drain.local_url(host, sglang.port), host=host, port=port).start()
+
+
 def prepare_pod_state(sglang: argparse.Namespace) -> None:
     """A fresh ledger for this engine (a stale one may have another geometry, which ranks would refuse), and
     the engine's URL for the drain."""
@@ -173,6 +187,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     if running is not None:
         print(f"pdfleet-engine: rank-health agent on port {running.port}", file=sys.stderr)
+    try:
+        relay = start_metrics_relay(options.metrics_port, parsed)
+    except OSError as e:  # as for the agent: a pod without its metrics port would scrape as down, unexplained
+        print(f"pdfleet-engine: the metrics relay cannot listen on port {options.metrics_port}: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if relay is not None:
+        print(f"pdfleet-engine: metrics relay on port {relay.port} (GET /metrics of the engine only)",
+              file=sys.stderr)
     from sglang.launch_server import run_server
     from sglang.srt.plugins import load_plugins
     from sglang.srt.server_args import prepare_server_args

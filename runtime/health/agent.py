@@ -22,6 +22,7 @@ import urllib.parse
 from pathlib import Path
 from typing import Any
 
+from pdfleet.runtime import daemon_http
 from pdfleet.runtime.health import ledger, procs, records, report, stacks
 
 log = logging.getLogger(__name__)
@@ -36,58 +37,33 @@ POD_UID_ENV = "PDFLEET_POD_UID"  # the pod's uid, from the downward API: named i
 STACKS_MIN_INTERVAL_S = 1.0
 
 
-class Agent:
+class Agent(daemon_http.DaemonHTTPServer):
     """Serves one ledger over HTTP from a daemon thread. `start()` binds (port 0: an ephemeral port)."""
+
+    thread_name = "pdfleet-health-agent"
 
     def __init__(self, ledger_path: str | os.PathLike[str], *, host: str = "0.0.0.0", port: int = DEFAULT_PORT,
                  pod_uid: str | None = None, patches: tuple[str, ...] | None = None,
                  stacks_interval_s: float = STACKS_MIN_INTERVAL_S) -> None:
+        super().__init__(host=host, port=port)
         self.ledger_path = Path(ledger_path)
         self.pod_uid = pod_uid or os.environ.get(POD_UID_ENV) or None
         self.patches = patches  # what the launcher applied (None: an agent started on its own, which cannot know)
-        self._bind = (host, port)
         self._ledger: ledger.Ledger | None = None
         self._open_lock = threading.Lock()
         self._capture_lock = threading.Lock()  # the rate's bookkeeping
         self._signal_lock = threading.Lock()  # one capture at a time: each rank writes one stack file
         self._stacks_interval_s = stacks_interval_s
         self._last_capture: float | None = None
-        self._server: http.server.ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
 
     @property
     def stacks_interval_s(self) -> float:
         return self._stacks_interval_s
 
-    @property
-    def port(self) -> int:
-        if self._server is None:
-            raise RuntimeError("the agent is not started")
-        return self._server.server_address[1]
-
-    def start(self) -> Agent:
-        server = http.server.ThreadingHTTPServer(self._bind, _Handler)
-        server.daemon_threads = True
-        server.agent = self  # type: ignore[attr-defined]
-        self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="pdfleet-health-agent", daemon=True)
-        self._thread.start()
-        return self
-
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
-        if self._thread is not None:
-            self._thread.join()
+        super().stop()
         if self._ledger is not None:
             self._ledger.close()
-
-    def __enter__(self) -> Agent:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     def ranks(self) -> report.PodReport:
         """The pod's ranks now. Before any rank created the ledger, a report with no ranks."""
@@ -150,7 +126,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
     server_version = "pdfleet-health-agent"
 
     def do_GET(self) -> None:
-        agent: Agent = self.server.agent  # type: ignore[attr-defined]
+        agent: Agent = self.server.owner  # type: ignore[attr-defined]
         url = urllib.parse.urlsplit(self.path)
         try:
             if url.path == "/livez":
@@ -187,6 +163,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("%s " + format, self.address_string(), *args)
+
+
+Agent.handler = _Handler
 
 
 def main(argv: list[str] | None = None) -> None:

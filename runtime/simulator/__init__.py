@@ -2,12 +2,12 @@
 
 The launcher (`pdfleet.runtime.launcher`) calls `run(parsed, sglang_args, bind=...)` instead of SGLang's `run_server`
 when `PDFLEET_ENGINE_MODE=simulate`, after everything else it does (SGLang's parser, patch checks, patches,
-the rank-health agent). What runs then behaves like SGLang on every surface pdfleet, sglang-router and
-clients touch: health, server and model info, /v1/loads, /metrics, /generate and OpenAI chat completions, the
-requests pdfleet refuses on every engine (/update_weights_from_disk, /add_external_corpus),
-PD disaggregation through a real bootstrap server, TP ranks as processes that write the real rank ledger
-and meet in real cross-process collectives, faults on demand, SIGTERM drain. See docs/local-fleet.md,
-"Engine simulator", for the interface.
+the rank-health agent, the metrics-only port that relays this simulator's /metrics). What runs then behaves like
+SGLang on every surface pdfleet, sglang-router and clients touch: health, server and model info, /v1/loads,
+/metrics, /generate and OpenAI chat completions, the requests pdfleet refuses on every engine
+(/update_weights_from_disk, /add_external_corpus), PD disaggregation through a real bootstrap server, TP ranks as
+processes that write the real rank ledger and meet in real cross-process collectives, faults on demand, SIGTERM
+drain. See docs/local-fleet.md, "Engine simulator", for the interface.
 
 Modules: `config` (engine facts, timing knobs), `faults` (what is asked, from annotations and env),
 `ranks` (rank processes and collectives), `rendezvous` and `meeting` (a multi-node group's collectives across its
