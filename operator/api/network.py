@@ -35,7 +35,8 @@ class Peer(ApiModel):
 
 class NetworkPolicySpec(ApiModel):
     """NetworkPolicies of the pool. Engines' serving, bootstrap and KV ports open to the pool's routers and engines
-    and to the operator; the rank-health agent to the operator only; the router to `routerFrom`."""
+    and to the operator; the rank-health agent to the operator only; the engines' metrics-only port to
+    `metricsFrom`; the router to `routerFrom`."""
 
     enabled: bool | None = Field(
         default=None, description="Render the pool's NetworkPolicies. Unset: the operator's default "
@@ -45,6 +46,13 @@ class NetworkPolicySpec(ApiModel):
         "every pod of the pool's namespace. [] shuts them to everyone.",
         json_schema_extra={"x-kubernetes-list-type": "atomic"})
     engine_from: list[Peer] = Field(
-        default_factory=list, max_length=32, description="Who else may reach the engines' HTTP port (a "
-        "Prometheus scraping engine metrics, say). Never the rank-health agent's.",
+        default_factory=list, max_length=32, description="Who else may reach the engines' HTTP port: SGLang's "
+        "whole API, its admin endpoints included (a client of engines without a router, say). For engine metrics "
+        "use metricsFrom, which opens only /metrics. Never the rank-health agent's.",
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    metrics_from: list[Peer] | None = Field(
+        default=None, max_length=32, description="Who may reach the engines' metrics port (container port "
+        "`metrics`), which serves the engine's Prometheus /metrics and nothing else. Unset: every pod of "
+        "the pool's namespace. [] leaves it to the operator (and the pool's own engines, which reach each other on "
+        "every port). A Prometheus in another namespace must be named here (namespaceSelector and podSelector).",
         json_schema_extra={"x-kubernetes-list-type": "atomic"})

@@ -19,11 +19,15 @@ from pdfleet.operator.api.transfer import TransferBackend
 from pdfleet.operator.render import engine_args, gang, labels, layout, placement, pod_security
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_args import Flag
+from pdfleet.runtime import metrics_relay
 from pdfleet.runtime.health import agent
 
 Body = dict[str, Any]
 
 AGENT_PORT = agent.DEFAULT_PORT  # the rank-health agent inside every engine pod
+# The engine's GET /metrics and nothing else (runtime/metrics_relay.py): what a Prometheus may be let onto without
+# being let onto the engine's API (spec.networkPolicy.metricsFrom).
+METRICS_PORT = metrics_relay.DEFAULT_PORT
 DIST_PORT = 5000  # torch.distributed rendezvous of a multi-node group (--dist-init-addr)
 RUNTIME_MOUNT = "/opt/pdfleet"
 MODEL_MOUNT = "/models"
@@ -135,7 +139,8 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
     volumes, mounts, _ = _model_volume(spec.model.source)
     args = engine_args.command_line(spec, pod_flags(ctx, spec, group, node_rank))
     ports = [{"name": "http", "containerPort": role_spec.port},
-             {"name": "agent", "containerPort": AGENT_PORT}]
+             {"name": "agent", "containerPort": AGENT_PORT},
+             {"name": "metrics", "containerPort": METRICS_PORT}]
     if isinstance(role_spec, PrefillSpec):
         ports.append({"name": "bootstrap", "containerPort": role_spec.bootstrap_port})
     if role_spec.nodes_per_group > 1:
@@ -179,7 +184,8 @@ def engine_pod(ctx: RenderContext, spec: InferencePoolSpec, group: GroupId, node
             "image": spec.engine.image,
             "imagePullPolicy": str(spec.engine.image_pull_policy),
             "command": ["python3", "-m", "pdfleet.runtime.launcher"],
-            "args": [*(f"--patch={p}" for p in patches), f"--agent-port={AGENT_PORT}", "--", *args],
+            "args": [*(f"--patch={p}" for p in patches), f"--agent-port={AGENT_PORT}", f"--metrics-port={METRICS_PORT}",
+                     "--", *args],
             "env": [
                 {"name": "PYTHONPATH", "value": f"{RUNTIME_MOUNT}/lib"},
                 {"name": "PDFLEET_POOL", "value": ctx.pool},

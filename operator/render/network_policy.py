@@ -2,8 +2,9 @@
 
 - Engines: their HTTP and bootstrap ports from the pool's routers, its engines and the operator; every other
   port but the rank-health agent's from the pool's engines (NCCL and KV transfers pick ports at run time); the
-  agent port from the operator only; the HTTP port also from `engineFrom`, and, in a pool without a router,
-  from `routerFrom` (clients then talk to the engines).
+  agent port from the operator only; the metrics-only port from `metricsFrom` (default: the pool's namespace, as
+  for the router's metrics) and the operator; the HTTP port also from `engineFrom`, and, in a pool without a
+  router, from `routerFrom` (clients then talk to the engines).
 - Router: its client and metrics ports from `routerFrom` (default: the pool's namespace); its client port,
   which also serves the worker API, and its metrics port (what it saw of each engine, which a bake reads) from
   the operator.
@@ -22,6 +23,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import AGENT_PORT
+from pdfleet.operator.render.engine_group import METRICS_PORT as ENGINE_METRICS_PORT
 from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
 from pdfleet.operator.render.router import METRICS_PORT
 
@@ -61,10 +63,14 @@ def _all_but(port: int) -> list[Body]:
             {"protocol": "TCP", "port": port + 1, "endPort": MAX_PORT}]
 
 
+def _namespace_unless(peers: list[Peer] | None) -> list[Body]:
+    """`peers`, or, unset, every pod of the pool's namespace (a policy's own namespace: `podSelector: {}`)."""
+    return [{"podSelector": {}}] if peers is None else _peers(peers)
+
+
 def _router_from(spec: InferencePoolSpec) -> list[Body]:
     """Who may reach the router (or, without one, the engines' HTTP port): by default the pool's namespace."""
-    peers = spec.network_policy.router_from
-    return [{"podSelector": {}}] if peers is None else _peers(peers)
+    return _namespace_unless(spec.network_policy.router_from)
 
 
 def network_policies(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
@@ -78,6 +84,9 @@ def network_policies(ctx: RenderContext, spec: InferencePoolSpec) -> list[Body]:
         {"from": [{"podSelector": _engines(ctx.pool)}], "ports": _all_but(AGENT_PORT)},
         {"from": [_operator(ctx)], "ports": _tcp(AGENT_PORT)},
     ]
+    # Metrics only, for a Prometheus (and the HPA or KEDA it feeds): nothing else of the engine is behind this port.
+    scrapers = [*_namespace_unless(spec.network_policy.metrics_from), _operator(ctx)]
+    engine_rules.append({"from": scrapers, "ports": _tcp(ENGINE_METRICS_PORT)})
     clients = _peers(spec.network_policy.engine_from)
     if spec.router.replicas == 0:
         clients += _router_from(spec)

@@ -17,6 +17,7 @@ import pytest
 from pdfleet.operator.render import desired, labels
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import AGENT_PORT
+from pdfleet.operator.render.engine_group import METRICS_PORT as ENGINE_METRICS
 from pdfleet.operator.render.router import METRICS_PORT
 from tests.unit.test_render import CTX, spec_of
 
@@ -147,6 +148,50 @@ def test_engine_from_opens_the_engines_http_port_and_nothing_else() -> None:
     assert admits(rendered, ENGINE, Peer("x", {}, ip="192.168.8.3"), HTTP)
     assert not admits(rendered, ENGINE, prometheus, AGENT_PORT)
     assert not admits(rendered, ENGINE, prometheus, BOOTSTRAP)
+
+
+PROMETHEUS = Peer("monitoring", {"app.kubernetes.io/name": "prometheus"})
+IN_MONITORING = {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}},
+                 "podSelector": {"matchLabels": {"app.kubernetes.io/name": "prometheus"}}}
+
+
+def test_the_engines_metrics_port_admits_the_pools_namespace_and_the_operator_by_default() -> None:
+    rendered = policies()
+    for peer in (NEIGHBOUR, ROUTER_PEER, ENGINE_PEER, OPERATOR):
+        assert admits(rendered, ENGINE, peer, ENGINE_METRICS), peer
+    assert not admits(rendered, ENGINE, STRANGER, ENGINE_METRICS)
+    assert not admits(rendered, ENGINE, PROMETHEUS, ENGINE_METRICS), "a Prometheus elsewhere must be named"
+    # Whoever the metrics port admits gets nothing else of the engine: not its API, agent or bootstrap port.
+    for port in (HTTP, AGENT_PORT, BOOTSTRAP, NCCL):
+        assert not admits(rendered, ENGINE, NEIGHBOUR, port), port
+
+
+@pytest.mark.effect("spec.networkPolicy.metricsFrom.podSelector", "spec.networkPolicy.metricsFrom.namespaceSelector",
+                    "spec.networkPolicy.metricsFrom.ipBlock")
+def test_metrics_from_names_who_may_scrape_the_engines_and_opens_nothing_else() -> None:
+    rendered = policies(networkPolicy={"metricsFrom": [IN_MONITORING, {"ipBlock": {"cidr": "192.168.9.0/24"}}]})
+    assert admits(rendered, ENGINE, PROMETHEUS, ENGINE_METRICS)
+    assert admits(rendered, ENGINE, Peer("x", {}, ip="192.168.9.4"), ENGINE_METRICS)
+    assert not admits(rendered, ENGINE, NEIGHBOUR, ENGINE_METRICS), "the default (the namespace) is replaced"
+    assert not admits(rendered, ENGINE, Peer("monitoring", {"app": "grafana"}), ENGINE_METRICS)
+    assert admits(rendered, ENGINE, OPERATOR, ENGINE_METRICS)
+    for port in (HTTP, AGENT_PORT, BOOTSTRAP, NCCL):
+        assert not admits(rendered, ENGINE, PROMETHEUS, port), port
+    # The router's ports are routerFrom's: metricsFrom changes nothing there.
+    assert not admits(rendered, ROUTER, PROMETHEUS, METRICS_PORT)
+    assert admits(rendered, ROUTER, NEIGHBOUR, METRICS_PORT)
+
+    shut = policies(networkPolicy={"metricsFrom": []})
+    for peer in (NEIGHBOUR, PROMETHEUS, STRANGER):
+        assert not admits(shut, ENGINE, peer, ENGINE_METRICS), peer
+    assert admits(shut, ENGINE, OPERATOR, ENGINE_METRICS)
+    assert admits(shut, ENGINE, ENGINE_PEER, ENGINE_METRICS), "the pool's engines reach each other on every port"
+
+
+def test_engine_from_and_metrics_from_are_independent() -> None:
+    """engineFrom still opens the whole HTTP port, and does not stand in for metricsFrom, nor metricsFrom for it."""
+    rendered = policies(networkPolicy={"engineFrom": [IN_MONITORING], "metricsFrom": []})
+    assert admits(rendered, ENGINE, PROMETHEUS, HTTP) and not admits(rendered, ENGINE, PROMETHEUS, ENGINE_METRICS)
 
 
 def test_the_operator_is_named_by_the_namespace_and_labels_it_was_given() -> None:

@@ -10,6 +10,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.render import desired, labels, revision
 from pdfleet.operator.render.context import RenderContext
+from pdfleet.operator.render.engine_group import METRICS_PORT
 from pdfleet.podrunner import probes
 from tests.support.pools import pool_body
 
@@ -72,6 +73,9 @@ def test_the_engine_starts_through_pdfleets_runtime_with_the_pools_patches() -> 
     assert [a for a in engine["args"][:sep] if a.startswith("--patch=")] == [
         f"--patch={p}" for p in spec.engine.patches]
     assert "--disable-overlap-schedule" in engine["args"][sep:]
+    # The metrics-only port: named `metrics` (what a PodMonitor selects), served by the launcher's relay.
+    assert f"--metrics-port={METRICS_PORT}" in engine["args"][:sep]
+    assert {"name": "metrics", "containerPort": METRICS_PORT} in engine["ports"]
     assert pod["metadata"]["annotations"][labels.PATCHES] == ",".join(spec.engine.patches)
     assert pod["metadata"]["annotations"][labels.IMAGE] == spec.engine.image
     for patch in spec.engine.patches:
