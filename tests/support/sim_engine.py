@@ -32,6 +32,7 @@ class SimEngine:
     port: int
     agent_port: int
     bootstrap_port: int
+    metrics_port: int  # the launcher's metrics relay, as an engine pod's
     podinfo: Path
     log: Path
     process: forkserver.Forked
@@ -43,6 +44,10 @@ class SimEngine:
     @property
     def agent_url(self) -> str:
         return f"http://127.0.0.1:{self.agent_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://127.0.0.1:{self.metrics_port}"
 
     def annotate(self, **annotations: str) -> None:
         """Rewrite the pod's annotations file atomically, as kubelet does (Go-quoted values)."""
@@ -88,7 +93,7 @@ def until(condition: Callable[[], Any], deadline: float, what: str, interval: fl
 def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
           env: dict[str, str] | None = None) -> SimEngine:
     """Start one engine; `role` is prefill, decode or null (no disaggregation)."""
-    port, agent_port, bootstrap_port = free_port(), free_port(), free_port()
+    port, agent_port, bootstrap_port, metrics_port = free_port(), free_port(), free_port(), free_port()
     podinfo = tmp / f"{role}-{port}"
     podinfo.mkdir(parents=True)
     args = ["--model-path", "/models/sim", "--served-model-name", "sim-model", "--host", "0.0.0.0",
@@ -102,9 +107,10 @@ def start(tmp: Path, role: str, *, tp: int = 2, extra: list[str] | None = None,
                 "PDFLEET_LEDGER_PATH": str(podinfo / "ledger"), "PDFLEET_PODINFO": str(podinfo),
                 "HF_HUB_OFFLINE": "1", **(env or {})}
     # `python -m pdfleet.runtime.launcher ...`, forked as the local cluster's pod runner forks an engine pod's.
-    process = forkserver.shared().spawn("pdfleet.runtime.launcher", ["--agent-port", str(agent_port), "--", *args],
+    process = forkserver.shared().spawn("pdfleet.runtime.launcher", ["--agent-port", str(agent_port), "--metrics-port",
+                                                                     str(metrics_port), "--", *args],
                                         env=full_env, log=log)
-    return SimEngine(role, port, agent_port, bootstrap_port, podinfo, log, process)
+    return SimEngine(role, port, agent_port, bootstrap_port, metrics_port, podinfo, log, process)
 
 
 @contextlib.contextmanager

@@ -206,6 +206,22 @@ def test_loads_are_what_the_drain_reads_and_metrics_use_sglang_names(fleet: dict
     assert "\n# TYPE sglang:generation_tokens_total counter\n" in text
 
 
+def test_the_metrics_port_relays_the_engines_metrics_and_nothing_else(fleet: dict[str, SimEngine]) -> None:
+    """The launcher's relay in front of the simulator, as on every engine pod: SGLang's own families, and none of
+    the engine's API."""
+    engine = fleet["decode"]
+    relayed = httpx.get(engine.metrics_url + "/metrics", timeout=10)
+    direct = httpx.get(engine.url + "/metrics", timeout=10)
+    assert relayed.status_code == 200 and relayed.headers["content-type"] == direct.headers["content-type"]
+    names = {f.name for f in text_string_to_metric_families(relayed.text)}
+    assert names == {f.name for f in text_string_to_metric_families(direct.text)}
+    assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:token_usage"} <= names
+    for method, path in (("POST", "/flush_cache"), ("GET", "/flush_cache"), ("POST", "/generate"),
+                         ("GET", "/server_info"), ("GET", "/v1/loads")):
+        assert httpx.request(method, engine.metrics_url + path, timeout=10).status_code == 404, path
+    assert httpx.post(engine.metrics_url + "/metrics", timeout=10).status_code == 405
+
+
 def test_a_client_gone_mid_prefill_or_mid_transfer_leaves_nothing_in_flight(fleet: dict[str, SimEngine]) -> None:
     """The drain waits for /v1/loads to read zero: a request whose client went away must leave every queue it
     was in, or the engine's pod waits out its whole grace period when it is replaced."""
