@@ -155,6 +155,10 @@ def test_a_token_from_a_secret_starts_the_engines_and_nothing_the_operator_write
                                   **ONE_AND_ONE)
     wait_for("the admission policy to warn of a literal credential", lambda: "HF_TOKEN look like credentials" in
              cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(literal)).stderr, timeout=60)
+    router_literal = fleet.pool_manifest(namespace, POOL, router={"env": [{"name": "OTLP_TOKEN", "value": "t"}]},
+                                         **ONE_AND_ONE)
+    assert "spec.router.env: OTLP_TOKEN look like credentials" in cluster.kubectl(
+        "apply", "--dry-run=server", "-f", "-", input=json.dumps(router_literal)).stderr
     referenced = fleet.pool_manifest(namespace, POOL, engine=from_secret, **ONE_AND_ONE)
     assert "Warning" not in cluster.kubectl("apply", "--dry-run=server", "-f", "-",
                                             input=json.dumps(referenced)).stderr

@@ -75,4 +75,8 @@ def test_credential_like_names_are_matched_as_the_warning_means() -> None:
     assert all(pattern.search(n) for n in ("HF_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY", "db_password"))
     assert not any(pattern.search(n) for n in ("SGLANG_LOG_LEVEL", "NCCL_DEBUG", "HF_HUB_OFFLINE"))
     policy = one(warning_docs({}), "ValidatingAdmissionPolicy")
-    assert any("literalCredentials" in v["expression"] for v in policy["spec"]["validations"])
+    for variable, section in admission_warnings.ENV_LISTS.items():
+        [checked] = [v for v in policy["spec"]["validations"] if variable in v["expression"]]
+        assert checked["messageExpression"].startswith(f"'spec.{section}.env: '")
+        [listed] = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == variable]
+        assert f"object.spec.{section}.env.filter" in listed
