@@ -237,23 +237,19 @@ async def serve_health(state: OperatorState, elector: LeaderElector | None) -> w
 
 
 async def run_kopf(state: OperatorState) -> None:
-    # kopf's private modules, imported only once main() has checked the installed kopf is one they were written
-    # for (kopf_support.py): another version may not have them.
-    from kopf._cogs.structs import references
-
+    # The modules that import kopf's private ones (the fence, .importlinter's kopf-fence), imported only once main()
+    # has checked the installed kopf is one they were written for (kopf_support.py): another may not have them.
     from pdfleet.operator import kopf_fixes, kopf_watch
 
     options = state.options
     kopf_fixes.install()
-    insights = references.Insights()
-    state.watch = kopf_watch.WatchCoverage(insights, kopf_watch.watched_selectors(kopf.get_default_registry()),
-                                           deadline=options.watch_deadline)
+    state.watch = kopf_watch.coverage(kopf.get_default_registry(), deadline=options.watch_deadline)
     await kopf.operator(
         standalone=True,
         clusterwide=not options.namespaces,
         namespaces=list(options.namespaces),
         memo=kopf.Memo(state=state),
-        insights=insights,
+        insights=state.watch.insights,
     )
 
 

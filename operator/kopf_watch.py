@@ -31,6 +31,11 @@ def watched_selectors(registry: registries.OperatorRegistry) -> frozenset[refere
                      registry._spawning.get_all_selectors() | registry._changing.get_all_selectors())
 
 
+def coverage(registry: registries.OperatorRegistry, deadline: float) -> WatchCoverage:
+    """A coverage of what `registry`'s handlers select, over new insights for kopf.operator(insights=...) to fill."""
+    return WatchCoverage(references.Insights(), watched_selectors(registry), deadline=deadline)
+
+
 def kind_name(selector: references.Selector) -> str:
     """A selector as `kubectl api-resources` names a kind: plural.group (the plural alone in the core group)."""
     name = selector.plural or selector.kind or selector.any_name or "?"

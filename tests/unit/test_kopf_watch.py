@@ -80,3 +80,14 @@ def test_a_revision_that_watches_them_all_makes_it_ready_and_alive_again_and_res
     assert coverage.dead(now=419.0) is None
     assert coverage.dead(now=421.0) is not None
 
+
+
+def test_coverage_holds_new_insights_for_kopf_to_fill_and_the_registry_s_selectors() -> None:
+    """What pdfleet-operator hands to kopf.operator(insights=...): kopf fills the insights, the coverage reads them."""
+    coverage = kopf_watch.coverage(REGISTRY, deadline=30.0)
+    assert isinstance(coverage.insights, references.Insights) and not coverage.insights.watched_resources
+    assert coverage.selectors == SELECTORS and coverage.deadline == 30.0
+    assert "not finished its first discovery" in (coverage.missing() or "")
+    observation.revise_resources(resources=_served(), insights=coverage.insights, registry=REGISTRY, group=None)
+    coverage.insights.ready_resources.set()
+    assert coverage.missing() is None
