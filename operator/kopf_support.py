@@ -1,7 +1,10 @@
 """The kopf versions the operator's fixes to kopf's internals were written for, and the check that refuses any other.
 
 The operator reaches into kopf's private modules: it wraps three of kopf's functions (kopf_fixes.py) and reads
-kopf's registry and insights the way kopf's own revision of what it watches does (kopf_watch.py). Private code
+kopf's registry and insights the way kopf's own revision of what it watches does (kopf_watch.py). Those two and this
+module are the fence: no other module of pdfleet names kopf's private modules (.importlinter's kopf-fence contract
+for imports, tests/unit/test_kopf_fence.py for imports, attribute access and dotted names), and every private kopf
+module the fence imports holds a target fingerprinted here. Private code
 changes without notice between releases, and a fix applied to code it was not written for is how a fix becomes a
 bug, so `pdfleet-operator` starts only on a kopf this table names, and only if each kopf function the fixes
 depend on is still the one they were written against: its fingerprint (a hash of its signature and source, the
@@ -26,6 +29,12 @@ WORKER = "kopf._core.reactor.queueing.worker"  # wrapped by kopf_fixes: drops it
 TERMINATE = "kopf._core.reactor.orchestration.terminate_redundancies"  # wrapped: marks watches of a gone namespace
 PROCESS = "kopf._core.reactor.processing.process_resource_event"  # kopf_fixes calls it with its own DELETED events
 REVISE = "kopf._core.reactor.observation.revise_resources"  # kopf_watch.watched_selectors mirrors what it selects
+# Not wrapped, but read or called by the fence as kopf's own code does; a change in their shape would break it.
+ENSEMBLE = "kopf._core.reactor.orchestration.Ensemble"  # kopf_fixes._terminator reads its watcher_tasks
+ENSEMBLE_KEY = "kopf._core.reactor.orchestration.EnsembleKey"  # ... whose keys' namespace it compares
+DROP_TOGGLE = "kopf._cogs.aiokits.aiotoggles.ToggleSet.drop_toggle"  # kopf_fixes drops the indexing toggles with it
+INSIGHTS = "kopf._cogs.structs.references.Insights"  # kopf_watch reads ready_resources and watched_resources
+REGISTRY = "kopf._core.intents.registries.OperatorRegistry.__init__"  # kopf_watch reads the sub-registries it makes
 
 # kopf version -> dotted target -> fingerprint. The one place that says which kopf the operator runs on.
 SUPPORTED: Mapping[str, Mapping[str, str]] = {
@@ -35,9 +44,14 @@ SUPPORTED: Mapping[str, Mapping[str, str]] = {
         TERMINATE: "f4c14048c59fcddf",
         PROCESS: "107259c4b276dc24",
         REVISE: "76e899758936e7eb",
+        ENSEMBLE: "ff16d9d77eba26b4",
+        ENSEMBLE_KEY: "fbf034a0b9de0f42",
+        DROP_TOGGLE: "271af9e43c5cba09",
+        INSIGHTS: "9436031112b63964",
+        REGISTRY: "7d255a5303ad444b",
     },
 }
-TARGETS = (WATCHER, WORKER, TERMINATE, PROCESS, REVISE)
+TARGETS = (WATCHER, WORKER, TERMINATE, PROCESS, REVISE, ENSEMBLE, ENSEMBLE_KEY, DROP_TOGGLE, INSIGHTS, REGISTRY)
 
 
 class UnsupportedKopf(RuntimeError):
