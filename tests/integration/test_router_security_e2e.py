@@ -22,6 +22,8 @@ from tests.support.cluster import Cluster, wait_for
 from tests.support.operator_process import OperatorProcess
 from tests.support.release import RELEASE_NAMESPACE
 
+ENGINE_METRICS_PORT = 8471  # the engines' metrics-only port, written out: a move of it shows here
+
 pytestmark = pytest.mark.cluster
 
 POOL = "locked"
@@ -203,6 +205,22 @@ def test_the_pools_network_policies_are_accepted_and_select_its_engines_and_rout
         body = {k: policy[k] for k in ("apiVersion", "kind", "spec")} | {"metadata": {
             "name": policy["metadata"]["name"] + "-copy", "namespace": namespace}}
         cluster.kubectl("apply", "--dry-run=server", "-f", "-", input=json.dumps(body))
+
+    # The engines' metrics-only port: open to the pool's namespace by default (no metricsFrom) and the operator, and
+    # on every engine pod it answers SGLang's metrics, through the launcher's relay, and nothing else of the engine.
+    [metrics_rule] = [r for r in engine_rules if [p["port"] for p in r["ports"]] == [ENGINE_METRICS_PORT]]
+    assert metrics_rule["from"][0] == {"podSelector": {}}
+    assert metrics_rule["from"][1] == operator_peer
+    for pod in fleet.engine_pods(cluster, namespace, POOL):
+        ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+        assert ports["metrics"] == ENGINE_METRICS_PORT
+        relay = f"http://{pod['status']['podIP']}:{ENGINE_METRICS_PORT}"
+        code, text = fleet.http_get(relay + "/metrics", timeout=10)
+        assert code == 200 and "\nsglang:num_running_reqs{" in text, (code, text[:300])
+        for path in ("/flush_cache", "/server_info", "/v1/models"):
+            assert fleet.http_get(relay + path)[0] == 404, path
+        assert httpx.post(relay + "/flush_cache", timeout=10).status_code == 404
+        assert httpx.post(relay + "/metrics", timeout=10).status_code == 405
 
     # Switched off for the pool, its policies go.
     cluster.kubectl("patch", "pdpool", POOL, "-n", namespace, "--type=merge", "-p",
