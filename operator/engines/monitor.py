@@ -23,7 +23,6 @@ their load (`loads`), which the autoscaler reads after the poll (`after_poll`).
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import datetime
 import functools
@@ -42,14 +41,13 @@ from pdfleet.operator.engines import canary_gate
 from pdfleet.operator.engines.bake_probes import BakeProber, Pair, probe
 from pdfleet.operator.engines.canary_gate import CanaryRunner
 from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import bake, rank_health, router_membership
+from pdfleet.operator.planning import bake, engine_reads, rank_health, router_membership
 from pdfleet.operator.planning import canary_gate as planning_canary
 from pdfleet.operator.planning.engine_load import LoadSample, Work
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
 from pdfleet.operator.planning.verification import EngineFacts
-from pdfleet.operator.render import labels, revision
 
 log = logging.getLogger(__name__)
 
@@ -210,76 +208,18 @@ class HealthMonitor:
 
     async def _engine_facts(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
                             last: InferencePoolStatus, *, routers: Sequence[Body] = ()) -> dict[str, EngineFacts]:
-        """Each judged group's facts; /server_info is asked of a leader not asked successfully before, for
-        groups whose pods all run their role's update revision and are Ready, unless another pod's agent answered
-        at the leader's address in this poll (then its engine may be another pod's too, see `own_answers`). The
-        canary goes to the same decode leaders, except in groups the status says are verified at the revision
-        they run (`verified`: group -> revision), so that a restarted operator sends none into verified engines.
-        While sampling, what the pool's `routers` saw of each sampled engine is added to its counters."""
+        """Each judged group's facts, from the reads `engine_reads` decides (its docstring says which). The canary
+        goes to the decode leaders it names, so that a restarted operator sends none into verified engines. While
+        sampling, what the pool's `routers` saw of each sampled engine is added to its counters."""
         infos = self._infos.setdefault(key, {})
-        foreign = self._foreign.get(key, set())
-        wanted: list[tuple[Body, int]] = []
-        sampled: list[tuple[Body, int]] = []  # leaders whose /metrics a bake compares, old revision or new
-        loaded: dict[str, tuple[Body, int]] = {}  # group -> its leader, whose load the autoscaler reads
-        # Whose load is read: roles the autoscaler sizes, and roles with more live groups than replicas (a
-        # scale-down chooses the group with the least work, or a rollout's surge group serves beside them).
-        live = collections.Counter(_role(pods) for pods in judged_pods.values() if rank_health.live_pods(pods))
-        weighed = {role for role in Role if spec.autoscaling.role(role) is not None or
-                   live[role] > spec.role(role).replicas}
-        asked: set[str] = set()
-        verified = {g.name: g.verified_revision for g in last.groups if g.verified_revision is not None}
-        sampling = _sampling(spec, last)
-        for name, pods in judged_pods.items():
-            role = _role(pods)
-            live = rank_health.live_pods(pods)
-            if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
-                continue
-            head = leader_pod(live)
-            if sampling and head is not None and head["metadata"].get("uid") not in foreign:
-                sampled.append((head, spec.role(role).port))
-            if role in weighed:
-                asked.add(name)  # asked, answered or not: a choice waiting for it must not wait for good
-                if head is not None and head["metadata"].get("uid") not in foreign:
-                    loaded[name] = (head, spec.role(role).port)
-            if {(p["metadata"].get("labels") or {}).get(labels.REVISION) for p in live} != \
-                    {revision.role_revision(spec, role)}:
-                continue
-            leader = head
-            if leader is None or leader["metadata"].get("uid") in foreign:
-                continue
-            if leader["metadata"].get("uid") not in infos:
-                wanted.append((leader, spec.role(role).port))
-            if role is Role.DECODE and spec.rollout.verification.tool_call_canary and \
-                    verified.get(name) != revision.role_revision(spec, role):
-                self._start_canary(key, spec, leader, judged_pods)
-        samples: dict[str, ServingSample] = {}
-        loads: dict[str, LoadSample] = {}
-        if wanted or sampled or loaded:
-            engines = self._engines
-            serving = [r for r in routers if sampled and not r["metadata"].get("deletionTimestamp")]
-            # One GET of /metrics per leader, whether a bake, the autoscaler or both read it.
-            read = {str(pod["metadata"]["uid"]): (pod, port) for pod, port in [*sampled, *loaded.values()]}
-            got, counted, seen = await asyncio.gather(
-                asyncio.gather(*(engines.server_info(pod, port) for pod, port in wanted)),
-                asyncio.gather(*(engines.engine_metrics(pod, port) for pod, port in read.values())),
-                asyncio.gather(*(engines.routed(router) for router in serving)))
-            for (pod, _), info in zip(wanted, got, strict=True):
-                if info is not None:
-                    infos[pod["metadata"]["uid"]] = info
-            outcomes = [s for s in seen if s is not None]
-            by_uid = dict(zip(read, counted, strict=True))
-            for pod, port in sampled:
-                sample = by_uid[str(pod["metadata"]["uid"])].serving
-                ip = router_membership.pod_ip(pod)
-                if sample is not None and ip is not None:
-                    samples[sample.pod] = bake.with_routed(sample, outcomes, router_membership.worker_url(ip, port))
-            for name, (pod, _) in loaded.items():
-                load = by_uid[str(pod["metadata"]["uid"])].load
-                if load is not None:
-                    loads[name] = load
+        reads = engine_reads.engine_reads(spec, judged_pods, last, known=infos.keys(),
+                                          foreign=self._foreign.get(key, set()))
+        for leader in reads.canary:
+            self._start_canary(key, spec, leader, judged_pods)
+        samples, loads = await self._read(reads, infos, routers) if reads.any else ({}, {})
         self._loads[key] = loads
-        self._asked[key] = frozenset(asked)
-        if sampling:
+        self._asked[key] = reads.asked
+        if engine_reads.sampling(spec, last):
             self._probe_thin_bakes(key, spec, judged_pods, samples, last)
         alive = {p["metadata"].get("uid") for pods in judged_pods.values() for p in pods}
         found = self._canary.findings(key, {str(u) for u in alive}) if self._canary is not None else {}
@@ -293,6 +233,32 @@ class HealthMonitor:
         for uid in set(infos) - alive:  # forget pods that are gone, so the memory stays as small as the fleet
             del infos[uid]
         return facts
+
+    async def _read(self, reads: engine_reads.EngineReads, infos: dict[str, Any], routers: Sequence[Body]
+                    ) -> tuple[dict[str, ServingSample], dict[str, LoadSample]]:
+        """Does `reads`: /server_info into `infos`, one /metrics per leader, and (while sampling) what each router
+        saw; returns the bake samples by pod uid and the loads by group."""
+        engines = self._engines
+        serving = [r for r in routers if reads.sampled and not r["metadata"].get("deletionTimestamp")]
+        read = reads.metrics()
+        got, counted, seen = await asyncio.gather(
+            asyncio.gather(*(engines.server_info(pod, port) for pod, port in reads.server_info)),
+            asyncio.gather(*(engines.engine_metrics(pod, port) for pod, port in read.values())),
+            asyncio.gather(*(engines.routed(router) for router in serving)))
+        for (pod, _), info in zip(reads.server_info, got, strict=True):
+            if info is not None:
+                infos[pod["metadata"]["uid"]] = info
+        outcomes = [s for s in seen if s is not None]
+        by_uid = dict(zip(read, counted, strict=True))
+        samples: dict[str, ServingSample] = {}
+        for pod, port in reads.sampled:
+            sample = by_uid[str(pod["metadata"]["uid"])].serving
+            ip = router_membership.pod_ip(pod)
+            if sample is not None and ip is not None:
+                samples[sample.pod] = bake.with_routed(sample, outcomes, router_membership.worker_url(ip, port))
+        loads = {name: load for name, (pod, _) in reads.loaded.items()
+                 if (load := by_uid[str(pod["metadata"]["uid"])].load) is not None}
+        return samples, loads
 
     def _probe_thin_bakes(self, key: PoolKey, spec: InferencePoolSpec, judged_pods: Mapping[str, list[Body]],
                           samples: Mapping[str, ServingSample], last: InferencePoolStatus) -> None:
@@ -351,7 +317,7 @@ class HealthMonitor:
         groups = sorted(pods_by_group(observed.of_kind("Pod")).items())
 
         async def ask(pods: list[Body]) -> rank_health.Answers:
-            role = _role(pods)
+            role = engine_reads.role_of(pods)
             if role is None or not rank_health.pollable(pods, nodes=spec.role(role).nodes_per_group):
                 return {}
             return await self._engines.ranks_all(rank_health.live_pods(pods), timeout=timeout)
@@ -365,7 +331,7 @@ class HealthMonitor:
         results: dict[str, GroupHealth] = {}
         judged_pods: dict[str, list[Body]] = {}
         for (name, pods), answers in zip(groups, asked, strict=True):
-            role = _role(pods)
+            role = engine_reads.role_of(pods)
             if role is None or name not in now:
                 continue
             if _uids(now[name]) != _uids(pods):  # replaced while asked: these answers are not about its pods
@@ -394,21 +360,7 @@ def _foreign(pods: list[Body], answers: rank_health.Answers, own: rank_health.An
     return [p for p in pods if answers.get(p["metadata"]["name"]) is not own.get(p["metadata"]["name"])]
 
 
-def _sampling(spec: InferencePoolSpec, last: InferencePoolStatus) -> bool:
-    """Whether the pool's engines' /metrics are read in this poll: while a revision other than the one the pool
-    last completed rolls out and groups of it may bake, or a group still bakes."""
-    if parse_duration(spec.rollout.verification.bake).total_seconds() <= 0 or last.current_revision is None:
-        return False
-    return last.current_revision != revision.pool_revision(spec) or any(bake.baking(g) for g in last.groups)
-
-
 def _uids(pods: list[Body]) -> set[str | None]:
     return {p["metadata"].get("uid") for p in pods}
 
 
-def _role(pods: list[Body]) -> Role | None:
-    for pod in pods:
-        value = (pod["metadata"].get("labels") or {}).get(labels.ROLE)
-        with contextlib.suppress(ValueError):
-            return Role(value)
-    return None
