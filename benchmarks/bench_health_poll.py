@@ -3,7 +3,7 @@
 What is measured is the operator's own polling path, unmodified: `HealthMonitor.poll` over a real `Cache`
 (built from plain mappings, as kopf's indices are) holding a pool rendered by the operator's renderer, asking
 every group's agent through the operator's real `EngineClient` at the pods' IPs and judging each group with
-`planning.rank_health`. Every group (TP 2, one pod) is a real runtime `Agent` on its own loopback address
+`planning.health.rank_health`. Every group (TP 2, one pod) is a real runtime `Agent` on its own loopback address
 (127.2.x.y, port `AGENT_PORT`, as a pod IP would be) serving a real ledger that two ranks write through
 `attach_rank`. The agents and their ranks live in child processes, so this process's CPU time is the
 operator's side alone.
@@ -34,7 +34,7 @@ import yaml
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.cache import Cache, PoolKey
-from pdfleet.operator.engines.client import EngineClient
+from pdfleet.operator.engines.engine_client import EngineClient
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import desired

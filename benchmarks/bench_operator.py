@@ -49,7 +49,7 @@ from operator_load import (
     settle,
 )
 
-from pdfleet.operator.kube.client import KubeClient, load_configuration
+from pdfleet.operator.kube.kube_client import KubeClient, load_configuration
 
 ROOT = Path(__file__).resolve().parents[1]
 RESYNC_S = 5

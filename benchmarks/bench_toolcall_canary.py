@@ -26,8 +26,8 @@ from pathlib import Path
 import httpx
 import openai
 
-from pdfleet.operator.engines import toolcall_canary
-from pdfleet.operator.planning import toolcall_canary as plan
+from pdfleet.operator.engines import canary_requests
+from pdfleet.operator.planning.rollout import toolcall_canary as plan
 
 
 def free_port() -> int:
@@ -82,7 +82,7 @@ async def bare(url: str, requests: int) -> float:
 
 async def canary(url: str, requests: int) -> float:
     started = time.monotonic()
-    report = await toolcall_canary.run(url, requests=requests, concurrency=requests)
+    report = await canary_requests.run(url, requests=requests, concurrency=requests)
     elapsed = time.monotonic() - started
     if not report.passed:
         raise SystemExit(f"the canary failed against a healthy engine: {report.failures()}")

@@ -24,8 +24,8 @@ from kubernetes_asyncio import client as k8s
 
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.controller import MAX_IN_FLIGHT
-from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.kube import api_paths
+from pdfleet.operator.kube.kube_client import KubeClient
 from pdfleet.operator.planning import reconcile
 from pdfleet.podrunner.standin import SIMULATE_LABEL
 from pdfleet.podrunner.status import CONTAINER_ID_PREFIX
@@ -251,7 +251,7 @@ class Floor:
                 obj["metadata"]["ownerReferences"][0]["uid"] = meta["uid"]
             await asyncio.gather(*(self._create(o) for o in objects))
             async with self._in_flight:
-                await self._api.request("PATCH", resources.object_path(pool) + "/status", body={"status": status},
+                await self._api.request("PATCH", api_paths.object_path(pool) + "/status", body={"status": status},
                                         content_type="application/merge-patch+json")
             self.writes += 1
 

@@ -26,7 +26,7 @@ from pdfleet.operator import (
 from pdfleet.operator.api import pool_policy
 from pdfleet.operator.api.pool_policy import PoolPolicy
 from pdfleet.operator.api.scalars import parse_duration
-from pdfleet.operator.kube.client import KubeClient, load_configuration
+from pdfleet.operator.kube.kube_client import KubeClient, load_configuration
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.leader.elector import LeaderElector
 from pdfleet.operator.leader.lease import LeaseStore

@@ -1,5 +1,5 @@
 """Runs `spec.autoscaling` after every health poll of a pool: reads what the poll saw (the verdicts, the pods, each
-autoscaled role's leaders' load from the monitor), asks `planning.autoscale` (pure) what each role should run, and
+autoscaled role's leaders' load from the monitor), asks `planning.scale.autoscale` (pure) what each role should run, and
 writes it.
 
 - A scale is written into the pool's `spec.<role>.replicas` with the JSON Patch guarded by the pool's generation
@@ -35,15 +35,16 @@ from pdfleet.operator.api.autoscaling import AutoscalingRoleStatus, AutoscalingS
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed, PoolKey
-from pdfleet.operator.kube import pool_patch, resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import autoscale, engine_load, serving_groups, spec_change
-from pdfleet.operator.planning.autoscale import Decision, RoleInput
-from pdfleet.operator.planning.engine_load import EngineLoad, LoadSample
+from pdfleet.operator.kube import api_paths, pool_patch
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
+from pdfleet.operator.planning import spec_change
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
+from pdfleet.operator.planning.scale import autoscale, engine_load, serving_groups
+from pdfleet.operator.planning.scale.autoscale import Decision, RoleInput
+from pdfleet.operator.planning.scale.engine_load import EngineLoad, LoadSample
 from pdfleet.operator.render import revision
 
 log = logging.getLogger(__name__)
@@ -222,7 +223,7 @@ class Autoscaler:
         value = None if statuses is None else {str(role): None if (s := statuses.role(role)) is None
                                                else s.model_dump(mode="json") for role in Role}
         try:
-            stored = await self._client.request("PATCH", resources.object_path(pool) + "/status",
+            stored = await self._client.request("PATCH", api_paths.object_path(pool) + "/status",
                                                 body={"status": {"autoscaling": value}}, content_type=MERGE_PATCH)
         except KubeError as e:
             log.warning("%s/%s: could not write status.autoscaling: %s", *key, e)

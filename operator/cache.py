@@ -15,7 +15,7 @@ from typing import Any
 
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.render import labels
-from pdfleet.operator.render.router import router_name
+from pdfleet.operator.render.router_objects import router_name
 
 Body = dict[str, Any]
 PoolKey = tuple[str, str]  # (namespace, name)

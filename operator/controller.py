@@ -19,25 +19,27 @@ from typing import Any
 from pdfleet.operator import metrics
 from pdfleet.operator.cache import Cache, ObjectKey, Observed, PoolKey
 from pdfleet.operator.engines import evidence
-from pdfleet.operator.engines.client import EngineClient
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.kube import api_paths, existing, pool_patch
 from pdfleet.operator.kube import events as kube_events
-from pdfleet.operator.kube import existing, pool_patch, resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
 from pdfleet.operator.kube.detached import Detached
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.kube.kueue import WorkloadReasons
-from pdfleet.operator.kube.router_keys import RouterKeys
+from pdfleet.operator.kube.router_key_secrets import RouterKeys
 from pdfleet.operator.kube.slots import Slots
-from pdfleet.operator.planning import gang_wait, ownership, reconcile, refusals, restarts
-from pdfleet.operator.planning import status as status_mod
-from pdfleet.operator.planning.engine_load import Work
+from pdfleet.operator.planning import ownership, reconcile, refusals
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.planning.health import restarts
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Event, ObjectRef, Plan
-from pdfleet.operator.planning.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
-from pdfleet.operator.planning.router_breakers import RouterView
-from pdfleet.operator.planning.router_keys import KeySet, key_name
+from pdfleet.operator.planning.rollout.verification import EngineFacts
+from pdfleet.operator.planning.router.router_breakers import RouterView
+from pdfleet.operator.planning.router.router_keys import KeySet, key_name
+from pdfleet.operator.planning.scale import gang_wait
+from pdfleet.operator.planning.scale.engine_load import Work
 from pdfleet.operator.planning.spec_change import SpecChange
-from pdfleet.operator.planning.verification import EngineFacts
 from pdfleet.operator.render import gang, router_secret, stamp
 from pdfleet.operator.render.context import Settings
 from pdfleet.operator.workqueue import Retry
@@ -161,7 +163,7 @@ class Controller:
 
     async def release_stranded(self, pods: list[Mapping[str, Any]]) -> None:
         """Takes Kueue's finalizer off pods that hold nothing and whose pool is no longer reconciled: those of a
-        namespace being deleted, which the operator no longer watches (planning/gang_wait)."""
+        namespace being deleted, which the operator no longer watches (planning/scale/gang_wait)."""
         await self._kueue.release(pods, gang.FINALIZER)
 
     def wrote(self, key: PoolKey, resource_version: str | None) -> bool:
@@ -494,7 +496,7 @@ class Controller:
 
     async def _write_status(self, pool: Mapping[str, Any], status: Mapping[str, Any]) -> None:
         meta = pool["metadata"]
-        path = resources.object_path(pool) + "/status"
+        path = api_paths.object_path(pool) + "/status"
         # A merge patch of the whole status, guarded by the resourceVersion we planned from: a status
         # computed from a stale pool is refused (409) and recomputed, never written over newer news.
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]},

@@ -23,14 +23,13 @@ from pdfleet.operator.api import role_scale as role_scale_api
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import PoolKey
-from pdfleet.operator.engines import client as engine_client
-from pdfleet.operator.engines import membership, monitor
-from pdfleet.operator.kube import client as kube_client
-from pdfleet.operator.planning import gang_wait
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.engines import engine_client, membership, monitor
+from pdfleet.operator.kube import kube_client
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
+from pdfleet.operator.planning.scale import gang_wait
 from pdfleet.operator.render import labels
-from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
+from pdfleet.operator.render.router_objects import COMPONENT as ROUTER_COMPONENT
 from pdfleet.operator.role_scaler import RoleScaler
 from pdfleet.operator.runtime_state import OperatorState
 
@@ -193,7 +192,7 @@ OWNED_KINDS = (
     ("", "v1", "pods", "Pod"),
     ("", "v1", "services", "Service"),
     ("", "v1", "serviceaccounts", "ServiceAccount"),
-    ("", "v1", "configmaps", "ConfigMap"),  # evidence of sick groups (`planning.restarts`)
+    ("", "v1", "configmaps", "ConfigMap"),  # evidence of sick groups (`planning.health.restarts`)
     ("apps", "v1", "deployments", "Deployment"),
     ("rbac.authorization.k8s.io", "v1", "roles", "Role"),
     ("rbac.authorization.k8s.io", "v1", "rolebindings", "RoleBinding"),

@@ -1,6 +1,6 @@
 """Keeps each pool's InferencePoolRoles and its replicas in step: on every event of a pool or of one of its
-InferencePoolRoles, reads both from kopf's indices, asks `planning.role_scale` what to do and has
-`kube.role_scale` do it. One pool at a time (a lock per pool), and planned from what this process last wrote
+InferencePoolRoles, reads both from kopf's indices, asks `planning.scale.role_scale_plan` what to do and has
+`kube.role_scale_executor` do it. One pool at a time (a lock per pool), and planned from what this process last wrote
 where the watch has not shown it yet: planning from a stale InferencePoolRole status, or a stale pool, would take
 the other side's older number for a new one and write it back."""
 
@@ -14,9 +14,9 @@ from typing import Any
 
 from pdfleet.operator import metrics
 from pdfleet.operator.cache import IndexView, PoolKey
-from pdfleet.operator.kube import role_scale as kube_role_scale
-from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import role_scale
+from pdfleet.operator.kube import role_scale_executor as kube_role_scale
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
+from pdfleet.operator.planning.scale import role_scale_plan
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class RoleScaler:
             spec = pool.get("spec") or {}
             if not objects and not any((spec.get(role) or {}).get("scaleTarget") for role in ("prefill", "decode")):
                 return
-            plan = role_scale.plan(pool, objects)
+            plan = role_scale_plan.plan(pool, objects)
             if not plan.steps and plan.pool_change is None and not plan.events:
                 return
             try:

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import Cache, PoolKey
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.engines.client import EngineClient
+from pdfleet.operator.engines.engine_client import EngineClient
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
-from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.kube.kube_client import KubeClient
 from pdfleet.operator.leader.decision import Timings
 from pdfleet.operator.render.context import Settings
 from pdfleet.operator.role_scaler import RoleScaler
@@ -75,7 +75,7 @@ class OperatorState:
         group causes (scheduled, IP assigned, Ready) is handled by one reconcile and one status write. `health`:
         the change may change a verdict too (a pod with an address, or going): poll the pool's agents now.
         `stranded`: the object is a deleted pod that holds nothing and that Kueue's finalizer keeps Terminating
-        (planning/gang_wait.stranded); its pool's reconcile releases it even when the pool is deleted and no
+        (planning/scale/gang_wait.stranded); its pool's reconcile releases it even when the pool is deleted and no
         longer reconciled (a deleted pool's waiting pods, a namespace deleted with its pools), so it is queued then
         too."""
         if key in self.seen:

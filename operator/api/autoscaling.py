@@ -2,7 +2,7 @@
 
 Off by default (no `spec.autoscaling`, or a role left out of it). For each autoscaled role the operator reads the
 load of every group that serves (Ready, Healthy, verified at the current revision) at each health poll and sizes
-the role as the HorizontalPodAutoscaler sizes a Deployment (`planning.autoscale`, pure): per target,
+the role as the HorizontalPodAutoscaler sizes a Deployment (`planning.scale.autoscale`, pure): per target,
 desired = ceil(serving groups * mean value per engine / target), the largest over the targets, nothing within 10%
 of the target, held by the stabilisation windows, the step limits and `minIntervalSeconds`, then by min/max and
 `spec.scaling.ratio`. The decision is written into `spec.<role>.replicas`, which stays the one number the operator

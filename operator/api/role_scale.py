@@ -5,8 +5,8 @@ A custom resource has one scale subresource, and a pool has two roles that scale
 whose `/scale` (`kubectl scale`, a HorizontalPodAutoscaler, a KEDA ScaledObject) sets that role's replicas.
 
 The pool's `spec.<role>.replicas` stays the one number the operator builds from. The operator mirrors the two
-ways (`planning.role_scale`): a change to the InferencePoolRole's `spec.replicas` (its generation moves past the
-`status.observedGeneration` the operator last wrote) is written into the pool's spec; a change to the pool's
+ways (`planning.scale.role_scale_plan`): a change to the InferencePoolRole's `spec.replicas` (its generation moves
+past the `status.observedGeneration` the operator last wrote) is written into the pool's spec; a change to the pool's
 replicas is written into the InferencePoolRole. Its status says how many groups of the role exist and are ready,
 and the label selector of the role's engine pods, which an HPA on resource metrics needs.
 """

@@ -3,7 +3,7 @@
 A PD pool serves well only while its prefill and decode capacity fit its traffic: too few decode groups for the
 prefill groups feeding them and KV transfers queue; too many and GPUs idle. `ratio` bounds decode groups per
 prefill group. A person's edit of the replicas is checked against it at admission; a scale through an
-InferencePoolRole (kubectl scale, an HPA, KEDA) is held to it by the operator (`planning.ratio_band`), which moves
+InferencePoolRole (kubectl scale, an HPA, KEDA) is held to it by the operator (`planning.scale.ratio_band`), which moves
 the other role with it (`Follow`) or cuts the scale to the band (`Clamp`), and says which.
 """
 

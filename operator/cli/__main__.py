@@ -17,7 +17,8 @@ from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.cli import canary, report
 from pdfleet.operator.cli.kube import Body, CliError, PoolReader, connect, default_namespace
 from pdfleet.operator.cli.report import Exit
-from pdfleet.operator.planning import rollback, spec_change
+from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning.rollout import rollback
 from pdfleet.operator.planning.spec_change import REMOVE, SpecChange
 
 EPILOG = """exit codes of `rollout status`: 0 the rollout completed verified (RolloutVerified=True and

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from typing import TextIO
 
 from pdfleet.operator.cli.report import Exit
-from pdfleet.operator.planning.toolcall_canary import DEFAULT_CONCURRENCY, DEFAULT_REQUESTS, Report
+from pdfleet.operator.planning.rollout.toolcall_canary import DEFAULT_CONCURRENCY, DEFAULT_REQUESTS, Report
 from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK
 
 EPILOG = """exit codes: 0 every tool request got structured tool_calls, no answer held DSML markup in its content,
@@ -92,12 +92,12 @@ def summary_lines(rep: Report, *, url: str, concurrency: int) -> Sequence[str]:
 
 
 def run(args: argparse.Namespace, out: TextIO) -> int:
-    from pdfleet.operator.engines import toolcall_canary  # the openai client, loaded only for this command
+    from pdfleet.operator.engines import canary_requests  # the openai client, loaded only for this command
 
     try:
-        rep = asyncio.run(toolcall_canary.run(args.url, requests=args.requests, concurrency=args.concurrency,
+        rep = asyncio.run(canary_requests.run(args.url, requests=args.requests, concurrency=args.concurrency,
                                               model=args.model, timeout_s=args.timeout, parser=args.parser))
-    except toolcall_canary.Unreachable as e:
+    except canary_requests.Unreachable as e:
         print(f"error: {e}", file=sys.stderr)
         return Exit.ERROR
     if args.json:

@@ -1,4 +1,4 @@
-"""The CLI's reads, with the user's kubeconfig, through the operator's own client (`kube/client.py`). Every failure
+"""The CLI's reads, with the user's kubeconfig, through the operator's own client (`kube/kube_client.py`). Every failure
 becomes a `CliError`: one line that names what went wrong (no kubeconfig, the pool not found, forbidden, the
 apiserver unreachable), never a traceback."""
 
@@ -13,9 +13,9 @@ from kubernetes_asyncio import config as k8s_config
 
 from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.meta import API_VERSION, KIND
-from pdfleet.operator.kube import pool_patch, resources
-from pdfleet.operator.kube.client import KubeClient, KubeError, load_configuration
-from pdfleet.operator.planning.restarts import EVIDENCE
+from pdfleet.operator.kube import api_paths, pool_patch
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError, load_configuration
+from pdfleet.operator.planning.health.restarts import EVIDENCE
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.render import labels
 
@@ -87,10 +87,10 @@ class PoolReader:
             raise self._error(e, what) from None
 
     def _list_path(self, api_version: str, kind: str) -> str:
-        return resources.path_for(api_version, kind, self.namespace)
+        return api_paths.path_for(api_version, kind, self.namespace)
 
     async def pool(self) -> Body:
-        return await self._get(resources.path_for(API_VERSION, KIND, self.namespace, self.name), "pool")
+        return await self._get(api_paths.path_for(API_VERSION, KIND, self.namespace, self.name), "pool")
 
     async def pods(self) -> list[Body]:
         selector = ",".join(f"{k}={v}" for k, v in labels.selector(self.name).items())

@@ -19,9 +19,10 @@ from pydantic import ValidationError
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GateState, GroupStatus, InferencePoolStatus, Phase
-from pdfleet.operator.planning import patch_set, rollback
+from pdfleet.operator.planning import patch_set
 from pdfleet.operator.planning.groups import parse_time, pod_ready, pods_by_group
-from pdfleet.operator.planning.restarts import EVIDENCE_TIME
+from pdfleet.operator.planning.health.restarts import EVIDENCE_TIME
+from pdfleet.operator.planning.rollout import rollback
 from pdfleet.operator.render import revision
 
 Body = dict[str, Any]

@@ -16,9 +16,9 @@ import logging
 from collections.abc import Awaitable, Callable
 
 from pdfleet.operator.cache import PoolKey
-from pdfleet.operator.engines import toolcall_canary
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import router_membership
+from pdfleet.operator.engines import canary_requests
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.router import router_membership
 
 log = logging.getLogger(__name__)
 
@@ -45,13 +45,13 @@ class Pair:
 async def probe(engines: EngineClient, pair: Pair, requests: int) -> None:
     """Sends `requests` plain probes through `pair`; failures are the engines' to count, not ours to judge."""
     try:
-        await asyncio.wait_for(toolcall_canary.run_pd(
+        await asyncio.wait_for(canary_requests.run_pd(
             engines, router_membership.worker_url(pair.prefill_ip, pair.prefill_port),
             router_membership.worker_url(pair.decode_ip, pair.decode_port),
             bootstrap_host=pair.prefill_ip, bootstrap_port=pair.bootstrap_port, model=pair.model,
             requests=requests, concurrency=min(CONCURRENCY, requests), timeout_s=REQUEST_TIMEOUT_S, parser=None,
             max_tokens=MAX_TOKENS, plain=True), RUN_TIMEOUT_S)
-    except (toolcall_canary.Unreachable, TimeoutError) as e:
+    except (canary_requests.Unreachable, TimeoutError) as e:
         log.info("bake probes for group %s: %s", pair.group, e)
 
 

@@ -3,7 +3,7 @@
 `capture` asks every pod's agent, through the operator's one client (`client.EngineClient`), for its ranks' records
 (`/ranks`) and, when asked, their Python stacks (`/ranks/stacks`), all at once and each bounded by a short
 timeout; a pod that does not answer is noted, never waited for. `configmap` turns what came back into the
-ConfigMap the planner named (`planning.restarts.EvidenceRequest`), small enough for the apiserver: stacks are
+ConfigMap the planner named (`planning.health.restarts.EvidenceRequest`), small enough for the apiserver: stacks are
 truncated first, with a note. Agents serve only rank records and stacks: nothing secret is asked for or kept.
 """
 
@@ -14,8 +14,8 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning.restarts import EvidenceRequest
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.health.restarts import EvidenceRequest
 
 Body = dict[str, Any]
 

@@ -1,5 +1,5 @@
 """Keeps every router of a pool sending requests to exactly the engines the operator holds in rotation
-(`planning.router_membership` decides; this module asks the routers and acts). Called after each rank-health
+(`planning.router.router_membership` decides; this module asks the routers and acts). Called after each rank-health
 poll, so a group judged sick leaves rotation within one heartbeat.
 
 A router that does not answer is skipped until the next poll; nothing here ever raises into the monitor.
@@ -18,11 +18,11 @@ from pdfleet.operator import metrics
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed, PoolKey
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import router_breakers, router_membership
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.router_breakers import RouterView, Tried
+from pdfleet.operator.planning.router import router_breakers, router_membership
+from pdfleet.operator.planning.router.router_breakers import RouterView, Tried
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ One task per pool, started when the pool is seen (`watch`) and ended when it is 
 vanishing from the cache: the task checks every period, so it is level-based and cannot outlive its pool).
 Each period it reads the pool and its pods from the cache (no API reads), asks the agents of every group
 whose pods are all Ready (`client.EngineClient`, bounded and with short timeouts), judges each group
-(`planning.rank_health`, pure) and stores the result. Only when a verdict changes does it poke the pool's
+(`planning.health.rank_health`, pure) and stores the result. Only when a verdict changes does it poke the pool's
 reconcile; the reconcile turns the stored verdicts into status, conditions and events like any other input.
 So an unchanged verdict costs one HTTP round trip per pod per period and no API call at all.
 
@@ -37,17 +37,19 @@ from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus, ServingSample, Verdict
 from pdfleet.operator.cache import Cache, Observed, PoolKey
-from pdfleet.operator.engines import canary_gate
+from pdfleet.operator.engines import canary_runner
 from pdfleet.operator.engines.bake_probes import BakeProber, Pair, probe
-from pdfleet.operator.engines.canary_gate import CanaryRunner
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import bake, engine_reads, rank_health, router_membership
-from pdfleet.operator.planning import canary_gate as planning_canary
-from pdfleet.operator.planning.engine_load import LoadSample, Work
+from pdfleet.operator.engines.canary_runner import CanaryRunner
+from pdfleet.operator.engines.engine_client import EngineClient
 from pdfleet.operator.planning.groups import leader_pod, pods_by_group
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.health import engine_reads, rank_health
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
-from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.planning.rollout import bake
+from pdfleet.operator.planning.rollout import canary_gate as planning_canary
+from pdfleet.operator.planning.rollout.verification import EngineFacts
+from pdfleet.operator.planning.router import router_membership
+from pdfleet.operator.planning.scale.engine_load import LoadSample, Work
 
 log = logging.getLogger(__name__)
 
@@ -180,7 +182,7 @@ class HealthMonitor:
         asked_before = self._asked.get(key, frozenset())
         facts = await self._engine_facts(key, spec, judged_pods, last, routers=observed.routers)
         if self._asked.get(key, frozenset()) - asked_before:
-            self._poke(key)  # a scale-down may be waiting for these loads to choose its group (planning/ordinals)
+            self._poke(key)  # a scale-down may be waiting for these loads to choose its group (planning/scale/ordinals)
         before = self._judged.get(key)
         facts_before = self._facts.get(key)
         self._judged[key] = judged
@@ -287,13 +289,13 @@ class HealthMonitor:
     def _start_canary(self, key: PoolKey, spec: InferencePoolSpec, leader: Body,
                       judged_pods: Mapping[str, list[Body]]) -> None:
         prefill = planning_canary.pick_prefill(judged_pods.values())
-        target = canary_gate.target(spec, leader, prefill) if prefill is not None else None
+        target = canary_runner.target(spec, leader, prefill) if prefill is not None else None
         if target is None:
             return  # no Ready prefill engine to pair with yet: the gate waits
         if self._canary is None:
             engines = self._engines
-            self._canary = CanaryRunner(done=self.nudge,
-                                        run=lambda target: asyncio.ensure_future(canary_gate.run_once(engines, target)))
+            self._canary = CanaryRunner(
+                done=self.nudge, run=lambda target: asyncio.ensure_future(canary_runner.run_once(engines, target)))
         self._canary.ensure(key, target)
 
     def _own(self, key: PoolKey, pods: list[Body], answers: rank_health.Answers,

@@ -9,8 +9,8 @@ import contextlib
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube import api_paths
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 
 Body = dict[str, Any]
 ObjectKey = tuple[str, str]  # (kind, name)
@@ -24,7 +24,7 @@ async def read(client: KubeClient, namespace: str, objects: Iterable[Mapping[str
     wanted = {(o["kind"], o["metadata"]["name"]): o["apiVersion"] for o in objects}
 
     async def one(kind: str, name: str) -> Body | None:
-        path = resources.path_for(wanted[(kind, name)], kind, namespace, name)
+        path = api_paths.path_for(wanted[(kind, name)], kind, namespace, name)
         try:
             async with slot() if slot is not None else contextlib.nullcontext():
                 return await client.request("GET", path)

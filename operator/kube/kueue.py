@@ -1,6 +1,6 @@
 """Why Kueue has not admitted a gang: its Workload's QuotaReserved=False message ("insufficient unused quota
 ...", "LocalQueue q doesn't exist", a topology with no room), read for the groups whose pods Kueue holds, so the
-group's status can say it (planning/gang_wait.py). Workloads are Kueue's objects, not the pool's: they are read
+group's status can say it (planning/scale/gang_wait.py). Workloads are Kueue's objects, not the pool's: they are read
 by name (a gang's Workload is named after it), never watched, and only while a gang waits. A read is kept for
 `ttl` seconds, so a pool that reconciles every second costs one GET per waiting gang per `ttl`. Without Kueue's
 CRD, or without the permission to read Workloads, there is no reason to give and the status says only that the
@@ -13,7 +13,7 @@ import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 
 log = logging.getLogger(__name__)
 API = "/apis/kueue.x-k8s.io/v1beta2"
@@ -57,7 +57,7 @@ class WorkloadReasons:
             return None
 
     async def release(self, pods: Iterable[Mapping[str, Any]], finalizer: str) -> None:
-        """Takes `finalizer` off each of `pods` (planning/gang_wait.stranded chose them), by a JSON patch that
+        """Takes `finalizer` off each of `pods` (planning/scale/gang_wait.stranded chose them), by a JSON patch that
         tests the finalizer list it read, so a list someone changed meanwhile is left for the next reconcile."""
         for pod in pods:
             meta = pod["metadata"]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube import api_paths
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.planning.spec_change import SpecChange
 
 Body = dict[str, Any]
@@ -20,7 +20,7 @@ MAYBE_STALE = (409, 422)
 async def patch_pool(client: KubeClient, pool: Mapping[str, Any], change: SpecChange) -> Body | None:
     """The pool as stored after `change`; None when the apiserver refused it because the pool's generation is no
     longer the one it was decided on (nothing was written). Other refusals raise KubeError."""
-    path = resources.object_path(pool)
+    path = api_paths.object_path(pool)
     try:
         return await client.request("PATCH", path, body=list(change.ops), content_type=JSON_PATCH)
     except KubeError as e:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from pdfleet.operator import metrics
-from pdfleet.operator.kube.client import KubeError
+from pdfleet.operator.kube.kube_client import KubeError
 from pdfleet.operator.leader import decision
 from pdfleet.operator.leader.decision import Action, LeaseRecord, Observation, Timings
 from pdfleet.operator.leader.lease import LeaseStore

@@ -1,4 +1,4 @@
-"""The Lease's reads and writes, through the operator's one door to the API (`kube.client`).
+"""The Lease's reads and writes, through the operator's one door to the API (`kube.kube_client`).
 
 Writes are conditional: an update carries the resourceVersion it read, and a 409 Conflict (on create or
 update) means another replica wrote first: this replica lost the race, which is an answer, not an error.
@@ -6,7 +6,7 @@ update) means another replica wrote first: this replica lost the race, which is 
 
 from __future__ import annotations
 
-from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.leader import decision
 from pdfleet.operator.leader.decision import LeaseRecord
 

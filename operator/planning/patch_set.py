@@ -24,7 +24,7 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.engine import PatchPolicy
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus, PatchStatus
-from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.render import revision
 from pdfleet.runtime.patches import catalogue

@@ -44,24 +44,8 @@ from pdfleet.operator.api.status import (
     Verdict,
 )
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import (
-    bake,
-    gang_wait,
-    health_status,
-    ordinals,
-    patch_set,
-    playbooks,
-    rank_health,
-    restarts,
-    rollback,
-    toolcall_integrity,
-    verification,
-    watch,
-)
-from pdfleet.operator.planning import rollout as rollout_plan
-from pdfleet.operator.planning import status as status_mod
-from pdfleet.operator.planning import surge as surge_plan
-from pdfleet.operator.planning.engine_load import Work
+from pdfleet.operator.planning import patch_set
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.planning.groups import (
     Expectations,
     GroupState,
@@ -72,12 +56,17 @@ from pdfleet.operator.planning.groups import (
     pod_ready,
     pods_by_group,
 )
+from pdfleet.operator.planning.health import health_status, playbooks, rank_health, restarts
+from pdfleet.operator.planning.health.rank_health import NOT_SERVING, GroupHealth, settled_message
 from pdfleet.operator.planning.plan import Analysis, Event, ObjectRef, Plan, Restart
-from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth, settled_message
 from pdfleet.operator.planning.renders import Renders
-from pdfleet.operator.planning.router_breakers import RouterView
+from pdfleet.operator.planning.rollout import bake, rollback, rollout_plan, toolcall_integrity, verification, watch
+from pdfleet.operator.planning.rollout import surge as surge_plan
+from pdfleet.operator.planning.rollout.verification import EngineFacts, Outcome
+from pdfleet.operator.planning.router.router_breakers import RouterView
+from pdfleet.operator.planning.scale import gang_wait, ordinals
+from pdfleet.operator.planning.scale.engine_load import Work
 from pdfleet.operator.planning.spec_change import SpecChange
-from pdfleet.operator.planning.verification import EngineFacts, Outcome
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.context import RenderContext, Settings
 from pdfleet.operator.render.desired import Desired, DesiredGroup

@@ -20,7 +20,7 @@ from typing import Any
 
 from pdfleet.operator.api.conditions import Condition, ConditionType
 from pdfleet.operator.api.status import Phase
-from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.planning.plan import Event
 
 Body = dict[str, Any]

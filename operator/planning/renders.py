@@ -26,7 +26,7 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cache import json_copy
 from pdfleet.operator.planning import patch_set
-from pdfleet.operator.planning import status as status_mod
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, Ordinals, desired
 

@@ -35,7 +35,7 @@ class RenderContext:
     namespace: str
     uid: str
     runtime_image: str = DEFAULT_RUNTIME_IMAGE
-    # The name, in the pool's router-key Secret, of the key new router pods get (`planning.router_keys`).
+    # The name, in the pool's router-key Secret, of the key new router pods get (`planning.router.router_keys`).
     router_key: str = "key-1"
     # NetworkPolicies: rendered unless the pool says otherwise; the operator is the peer they let in.
     network_policies: bool = True

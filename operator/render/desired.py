@@ -8,7 +8,7 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.render import engine_group, layout, network_policy, revision, router
+from pdfleet.operator.render import engine_group, layout, network_policy, revision, router_objects
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_args import Flag
 from pdfleet.operator.render.engine_group import GroupId
@@ -24,7 +24,7 @@ class DesiredGroup:
     revision: str
     pods: tuple[Body, ...]
     flags: tuple[Flag, ...] = ()  # the leader pod's operator-owned SGLang flags, as decided (the serverArgs gate's)
-    surge: bool = False  # a slot above the role's kept groups, for a rollout's maxSurge (planning/ordinals.py)
+    surge: bool = False  # a slot above the role's kept groups, for a rollout's maxSurge (planning/scale/ordinals.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +47,7 @@ Ordinals = tuple[tuple[int, ...], tuple[int, ...]]  # a role's kept groups' ordi
 
 def desired(ctx: RenderContext, spec: InferencePoolSpec, ordinals: Mapping[Role, Ordinals] | None = None) -> Desired:
     """Every object of the pool, each stamped with its content hash. `ordinals`: per role, the ordinals of the
-    groups kept as its replicas and of the surge slots above them (planning/ordinals.py); without them, groups
+    groups kept as its replicas and of the surge slots above them (planning/scale/ordinals.py); without them, groups
     0..replicas-1 and no surge slot."""
     groups = []
     revisions = {role: revision.role_revision(spec, role) for role in Role}
@@ -61,5 +61,6 @@ def desired(ctx: RenderContext, spec: InferencePoolSpec, ordinals: Mapping[Role,
                                        flags=engine_group.pod_flags(ctx, spec, gid, 0), surge=index in surge))
     services = tuple(stamped(engine_group.headless_service(ctx, role)) for role in Role if spec.role(role).replicas)
     return Desired(groups=tuple(groups), services=services,
-                   router=tuple(stamped(o) for o in router.router_objects(ctx, spec)), kv_layout=layout.kv_layout(spec),
+                   router=tuple(stamped(o) for o in router_objects.router_objects(ctx, spec)),
+                   kv_layout=layout.kv_layout(spec),
                    policies=tuple(stamped(p) for p in network_policy.network_policies(ctx, spec)))

@@ -24,8 +24,8 @@ from pdfleet.operator.render import labels
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import AGENT_PORT
 from pdfleet.operator.render.engine_group import METRICS_PORT as ENGINE_METRICS_PORT
-from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.render.router_objects import COMPONENT as ROUTER_COMPONENT
+from pdfleet.operator.render.router_objects import METRICS_PORT
 
 Body = dict[str, Any]
 MAX_PORT = 65535

@@ -1,4 +1,4 @@
-"""The pool's router-key Secret as an object, and how a router pod refers to its key (`planning.router_keys`
+"""The pool's router-key Secret as an object, and how a router pod refers to its key (`planning.router.router_keys`
 decides what the Secret holds)."""
 
 from __future__ import annotations

@@ -131,7 +131,7 @@ def delete_unadmitted(cluster: Cluster, namespace: str, name: str) -> None:
     """Deletes pool `name`, whose pods Kueue never admitted, and waits for them to go. Kueue v0.17 keeps its
     finalizer on the deleted, still gated pods of a serving group it never admitted (its Workload is deleted,
     the pods would stay Terminating): the operator takes it off, for a deleted pool's pods too (the garbage
-    collector's deletion of each is queued as a reconcile of the pool: planning/gang_wait.stranded)."""
+    collector's deletion of each is queued as a reconcile of the pool: planning/scale/gang_wait.stranded)."""
     assert [p for p in fleet.engine_pods(cluster, namespace, name) if kq.gated(p)], "the pool's pods wait for Kueue"
     cluster.kubectl("delete", "pdpool", name, "-n", namespace, "--wait=true", "--timeout=120s")
     wait_for(f"pool {name}'s pods gone", lambda: not fleet.engine_pods(cluster, namespace, name), timeout=60)

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 import pytest
 
 from pdfleet.operator import metrics
-from pdfleet.operator.kube.client import FIELD_MANAGER, KubeClient, KubeError, load_configuration
+from pdfleet.operator.kube.kube_client import FIELD_MANAGER, KubeClient, KubeError, load_configuration
 from tests.support.cluster import Cluster
 
 pytestmark = pytest.mark.cluster

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.render.router_objects import METRICS_PORT
 from pdfleet.runtime import router_ready
 from tests.support import fleet, router_probe
 from tests.support.cluster import Cluster, WaitTimeout, wait_for

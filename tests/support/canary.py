@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import openai
 
-from pdfleet.operator.planning import toolcall_canary as tc
+from pdfleet.operator.planning.rollout import toolcall_canary as tc
 
 LEAKS = {"leak-stripped-markers": "stripped-markers", "leak-parser-off": "parser-off",
          "leak-wrong-version-markers": "wrong-version-markers", "leak-malformed-call": "malformed-call"}

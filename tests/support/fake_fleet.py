@@ -13,11 +13,11 @@ from typing import Any, TypeVar
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.controller import Controller
 from pdfleet.operator.engines.bake_probes import BakeProber
-from pdfleet.operator.engines.client import EngineClient, pod_address
+from pdfleet.operator.engines.engine_client import EngineClient, pod_address
 from pdfleet.operator.engines.membership import RouterMembership
 from pdfleet.operator.engines.monitor import HealthMonitor
 from pdfleet.operator.render.engine_group import AGENT_PORT
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.render.router_objects import METRICS_PORT
 from pdfleet.runtime.health import phases
 from tests.support import server_args
 from tests.support.fake_engines import FakeAgent, FakeEngine, FakeRouter, healthy, rank

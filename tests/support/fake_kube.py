@@ -42,12 +42,12 @@ from typing import Any
 from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import handlers
 from pdfleet.operator.api import meta as api_meta
-from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
+from pdfleet.operator.kube import api_paths
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.kube.pool_patch import JSON_PATCH
 from pdfleet.operator.planning import spec_change
 from pdfleet.operator.render import labels
-from pdfleet.operator.render.router import COMPONENT as ROUTER_COMPONENT
+from pdfleet.operator.render.router_objects import COMPONENT as ROUTER_COMPONENT
 
 Body = dict[str, Any]
 Key = tuple[str, str | None, str]  # (kind, namespace, name)
@@ -56,7 +56,7 @@ APPLY = "application/apply-patch+yaml"
 MERGE = "application/merge-patch+json"
 REASONS = {400: "BadRequest", 403: "Forbidden", 404: "NotFound", 409: "Conflict", 410: "Gone", 422: "Invalid",
            429: "TooManyRequests", 500: "InternalError", 503: "ServiceUnavailable"}
-_KINDS = {plural: (api_version, kind) for (api_version, kind), plural in resources.PLURALS.items()}
+_KINDS = {plural: (api_version, kind) for (api_version, kind), plural in api_paths.PLURALS.items()}
 _SERVER_META = ("uid", "resourceVersion", "creationTimestamp", "generation", "deletionTimestamp",
                 "deletionGracePeriodSeconds")
 _OWNED_KINDS = {kind for _, _, _, kind in handlers.OWNED_KINDS}  # what the operator indexes, as it does

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pdfleet.operator.planning.verification import SERVER_ARG_FIELDS, SWITCHED
+from pdfleet.operator.planning.rollout.verification import SERVER_ARG_FIELDS, SWITCHED
 
 Body = dict[str, Any]
 

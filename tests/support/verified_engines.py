@@ -15,10 +15,10 @@ from typing import Any
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import Verdict
-from pdfleet.operator.planning import verification
 from pdfleet.operator.planning.groups import pod_ready, pods_by_group
-from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.planning.health.rank_health import GroupHealth
+from pdfleet.operator.planning.rollout import verification
+from pdfleet.operator.planning.rollout.verification import EngineFacts
 from pdfleet.operator.render import labels
 from tests.support.server_args import shown_by
 

@@ -1,4 +1,4 @@
-"""`spec.autoscaling`'s decision (`planning.autoscale`), pure: the HPA's rule per target and over targets, the
+"""`spec.autoscaling`'s decision (`planning.scale.autoscale`), pure: the HPA's rule per target and over targets, the
 tolerance band, stabilisation over the recommendation history, step limits, bounds, the minimum interval, no
 scale-down while a role is not all serving, the ratio band; and time walked forward through a load that
 oscillates, closed loop (each decision changes the next poll's load per engine), flapping no more than the windows
@@ -23,9 +23,9 @@ from pdfleet.operator.api.autoscaling import (
 )
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scaling import OnScale, RatioBand
-from pdfleet.operator.planning import autoscale
-from pdfleet.operator.planning.autoscale import Decision, RoleInput, Rule
-from pdfleet.operator.planning.engine_load import EngineLoad
+from pdfleet.operator.planning.scale import autoscale
+from pdfleet.operator.planning.scale.autoscale import Decision, RoleInput, Rule
+from pdfleet.operator.planning.scale.engine_load import EngineLoad
 
 P, D = Role.PREFILL, Role.DECODE
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)

@@ -15,7 +15,7 @@ import pytest
 from pdfleet.operator import handlers, metrics
 from pdfleet.operator.autoscaler import STATUS_PAUSE, Autoscaler
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.runtime_state import OperatorState, Options
 from tests.support.fake_engines import FakeEngine
 from tests.support.fake_fleet import DECODE, KEY, PREFILL, Fleet, engine_servers, rendered_fleet

@@ -16,10 +16,11 @@ import pytest
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import Bake, GateState, ServingSample, Verdict
-from pdfleet.operator.planning import bake, reconcile, rollback
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Plan
-from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.router_breakers import RouterView
+from pdfleet.operator.planning.rollout import bake, rollback
+from pdfleet.operator.planning.router.router_breakers import RouterView
 from pdfleet.operator.render import labels
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, replaced_roles

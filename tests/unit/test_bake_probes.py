@@ -1,6 +1,6 @@
 """A quiet baking group gets the operator's own probe requests (`engines.bake_probes`), paired as sglang-router
 pairs them in PD, and they land in the engines' own /metrics counters, which the bake reads through the same
-client as /server_info (`engines.client`). Against a real simulated prefill and decode engine on 127.0.0.1."""
+client as /server_info (`engines.engine_client`). Against a real simulated prefill and decode engine on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from pdfleet.operator.api.status import ServingSample
 from pdfleet.operator.engines import bake_probes
 from pdfleet.operator.engines.bake_probes import BakeProber, Pair
-from pdfleet.operator.engines.client import EngineClient
+from pdfleet.operator.engines.engine_client import EngineClient
 from tests.support import sim_engine
 from tests.support.sim_engine import SimEngine
 

@@ -1,5 +1,5 @@
-"""The toolCallCanary verification gate: its judging (`planning.canary_gate`, pure), its place among the gates
-(`verification.verify`), the runner that runs the canary once per decode leader (`engines.canary_gate`), and the
+"""The toolCallCanary verification gate: its judging (`planning.rollout.canary_gate`, pure), its place among the gates
+(`verification.verify`), the runner that runs the canary once per decode leader (`engines.canary_runner`), and the
 health monitor's wiring, against engines on loopback that answer chat requests as SGLang's OpenAI server does
 (the engine simulator's tool-call answers, `runtime.simulator.toolcalls`), paired prefill and decode."""
 
@@ -20,14 +20,14 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import GateState, Verdict
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.engines import canary_gate as engines_canary
-from pdfleet.operator.engines.canary_gate import CanaryRunner, Target
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import canary_gate, verification
-from pdfleet.operator.planning.canary_gate import CanaryFinding
-from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.toolcall_canary import Report
-from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.engines import canary_runner as engines_canary
+from pdfleet.operator.engines.canary_runner import CanaryRunner, Target
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.health.rank_health import GroupHealth
+from pdfleet.operator.planning.rollout import canary_gate, verification
+from pdfleet.operator.planning.rollout.canary_gate import CanaryFinding
+from pdfleet.operator.planning.rollout.toolcall_canary import Report
+from pdfleet.operator.planning.rollout.verification import EngineFacts
 from pdfleet.operator.render import labels
 from pdfleet.runtime.simulator import toolcalls
 from pdfleet.runtime.simulator.faults import Fault

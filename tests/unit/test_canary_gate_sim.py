@@ -1,4 +1,4 @@
-"""The gate's canary run (`engines.canary_gate.run_once`) against a real simulated prefill and decode engine on
+"""The gate's canary run (`engines.canary_runner.run_once`) against a real simulated prefill and decode engine on
 127.0.0.1, paired as sglang-router pairs them (the decode engine fetches the prefill's KV by bootstrap room): it
 passes on healthy engines and fails, naming the cause, when the decode engine leaks."""
 
@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable, Iterator
 import pytest
 
 from pdfleet.operator.api.status import GateState
-from pdfleet.operator.engines import canary_gate
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning.canary_gate import CanaryFinding
+from pdfleet.operator.engines import canary_runner
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.rollout.canary_gate import CanaryFinding
 from tests.support import sim_engine
 from tests.support.canary import LEAKS
 from tests.support.operator_process import free_port
@@ -34,28 +34,28 @@ async def engines() -> AsyncIterator[EngineClient]:
         await client.close()
 
 
-def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None = None) -> canary_gate.Target:
-    return canary_gate.Target(decode_uid="u1", decode_ip="127.0.0.1", decode_port=decode.port,
+def target(prefill: SimEngine, decode: SimEngine, *, bootstrap_port: int | None = None) -> canary_runner.Target:
+    return canary_runner.Target(decode_uid="u1", decode_ip="127.0.0.1", decode_port=decode.port,
                               prefill_name="sim-prefill", prefill_ip="127.0.0.1", prefill_port=prefill.port,
                               bootstrap_port=bootstrap_port or prefill.bootstrap_port, model="sim-model",
                               parser="deepseekv32")
 
 
 async def test_a_healthy_pair_passes(pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
-    found = await canary_gate.run_once(engines, target(*pair))
+    found = await canary_runner.run_once(engines, target(*pair))
     assert found.state is GateState.PASSED, found.message
     assert found.message == ("4 tool request(s) answered with structured tool_calls, no DSML markup in 10 answer(s); "
                              "2 answer(s) cut inside the call by max_tokens 2, kept to the contract (paired with "
                              "prefill sim-prefill)")
 
 
-async def found_once(engines: EngineClient, run: canary_gate.Target, holds: Callable[[CanaryFinding], bool], what: str,
-                     timeout: float = 15.0) -> CanaryFinding:
+async def found_once(engines: EngineClient, run: canary_runner.Target, holds: Callable[[CanaryFinding], bool],
+                     what: str, timeout: float = 15.0) -> CanaryFinding:
     """Runs the canary until its finding `holds` (an annotated fault applies within the engine's 200 ms poll)."""
     deadline = time.monotonic() + timeout
-    found = await canary_gate.run_once(engines, run)
+    found = await canary_runner.run_once(engines, run)
     while not holds(found) and time.monotonic() < deadline:
-        found = await canary_gate.run_once(engines, run)
+        found = await canary_runner.run_once(engines, run)
     assert holds(found), f"{what}: {found.message}"
     return found
 
@@ -93,7 +93,7 @@ async def test_a_decode_engine_that_returns_a_call_cut_by_max_tokens_broken_fail
 
 async def test_a_decode_engine_that_cannot_reach_its_prefill_is_inconclusive(
         pair: tuple[SimEngine, SimEngine], engines: EngineClient) -> None:
-    found = await canary_gate.run_once(engines, target(*pair, bootstrap_port=free_port()), timeout_s=3,
+    found = await canary_runner.run_once(engines, target(*pair, bootstrap_port=free_port()), timeout_s=3,
                                        run_timeout_s=10)
     assert found.state is GateState.WAITING
     assert found.message.startswith("the last canary run was inconclusive, retrying: 8 of 8 request(s) failed "

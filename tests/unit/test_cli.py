@@ -20,7 +20,7 @@ from kubernetes_asyncio import client as k8s
 from pdfleet.operator.cli import __main__ as cli
 from pdfleet.operator.cli.kube import CliError, PoolReader
 from pdfleet.operator.cli.report import Exit
-from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.kube.kube_client import KubeClient
 from tests.unit.test_cli_report import failed_cluster, ready_cluster, recorded, verifying_cluster
 
 Body = dict[str, Any]

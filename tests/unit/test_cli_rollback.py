@@ -13,7 +13,8 @@ import pytest
 from pdfleet.operator.cli import __main__ as cli
 from pdfleet.operator.cli import report
 from pdfleet.operator.cli.report import Exit
-from pdfleet.operator.planning import rollback, spec_change
+from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning.rollout import rollback
 from pdfleet.operator.planning.spec_change import SpecChange
 from tests.support.pools import pool_body
 from tests.unit.test_cli_report import recorded

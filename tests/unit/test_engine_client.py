@@ -1,4 +1,4 @@
-"""The operator's one client to engines and routers (`engines.client.EngineClient`), over real HTTP on 127.0.0.1:
+"""The operator's one client to engines and routers (`engines.engine_client.EngineClient`), over real HTTP on 127.0.0.1:
 a real rank-health agent, and a small server standing in for what a broken or hostile endpoint may answer. Every
 way a request can fail is one answer (None or False); only the pod's own IP is contacted; no proxy from the
 environment is used unless a person asked for it."""
@@ -14,9 +14,9 @@ import pytest
 from aiohttp import web
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.engines import client as client_mod
-from pdfleet.operator.engines.client import MAX_BODY, EngineClient
-from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.engines import engine_client as client_mod
+from pdfleet.operator.engines.engine_client import MAX_BODY, EngineClient
+from pdfleet.operator.planning.router.router_membership import Registered, Worker
 from pdfleet.operator.render.engine_group import AGENT_PORT
 from pdfleet.runtime.health import agent, attach, phases
 from tests.support.operator_process import free_port

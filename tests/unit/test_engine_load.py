@@ -1,5 +1,5 @@
-"""An engine's load from its /metrics (`planning.engine_load`), and which groups count as a role's serving
-capacity (`planning.serving_groups`), pure."""
+"""An engine's load from its /metrics (`planning.scale.engine_load`), and which groups count as a role's serving
+capacity (`planning.scale.serving_groups`), pure."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GroupStatus, Verdict
-from pdfleet.operator.planning import engine_load, serving_groups
-from pdfleet.operator.planning.engine_load import LoadSample
+from pdfleet.operator.planning.scale import engine_load, serving_groups
+from pdfleet.operator.planning.scale.engine_load import LoadSample
 from pdfleet.operator.render import labels
 from tests.support import sglang_metrics
 

@@ -1,5 +1,5 @@
-"""The autoscaler's reading of an engine's load (`EngineClient.engine_metrics`, `planning.engine_load`) against the
-engine simulator started through the launcher as a pod starts it, serving SGLang 0.5.23's metric names and labels
+"""The autoscaler's reading of an engine's load (`EngineClient.engine_metrics`, `planning.scale.engine_load`) against
+the engine simulator started through the launcher as a pod starts it, serving SGLang 0.5.23's metric names and labels
 (tests/unit/test_sim_load.py checks those against SGLang's own collectors): idle it reads nothing queued or
 running; under a burst beyond its running-request slots the queue, the running batch and KV usage show, and the
 inter-token latency over the window between two reads grows with the batch."""
@@ -14,9 +14,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import engine_load
-from pdfleet.operator.planning.engine_load import LoadSample
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.scale import engine_load
+from pdfleet.operator.planning.scale.engine_load import LoadSample
 from tests.support import sim_engine
 from tests.support.sim_engine import SimEngine
 

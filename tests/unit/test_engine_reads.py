@@ -1,4 +1,4 @@
-"""What a health poll reads from engines (operator/planning/engine_reads.py), decided without I/O. The monitor's
+"""What a health poll reads from engines (operator/planning/health/engine_reads.py), decided without I/O. The monitor's
 tests (test_monitor_server_info.py, test_monitor_bake.py, test_engine_load_sim.py) show the reads done over HTTP."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from typing import Any
 
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning.engine_reads import engine_reads
 from pdfleet.operator.planning.groups import pods_by_group
+from pdfleet.operator.planning.health.engine_reads import engine_reads
 from pdfleet.operator.render import desired, labels
 from pdfleet.operator.render.context import RenderContext
 from tests.support.pools import pool_body

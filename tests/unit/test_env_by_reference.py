@@ -14,7 +14,8 @@ import pytest
 from pdfleet.operator.api import InferencePool
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import reconcile, rollback
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.rollout import rollback
 from pdfleet.operator.render import desired, labels, router_secret
 from pdfleet.operator.render.revision import pool_revision
 from tests.support.pools import NO_BAKE, pool_body

@@ -9,9 +9,9 @@ import copy
 from typing import Any
 
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.kube.client import KubeError
+from pdfleet.operator.kube.kube_client import KubeError
 from pdfleet.operator.kube.kueue import WorkloadReasons
-from pdfleet.operator.planning import gang_wait
+from pdfleet.operator.planning.scale import gang_wait
 from tests.support.pools import pool_body
 from tests.unit.test_planning import FakeCluster, reasons
 

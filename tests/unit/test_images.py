@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hack.images import build, debian, inputs, oci
-from pdfleet.operator.render import engine_group, router
+from pdfleet.operator.render import engine_group, router_objects
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -248,7 +248,7 @@ def test_the_engine_image_runs_the_launcher_s_simulator_and_the_router_with_its_
     engine = image("pdfleet-engine-cpu")
     assert env(engine)["PDFLEET_ENGINE_MODE"] == "simulate"
     assert env(engine)["PATH"].startswith("/opt/sglang/bin:"), "python3 is the venv's, where sglang is"
-    for module in (engine_group, router):
+    for module in (engine_group, router_objects):
         assert '"command": ["python3", "-m",' in (ROOT / "operator" / "render" / f"{module.__name__.split('.')[-1]}.py"
                                                    ).read_text()
 

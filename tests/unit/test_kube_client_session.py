@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kubernetes_asyncio import client as k8s
 
-from pdfleet.operator.kube.client import KubeClient
+from pdfleet.operator.kube.kube_client import KubeClient
 
 
 def configuration(host: str) -> k8s.Configuration:

@@ -8,7 +8,7 @@ import dataclasses
 import time
 
 from pdfleet.operator import metrics
-from pdfleet.operator.kube.client import KubeError
+from pdfleet.operator.kube.kube_client import KubeError
 from pdfleet.operator.leader.decision import LeaseRecord, Timings
 from pdfleet.operator.leader.elector import LeaderElector
 from pdfleet.operator.leader.lease import LeaseStore

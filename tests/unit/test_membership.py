@@ -8,7 +8,7 @@ from typing import Any
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.engines.membership import RouterMembership
-from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.planning.router.router_membership import Registered, Worker
 from pdfleet.operator.render import labels
 from tests.support.pools import example
 
@@ -22,7 +22,7 @@ def base(router: Body, port: int) -> str:
 
 class FakeRouters:
     """Routers' worker lists by base URL, as their `GET /workers` would answer (the worker API of
-    `engines.client.EngineClient`)."""
+    `engines.engine_client.EngineClient`)."""
 
     def __init__(self, lists: dict[str, list[Registered]]) -> None:
         self.lists = lists

@@ -11,7 +11,7 @@ import pytest
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.engines.membership import GRACE_S
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from tests.support.fake_fleet import DECODE, KEY, PREFILL, URLS, Fleet, fake_fleet
 
 

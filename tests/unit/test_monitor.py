@@ -14,8 +14,8 @@ from pdfleet.operator import metrics
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import PoolKey
 from pdfleet.operator.engines import monitor as monitor_mod
-from pdfleet.operator.planning import restarts
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.health import restarts
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.runtime.health import phases
 from tests.support.fake_engines import desynced, rank
 from tests.support.fake_fleet import DECODE, KEY, PODS, PREFILL, URLS, Fleet, fake_fleet

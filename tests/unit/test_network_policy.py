@@ -18,7 +18,7 @@ from pdfleet.operator.render import desired, labels
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import AGENT_PORT
 from pdfleet.operator.render.engine_group import METRICS_PORT as ENGINE_METRICS
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.render.router_objects import METRICS_PORT
 from tests.unit.test_render import CTX, spec_of
 
 Body = dict[str, Any]

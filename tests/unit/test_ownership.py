@@ -12,7 +12,7 @@ import pytest
 
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.kube.router_keys import RouterKeys
+from pdfleet.operator.kube.router_key_secrets import RouterKeys
 from pdfleet.operator.planning import ownership, reconcile
 from pdfleet.operator.render import router_secret
 from tests.support.fake_kube import FakeKube
@@ -211,7 +211,7 @@ async def test_a_secret_made_under_a_known_pools_key_name_is_not_read_for_keys_n
                                                                            "namespace": "ns"},
                         "data": {"key-1": "dGhlaXJz"}})
     kube.take_writes()
-    now[0] += 61  # the operator reads the Secret again (kube.router_keys.REFRESH_S)
+    now[0] += 61  # the operator reads the Secret again (kube.router_key_secrets.REFRESH_S)
     await controller.reconcile(KEY)
     assert {(w.verb, w.kind) for w in kube.take_writes()} == {("status", "InferencePool"), ("create", "Event")}
     assert kube.get("Secret", "ns", "tiny-router-key") == theirs

@@ -13,9 +13,10 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState, InferencePoolStatus, PatchStatus, Verdict
 from pdfleet.operator.cache import Observed
 from pdfleet.operator.cli import report as report_cli
-from pdfleet.operator.planning import patch_set, reconcile, verification
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning import patch_set, reconcile
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
+from pdfleet.operator.planning.rollout import verification
 from pdfleet.operator.render import revision
 from pdfleet.runtime.health import report
 from pdfleet.runtime.patches import catalogue

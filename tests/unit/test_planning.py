@@ -15,7 +15,7 @@ from pdfleet.operator.cache import Observed
 from pdfleet.operator.planning import reconcile, spec_change
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.plan import Plan
-from pdfleet.operator.planning.router_breakers import RouterView
+from pdfleet.operator.planning.router.router_breakers import RouterView
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.context import Settings
 from tests.support import verified_engines

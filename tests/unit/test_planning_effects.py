@@ -11,7 +11,7 @@ from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import Cache
 from pdfleet.operator.engines import evidence as evidence_mod
 from pdfleet.operator.engines.monitor import HealthMonitor
-from pdfleet.operator.planning.rank_health import judge_group
+from pdfleet.operator.planning.health.rank_health import judge_group
 from pdfleet.runtime.health import phases
 from tests.support.pools import pool_body
 from tests.unit.test_planning import FakeCluster, replaced_roles

@@ -13,9 +13,11 @@ import pytest
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.status import GroupStatus, Verdict
-from pdfleet.operator.planning import playbooks, reconcile, rollback, spec_change
+from pdfleet.operator.planning import reconcile, spec_change
+from pdfleet.operator.planning.health import playbooks
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Plan, Restart
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.rollout import rollback
 from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 from tests.unit.test_verification import NORMAL_DECODE, OVERLAP_DECODE, condition

@@ -15,7 +15,7 @@ from pdfleet.operator.api import names
 from pdfleet.operator.api.checks import validate
 from pdfleet.operator.api.roles import Role, RoleSpec
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.planning import restarts
+from pdfleet.operator.planning.health import restarts
 from pdfleet.operator.render import desired, engine_group, revision
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.engine_group import GroupId

@@ -12,8 +12,8 @@ import pytest
 from pdfleet.operator.api.health import HealthSpec
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.health.rank_health import GroupHealth, judge_group, own_answers, settled_message
 from pdfleet.operator.planning.plan import Plan
-from pdfleet.operator.planning.rank_health import GroupHealth, judge_group, own_answers, settled_message
 from pdfleet.operator.render import labels
 from pdfleet.runtime.health import phases, records, report
 from tests.support.pools import pool_body

@@ -1,4 +1,4 @@
-"""Holding a scale to `spec.scaling.ratio` (`planning.ratio_band`), pure: Follow moves the other role as little as
+"""Holding a scale to `spec.scaling.ratio` (`planning.scale.ratio_band`), pure: Follow moves the other role as little as
 it can, Clamp cuts the scale, a band no whole size fits refuses, and a pool is never left outside the band."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scaling import OnScale, RatioBand, in_band
-from pdfleet.operator.planning import ratio_band
+from pdfleet.operator.planning.scale import ratio_band
 
 P, D = Role.PREFILL, Role.DECODE
 

@@ -1,5 +1,5 @@
-"""Acting on a sick group (`planning.restarts` through `reconcile.plan`): evidence first, then a restart as a unit,
-with backoff, within a budget; past it, the group is left for a person. Pure: no cluster, time passed in."""
+"""Acting on a sick group (`planning.health.restarts` through `reconcile.plan`): evidence first, then a restart as a
+unit, with backoff, within a budget; past it, the group is left for a person. Pure: no cluster, time passed in."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ import pytest
 
 from pdfleet.operator.api.status import Verdict
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import reconcile, restarts
+from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.groups import Expectations
+from pdfleet.operator.planning.health import restarts
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Plan, Restart
-from pdfleet.operator.planning.rank_health import GroupHealth
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster
 

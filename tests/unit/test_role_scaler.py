@@ -9,8 +9,9 @@ import copy
 from typing import Any
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.kube.client import KubeError
-from pdfleet.operator.planning import role_scale, spec_change
+from pdfleet.operator.kube.kube_client import KubeError
+from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning.scale import role_scale_plan
 from pdfleet.operator.role_scaler import RoleScaler
 
 Body = dict[str, Any]
@@ -61,10 +62,10 @@ def _pool(decode: int) -> Body:
 
 
 def _role(replicas: int, *, generation: int, observed: int) -> Body:
-    body = role_scale.desired_object(_pool(1), Role.DECODE)
+    body = role_scale_plan.desired_object(_pool(1), Role.DECODE)
     body["metadata"].update(generation=generation, resourceVersion="20", uid="r")
     body["spec"]["replicas"] = replicas
-    body["status"] = {"replicas": 0, "readyReplicas": 0, "selector": role_scale.selector("p", Role.DECODE),
+    body["status"] = {"replicas": 0, "readyReplicas": 0, "selector": role_scale_plan.selector("p", Role.DECODE),
                       "observedGeneration": observed}
     return body
 
@@ -90,7 +91,7 @@ async def test_without_its_memory_the_same_stale_index_would_undo_the_scale() ->
     """The premise of the test above: planned from the stale copies alone, the pool's old 1 reads as a person's
     edit once the scale's status is seen, and is written over the InferencePoolRole's 3."""
     seen_role = _role(3, generation=2, observed=2)  # the status write seen, the pool's patch not yet
-    plan = role_scale.plan(_pool(1), [seen_role])
+    plan = role_scale_plan.plan(_pool(1), [seen_role])
     [step] = plan.steps
     assert step.replicas == 1
 

@@ -12,9 +12,10 @@ import pytest
 from pdfleet.operator.api.conditions import Condition, ConditionStatus, ConditionType
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cli import report
-from pdfleet.operator.planning import patch_set, rollback, spec_change
-from pdfleet.operator.planning.rollback import Action
-from pdfleet.operator.planning.verification import RolloutVerified
+from pdfleet.operator.planning import patch_set, spec_change
+from pdfleet.operator.planning.rollout import rollback
+from pdfleet.operator.planning.rollout.rollback import Action
+from pdfleet.operator.planning.rollout.verification import RolloutVerified
 from pdfleet.operator.render import revision
 from tests.support.pools import NO_BAKE, pool_body
 from tests.unit.test_planning import NOW, FakeCluster

@@ -11,8 +11,8 @@ import pytest
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import RolloutSpec
-from pdfleet.operator.planning import rollout
 from pdfleet.operator.planning.groups import GroupState as S
+from pdfleet.operator.planning.rollout import rollout_plan
 
 D, P = Role.DECODE, Role.PREFILL
 NEXT = {S.MISSING: S.STARTING, S.STARTING: S.READY}  # what a replaced group becomes at each step
@@ -38,8 +38,8 @@ def walk(policy: dict, groups: dict[str, Role], *, verifies: Callable[[str], boo
     for _ in range(limit):
         if pause_after is not None and len(steps) == pause_after:
             spec = spec.model_copy(update={"paused": True})
-        seen = [rollout.Group(n, groups[n], states[n], verified[n]) for n in groups]
-        picked = rollout.step(spec, seen, stopped=stopped).replace
+        seen = [rollout_plan.Group(n, groups[n], states[n], verified[n]) for n in groups]
+        picked = rollout_plan.step(spec, seen, stopped=stopped).replace
         if picked:
             steps.append(picked)
         moved = False
@@ -93,22 +93,22 @@ def test_a_pause_starts_nothing_more_and_lets_the_step_in_flight_finish() -> Non
 
 def test_an_old_group_out_of_service_counts_against_max_unavailable() -> None:
     # d2 (old revision) is restarting: with maxUnavailable 1 nothing else of decode goes until it is back.
-    seen = [rollout.Group("d0", D, S.OUTDATED, False), rollout.Group("d1", D, S.OUTDATED, False),
-            rollout.Group("d2", D, S.STARTING, False), rollout.Group("p0", P, S.OUTDATED, False)]
-    assert rollout.step(RolloutSpec(), seen, stopped=False).replace == ()
+    seen = [rollout_plan.Group("d0", D, S.OUTDATED, False), rollout_plan.Group("d1", D, S.OUTDATED, False),
+            rollout_plan.Group("d2", D, S.STARTING, False), rollout_plan.Group("p0", P, S.OUTDATED, False)]
+    assert rollout_plan.step(RolloutSpec(), seen, stopped=False).replace == ()
     back = [*seen[:2], dataclasses.replace(seen[2], state=S.READY, verified=True), seen[3]]
-    assert rollout.step(RolloutSpec(), back, stopped=False).replace == ("d0",)
+    assert rollout_plan.step(RolloutSpec(), back, stopped=False).replace == ("d0",)
 
 
 def test_the_same_observation_gives_the_same_step_so_a_restarted_operator_replaces_no_group_twice() -> None:
     # Mid-bake: d0 replaced, Ready, not verified yet. Whatever process plans next sees this and waits.
-    seen = [rollout.Group("d0", D, S.READY, False), rollout.Group("d1", D, S.OUTDATED, False),
-            rollout.Group("p0", P, S.OUTDATED, False)]
+    seen = [rollout_plan.Group("d0", D, S.READY, False), rollout_plan.Group("d1", D, S.OUTDATED, False),
+            rollout_plan.Group("p0", P, S.OUTDATED, False)]
     policy = RolloutSpec.model_validate({"maxUnavailable": {"decode": 2, "prefill": 2}})
-    assert rollout.step(policy, seen, stopped=False).replace == ()
-    assert rollout.step(policy, list(reversed(seen)), stopped=False).replace == ()
+    assert rollout_plan.step(policy, seen, stopped=False).replace == ()
+    assert rollout_plan.step(policy, list(reversed(seen)), stopped=False).replace == ()
 
 
 def test_a_stopped_rollout_replaces_nothing() -> None:
-    seen = [rollout.Group(n, r, S.OUTDATED, False) for n, r in GROUPS.items()]
-    assert rollout.step(RolloutSpec(), seen, stopped=True).replace == ()
+    seen = [rollout_plan.Group(n, r, S.OUTDATED, False) for n, r in GROUPS.items()]
+    assert rollout_plan.step(RolloutSpec(), seen, stopped=True).replace == ()

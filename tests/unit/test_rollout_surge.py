@@ -11,8 +11,8 @@ import pytest
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import RolloutSpec
-from pdfleet.operator.planning import rollout
 from pdfleet.operator.planning.groups import GroupState as S
+from pdfleet.operator.planning.rollout import rollout_plan
 
 D, P = Role.DECODE, Role.PREFILL
 NEXT = {S.MISSING: S.STARTING, S.STARTING: S.READY}
@@ -51,12 +51,12 @@ def walk(policy: dict, replicas: dict[Role, int], *, verifies: Callable[[str], b
     least = {role: serving(groups, role) for role in replicas}
     stopped, steps, surged, ran = False, [], [], set()
 
-    def seen() -> list[rollout.Group]:
-        return [rollout.Group(n, g.role, g.state, g.verified, surge=g.surge) for n, g in groups.items()]
+    def seen() -> list[rollout_plan.Group]:
+        return [rollout_plan.Group(n, g.role, g.state, g.verified, surge=g.surge) for n, g in groups.items()]
 
     for _ in range(limit):
         before = {n: dataclasses.replace(g) for n, g in groups.items()}
-        counts = rollout.surge(spec, seen(), stopped=stopped, unschedulable=unschedulable)
+        counts = rollout_plan.surge(spec, seen(), stopped=stopped, unschedulable=unschedulable)
         for role in replicas:
             extra = sorted(n for n, g in groups.items() if g.role is role and g.surge)
             for name in extra[counts[role]:]:
@@ -65,7 +65,7 @@ def walk(policy: dict, replicas: dict[Role, int], *, verifies: Callable[[str], b
                 name = f"{role[0]}{replicas[role] + k}"
                 groups[name] = G(role, S.MISSING, False, surge=True)
                 surged.append(name)
-        picked = rollout.step(spec, seen(), stopped=stopped, unschedulable=unschedulable).replace
+        picked = rollout_plan.step(spec, seen(), stopped=stopped, unschedulable=unschedulable).replace
         if picked:
             steps.append(picked)
         for name in picked:
@@ -109,14 +109,14 @@ def test_with_surge_the_serving_groups_never_drop_below_replicas(policy: dict, r
 
 def test_the_surge_canary_goes_alone_and_bakes_while_every_old_group_serves() -> None:
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 3}})
-    old = [rollout.Group(f"d{i}", D, S.OUTDATED, False) for i in range(4)]
-    assert rollout.surge(spec, old, stopped=False) == {D: 1, P: 0}
-    canary = rollout.Group("d4", D, S.READY, False, surge=True)  # Ready, baking
-    assert rollout.surge(spec, [*old, canary], stopped=False)[D] == 1
-    assert rollout.step(spec, [*old, canary], stopped=False).replace == ()
+    old = [rollout_plan.Group(f"d{i}", D, S.OUTDATED, False) for i in range(4)]
+    assert rollout_plan.surge(spec, old, stopped=False) == {D: 1, P: 0}
+    canary = rollout_plan.Group("d4", D, S.READY, False, surge=True)  # Ready, baking
+    assert rollout_plan.surge(spec, [*old, canary], stopped=False)[D] == 1
+    assert rollout_plan.step(spec, [*old, canary], stopped=False).replace == ()
     baked = dataclasses.replace(canary, verified=True)
-    assert rollout.surge(spec, [*old, baked], stopped=False)[D] == 3, "widened after the canary"
-    assert rollout.step(spec, [*old, baked], stopped=False).replace == ("d0",), "one beyond replicas serves"
+    assert rollout_plan.surge(spec, [*old, baked], stopped=False)[D] == 3, "widened after the canary"
+    assert rollout_plan.step(spec, [*old, baked], stopped=False).replace == ("d0",), "one beyond replicas serves"
 
 
 def test_a_bad_surge_canary_is_the_only_group_that_ran_the_revision_and_no_old_group_went() -> None:
@@ -143,36 +143,36 @@ def test_without_schedulable_surge_a_role_replaces_in_place_up_to_max_unavailabl
 
 def test_later_roles_start_no_surge_group_while_an_earlier_role_rolls_out() -> None:
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 1, "prefill": 1}})
-    groups = [rollout.Group("d0", D, S.OUTDATED, False), rollout.Group("p0", P, S.OUTDATED, False)]
-    assert rollout.surge(spec, groups, stopped=False) == {D: 1, P: 0}
+    groups = [rollout_plan.Group("d0", D, S.OUTDATED, False), rollout_plan.Group("p0", P, S.OUTDATED, False)]
+    assert rollout_plan.surge(spec, groups, stopped=False) == {D: 1, P: 0}
     prefill_first = spec.model_copy(update={"order": "PrefillFirst"})
-    assert rollout.surge(prefill_first, groups, stopped=False) == {D: 0, P: 1}
+    assert rollout_plan.surge(prefill_first, groups, stopped=False) == {D: 0, P: 1}
 
 
 def test_no_rollout_no_surge_even_while_a_group_restarts() -> None:
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 1}})
-    restarting = [rollout.Group("d0", D, S.MISSING, False), rollout.Group("d1", D, S.READY, True)]
-    assert rollout.surge(spec, restarting, stopped=False) == {D: 0, P: 0}
-    new_pool = [rollout.Group("d0", D, S.STARTING, False), rollout.Group("d1", D, S.MISSING, False)]
-    assert rollout.surge(spec, new_pool, stopped=False) == {D: 0, P: 0}
+    restarting = [rollout_plan.Group("d0", D, S.MISSING, False), rollout_plan.Group("d1", D, S.READY, True)]
+    assert rollout_plan.surge(spec, restarting, stopped=False) == {D: 0, P: 0}
+    new_pool = [rollout_plan.Group("d0", D, S.STARTING, False), rollout_plan.Group("d1", D, S.MISSING, False)]
+    assert rollout_plan.surge(spec, new_pool, stopped=False) == {D: 0, P: 0}
 
 
 def test_a_paused_or_stopped_rollout_keeps_its_surge_groups_and_starts_none() -> None:
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 2}, "paused": True})
-    groups = [rollout.Group("d0", D, S.OUTDATED, False), rollout.Group("d1", D, S.OUTDATED, False),
-              rollout.Group("d2", D, S.READY, True, surge=True)]
-    assert rollout.surge(spec, groups, stopped=False)[D] == 1
-    assert rollout.surge(spec.model_copy(update={"paused": False}), groups, stopped=True)[D] == 1
-    assert rollout.surge(spec.model_copy(update={"paused": False}), groups, stopped=False)[D] == 2
+    groups = [rollout_plan.Group("d0", D, S.OUTDATED, False), rollout_plan.Group("d1", D, S.OUTDATED, False),
+              rollout_plan.Group("d2", D, S.READY, True, surge=True)]
+    assert rollout_plan.surge(spec, groups, stopped=False)[D] == 1
+    assert rollout_plan.surge(spec.model_copy(update={"paused": False}), groups, stopped=True)[D] == 1
+    assert rollout_plan.surge(spec.model_copy(update={"paused": False}), groups, stopped=False)[D] == 2
 
 
 def test_the_same_observation_gives_the_same_decisions_so_a_restarted_operator_starts_nothing_twice() -> None:
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 1}})
-    groups = [rollout.Group("d0", D, S.MISSING, False), rollout.Group("d1", D, S.OUTDATED, False),
-              rollout.Group("d2", D, S.READY, True, surge=True)]
-    first = (rollout.surge(spec, groups, stopped=False), rollout.step(spec, groups, stopped=False))
-    assert first == (rollout.surge(spec, list(reversed(groups)), stopped=False),
-                     rollout.step(spec, groups, stopped=False))
+    groups = [rollout_plan.Group("d0", D, S.MISSING, False), rollout_plan.Group("d1", D, S.OUTDATED, False),
+              rollout_plan.Group("d2", D, S.READY, True, surge=True)]
+    first = (rollout_plan.surge(spec, groups, stopped=False), rollout_plan.step(spec, groups, stopped=False))
+    assert first == (rollout_plan.surge(spec, list(reversed(groups)), stopped=False),
+                     rollout_plan.step(spec, groups, stopped=False))
     assert first[1].replace == (), "d0 is being replaced: capacity is at replicas, d1 waits"
 
 
@@ -180,10 +180,10 @@ def test_a_surge_group_on_its_way_out_holds_neither_its_role_nor_the_next() -> N
     """Once decode is done its surge group terminates; prefill's rollout starts its own surge group meanwhile and
     keeps it (counting the terminating group as decode still rolling would delete it and make it again)."""
     spec = RolloutSpec.model_validate({"maxSurge": {"decode": 1, "prefill": 1}})
-    groups = [rollout.Group("d0", D, S.READY, True), rollout.Group("d1", D, S.READY, True),
-              rollout.Group("d2", D, S.TERMINATING, True, surge=True),
-              rollout.Group("p0", P, S.OUTDATED, False), rollout.Group("p1", P, S.OUTDATED, False),
-              rollout.Group("p2", P, S.STARTING, False, surge=True)]
-    assert rollout.surge(spec, groups, stopped=False) == {D: 0, P: 1}
+    groups = [rollout_plan.Group("d0", D, S.READY, True), rollout_plan.Group("d1", D, S.READY, True),
+              rollout_plan.Group("d2", D, S.TERMINATING, True, surge=True),
+              rollout_plan.Group("p0", P, S.OUTDATED, False), rollout_plan.Group("p1", P, S.OUTDATED, False),
+              rollout_plan.Group("p2", P, S.STARTING, False, surge=True)]
+    assert rollout_plan.surge(spec, groups, stopped=False) == {D: 0, P: 1}
     missing = [dataclasses.replace(g, state=S.MISSING) if g.name == "d2" else g for g in groups]
-    assert rollout.surge(spec, missing, stopped=False) == {D: 0, P: 1}
+    assert rollout_plan.surge(spec, missing, stopped=False) == {D: 0, P: 1}

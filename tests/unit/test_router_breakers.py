@@ -1,10 +1,11 @@
-"""Which circuits the operator resets on a router, and what a router can route to (planning/router_breakers.py)."""
+"""Which circuits the operator resets on a router, and what a router can route to
+(planning/router/router_breakers.py)."""
 
 from __future__ import annotations
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.planning import router_breakers
-from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.planning.router import router_breakers
+from pdfleet.operator.planning.router.router_membership import Registered, Worker
 
 P1, P2, D1 = "http://10.0.0.1:30000", "http://10.0.0.2:30000", "http://10.0.0.3:30000"
 REGISTERED = [Registered("a", P1, "prefill"), Registered("b", P2, "prefill"), Registered("c", D1, "decode")]

@@ -11,8 +11,8 @@ import logging
 import pytest
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.router.router_membership import Registered, Worker
 
 KEY = "pdfleet-router-key-0123456789abcdef"
 ROUTER = {"metadata": {"name": "router-0"}}

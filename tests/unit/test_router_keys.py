@@ -11,9 +11,9 @@ import logging
 import pytest
 
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.kube.router_keys import RouterKeys
-from pdfleet.operator.planning import router_keys
-from pdfleet.operator.planning.router_keys import KeySet
+from pdfleet.operator.kube.router_key_secrets import RouterKeys
+from pdfleet.operator.planning.router import router_keys
+from pdfleet.operator.planning.router.router_keys import KeySet
 from pdfleet.operator.render import desired, labels, router_secret
 from tests.support.fake_kube import FakeKube
 from tests.support.pools import pool_body

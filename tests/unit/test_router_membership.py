@@ -9,7 +9,7 @@ import pytest
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Verdict
-from pdfleet.operator.planning.router_membership import Registered, Worker, in_rotation, plan
+from pdfleet.operator.planning.router.router_membership import Registered, Worker, in_rotation, plan
 from tests.support.pools import example
 
 SPEC = InferencePoolSpec.model_validate(example("local-fleet")["spec"])

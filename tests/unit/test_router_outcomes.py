@@ -10,8 +10,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.render.router_objects import METRICS_PORT
 from tests.support import sim_engine
 from tests.support.sim_engine import SimEngine
 

@@ -1,4 +1,4 @@
-"""Which group a scale-down removes (planning/ordinals.py), through the real planner: the one with the least work,
+"""Which group a scale-down removes (planning/scale/ordinals.py), through the real planner: the one with the least work,
 the others keeping their names, and a scale-up after it filling the gap without reusing a terminating name."""
 
 from __future__ import annotations
@@ -12,10 +12,11 @@ import pytest
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.planning import ordinals, reconcile
-from pdfleet.operator.planning import status as status_mod
-from pdfleet.operator.planning.engine_load import EngineLoad, Work
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning import status_writes as status_mod
 from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.scale import ordinals
+from pdfleet.operator.planning.scale.engine_load import EngineLoad, Work
 from tests.support.pools import pool_body
 from tests.unit.test_planning import NOW, FakeCluster, reasons
 

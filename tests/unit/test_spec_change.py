@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.kube import pool_patch
-from pdfleet.operator.kube.client import KubeError
+from pdfleet.operator.kube.kube_client import KubeError
 from pdfleet.operator.planning import spec_change
 from pdfleet.operator.planning.spec_change import REMOVE
 from tests.support.pools import pool_body

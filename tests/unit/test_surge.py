@@ -11,8 +11,10 @@ from typing import Any
 
 import pytest
 
-from pdfleet.operator.planning import gang_wait, reconcile, surge
+from pdfleet.operator.planning import reconcile
 from pdfleet.operator.planning.plan import Plan
+from pdfleet.operator.planning.rollout import surge
+from pdfleet.operator.planning.scale import gang_wait
 from pdfleet.operator.render import gang
 from tests.support.pools import pool_body
 from tests.unit.test_bake import ServingCluster, cluster_of, faulty_groups, messages, reasons, roll_out

@@ -8,9 +8,9 @@ import pytest
 
 from pdfleet.operator.cli import canary as cli_canary
 from pdfleet.operator.cli.__main__ import main
-from pdfleet.operator.planning import toolcall_canary as tc
-from pdfleet.operator.planning import toolcall_cut as tc_cut
-from pdfleet.operator.planning.toolcall_canary import Answer, Probe, ToolCall
+from pdfleet.operator.planning.rollout import toolcall_canary as tc
+from pdfleet.operator.planning.rollout import toolcall_cut as tc_cut
+from pdfleet.operator.planning.rollout.toolcall_canary import Answer, Probe, ToolCall
 from pdfleet.runtime.simulator import toolcalls as sim
 from pdfleet.runtime.simulator.faults import Fault
 from pdfleet.runtime.toolcalls.markup import Cause

@@ -19,8 +19,8 @@ from typing import Any
 
 import pytest
 
-from pdfleet.operator.engines import toolcall_canary
-from pdfleet.operator.planning.toolcall_canary import Report
+from pdfleet.operator.engines import canary_requests
+from pdfleet.operator.planning.rollout.toolcall_canary import Report
 from pdfleet.runtime.toolcalls.markup import DSML
 from tests.support import chat_http, chat_serving
 
@@ -74,7 +74,7 @@ def handler(cls: type, path: Path, *, leak: bool = False, parser_off: bool = Fal
 
 def canary(serving: Any, path: Path) -> Report:
     with chat_http.served(serving) as url:
-        report = asyncio.run(toolcall_canary.run(url, requests=REQUESTS, concurrency=CONCURRENCY,
+        report = asyncio.run(canary_requests.run(url, requests=REQUESTS, concurrency=CONCURRENCY,
                                                  parser=path.parser, max_tokens=MAX_TOKENS))
     assert (report.requests - report.cut_requests, report.tool_requests, report.errors) == (REQUESTS, REQUESTS // 2,
                                                                                             {}), report.to_json()

@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from pdfleet.operator.cli.__main__ import main
-from pdfleet.operator.planning import toolcall_canary as tc
+from pdfleet.operator.planning.rollout import toolcall_canary as tc
 from pdfleet.runtime.simulator import toolcalls
 from pdfleet.runtime.toolcalls.cut import json_object
 from tests.support import sim_engine

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from pdfleet.operator.api.spec import InferencePoolSpec
-from pdfleet.operator.planning import toolcall_integrity
+from pdfleet.operator.planning.rollout import toolcall_integrity
 from pdfleet.runtime.patches import catalogue
 from tests.support.pools import pool_body
 from tests.unit.test_planning import FakeCluster

@@ -1,5 +1,6 @@
-"""Verified rollouts: the gate functions (`planning.verification`) and the planner's rollout decisions as a table of
-states -> next step, walked with `FakeCluster` (engines answer the gates as rendered unless a test says otherwise)."""
+"""Verified rollouts: the gate functions (`planning.rollout.verification`) and the planner's rollout decisions as a
+table of states -> next step, walked with `FakeCluster` (engines answer the gates as rendered unless a test says
+otherwise)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from pdfleet.operator.api.flags import MANAGED_FLAGS
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import GateState, Verdict
-from pdfleet.operator.planning import reconcile, verification
+from pdfleet.operator.planning import reconcile
+from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.plan import Plan
-from pdfleet.operator.planning.rank_health import GroupHealth
-from pdfleet.operator.planning.verification import EngineFacts
+from pdfleet.operator.planning.rollout import verification
+from pdfleet.operator.planning.rollout.verification import EngineFacts
 from pdfleet.operator.render import engine_args, labels
 from tests.support import server_args
 from tests.support.pools import NO_BAKE, pool_body

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 
 from pdfleet.operator.api.conditions import ConditionStatus
 from pdfleet.operator.api.status import GroupStatus, RevisionWatch
-from pdfleet.operator.planning.bake import FAILING
-from pdfleet.operator.planning.verification import RolloutVerified
+from pdfleet.operator.planning.rollout.bake import FAILING
+from pdfleet.operator.planning.rollout.verification import RolloutVerified
 
 FAILED_REASON = "RevisionFailed"
 WATCHING_REASON = "Watching"

@@ -40,8 +40,8 @@ from pdfleet.operator.api.autoscaling import (
 )
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scaling import OnScale, RatioBand, fraction
-from pdfleet.operator.planning import ratio_band
-from pdfleet.operator.planning.engine_load import EngineLoad
+from pdfleet.operator.planning.scale import ratio_band
+from pdfleet.operator.planning.scale.engine_load import EngineLoad
 
 TOLERANCE = 0.1  # the HPA's: a value within 10% of its target changes nothing, so that noise does nothing
 _EPSILON = 1e-9  # values are measured floats (0.33 / 0.3 is 1.1000000000000000888): 10% means 10%

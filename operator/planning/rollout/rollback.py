@@ -35,8 +35,8 @@ from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.planning import patch_set, spec_change
 from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.rollout.verification import RolloutVerified
 from pdfleet.operator.planning.spec_change import REMOVE, SpecChange
-from pdfleet.operator.planning.verification import RolloutVerified
 from pdfleet.operator.render import labels, revision
 
 Body = dict[str, Any]

@@ -28,8 +28,10 @@ from pdfleet.operator.api.engine import Switch
 from pdfleet.operator.api.rollout import OverlapDesyncAction
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, RestartCause, Verdict
-from pdfleet.operator.planning import restarts, rollback, spec_change
+from pdfleet.operator.planning import spec_change
+from pdfleet.operator.planning.health import restarts
 from pdfleet.operator.planning.plan import Event, Restart
+from pdfleet.operator.planning.rollout import rollback
 from pdfleet.operator.planning.spec_change import SpecChange
 from pdfleet.operator.render import labels
 

@@ -31,12 +31,13 @@ import httpx
 import openai
 
 from pdfleet.operator.api.status import ServingSample
-from pdfleet.operator.planning import bake, engine_load
-from pdfleet.operator.planning.engine_load import LoadSample
-from pdfleet.operator.planning.router_membership import Registered, Worker, pod_ip, worker_url
-from pdfleet.operator.planning.verification import SERVER_INFO_FIELDS
+from pdfleet.operator.planning.rollout import bake
+from pdfleet.operator.planning.rollout.verification import SERVER_INFO_FIELDS
+from pdfleet.operator.planning.router.router_membership import Registered, Worker, pod_ip, worker_url
+from pdfleet.operator.planning.scale import engine_load
+from pdfleet.operator.planning.scale.engine_load import LoadSample
 from pdfleet.operator.render.engine_group import AGENT_PORT
-from pdfleet.operator.render.router import METRICS_PORT
+from pdfleet.operator.render.router_objects import METRICS_PORT
 from pdfleet.runtime import router_ready
 from pdfleet.runtime.health import report
 

@@ -24,8 +24,9 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning import bake, rank_health
 from pdfleet.operator.planning.groups import leader_pod
+from pdfleet.operator.planning.health import rank_health
+from pdfleet.operator.planning.rollout import bake
 from pdfleet.operator.render import labels, revision
 
 Body = dict[str, Any]

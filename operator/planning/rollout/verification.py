@@ -35,10 +35,10 @@ from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import Bake, GateResult, GateState, GroupStatus, GroupVerification, ServingSample
-from pdfleet.operator.planning import bake, canary_gate
-from pdfleet.operator.planning.canary_gate import CanaryFinding
 from pdfleet.operator.planning.groups import leader_pod, parse_time
-from pdfleet.operator.planning.rank_health import GroupHealth
+from pdfleet.operator.planning.health.rank_health import GroupHealth
+from pdfleet.operator.planning.rollout import bake, canary_gate
+from pdfleet.operator.planning.rollout.canary_gate import CanaryFinding
 from pdfleet.operator.render import labels
 from pdfleet.operator.render.desired import DesiredGroup
 from pdfleet.operator.render.engine_args import Flag

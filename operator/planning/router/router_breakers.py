@@ -26,7 +26,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
-from pdfleet.operator.planning.router_membership import Registered, Worker
+from pdfleet.operator.planning.router.router_membership import Registered, Worker
 from pdfleet.runtime import router_ready
 
 ROLES = router_ready.ROLES

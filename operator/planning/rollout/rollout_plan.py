@@ -36,9 +36,9 @@ from pdfleet.operator.api.rollout import RolloutOrder, RolloutSpec
 from pdfleet.operator.api.scalars import parse_duration
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus
-from pdfleet.operator.planning import rollback, verification, watch
 from pdfleet.operator.planning.groups import GroupState
-from pdfleet.operator.planning.verification import Outcome, RolloutVerified
+from pdfleet.operator.planning.rollout import rollback, verification, watch
+from pdfleet.operator.planning.rollout.verification import Outcome, RolloutVerified
 from pdfleet.operator.render import revision
 from pdfleet.operator.render.desired import DesiredGroup
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GroupStatus, Verdict
-from pdfleet.operator.planning import rank_health
+from pdfleet.operator.planning.health import rank_health
 from pdfleet.operator.render import labels
 
 Body = dict[str, Any]

@@ -25,8 +25,8 @@ from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.scaling import RatioBand
-from pdfleet.operator.planning import ratio_band
 from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.scale import ratio_band
 from pdfleet.operator.planning.spec_change import SpecChange, patch
 from pdfleet.operator.render import labels
 

@@ -24,7 +24,7 @@ from typing import Any
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.status import GateResult, GateState
 from pdfleet.operator.planning.groups import pod_ready
-from pdfleet.operator.planning.toolcall_canary import SAMPLE_CHARS, Report
+from pdfleet.operator.planning.rollout.toolcall_canary import SAMPLE_CHARS, Report
 from pdfleet.operator.render import labels
 
 Body = dict[str, Any]

@@ -11,8 +11,8 @@ import dataclasses
 from collections.abc import Sequence
 
 from pdfleet.operator.api.status import GroupStatus, InferencePoolStatus, Verdict
+from pdfleet.operator.planning.health.rank_health import SICK
 from pdfleet.operator.planning.plan import Event
-from pdfleet.operator.planning.rank_health import SICK
 
 # A rank-health failure that gets its own Warning (Unreachable is reported by the Degraded condition only:
 # an agent that does not answer says nothing about the ranks).

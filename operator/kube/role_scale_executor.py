@@ -1,4 +1,4 @@
-"""Sends a `planning.role_scale.RoleScalePlan`: the pool's replicas first (a scale the pool refuses changes
+"""Sends a `planning.scale.role_scale_plan.RoleScalePlan`: the pool's replicas first (a scale the pool refuses changes
 nothing else), then each InferencePoolRole's create, delete, replicas and status, then the Events."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from typing import Any
 
 from pdfleet.operator.api import meta as api_meta
 from pdfleet.operator.api import role_scale as api
+from pdfleet.operator.kube import api_paths, pool_patch
 from pdfleet.operator.kube import events as kube_events
-from pdfleet.operator.kube import pool_patch, resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning.role_scale import RoleScalePlan, RoleStep
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
+from pdfleet.operator.planning.scale.role_scale_plan import RoleScalePlan, RoleStep
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +22,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def path(namespace: str, name: str, *, status: bool = False) -> str:
-    return resources.path_for(api_meta.API_VERSION, api.KIND, namespace, name) + ("/status" if status else "")
+    return api_paths.path_for(api_meta.API_VERSION, api.KIND, namespace, name) + ("/status" if status else "")
 
 
 async def execute(client: KubeClient, pool: Mapping[str, Any], plan: RoleScalePlan) -> Written:

@@ -33,10 +33,10 @@ from typing import Any
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning import rollout
-from pdfleet.operator.planning.engine_load import Work
 from pdfleet.operator.planning.groups import pod_ready
-from pdfleet.operator.planning.rank_health import NOT_SERVING, GroupHealth
+from pdfleet.operator.planning.health.rank_health import NOT_SERVING, GroupHealth
+from pdfleet.operator.planning.rollout import rollout_plan
+from pdfleet.operator.planning.scale.engine_load import Work
 from pdfleet.operator.render import labels, revision
 from pdfleet.operator.render.engine_group import GroupId
 
@@ -108,7 +108,7 @@ def slots(pool: str, spec: InferencePoolSpec, pods: Mapping[str, list[Body]], pr
                 base = tuple(n for n in base if n not in victims)
         top = max(base, default=-1)
         above = [n for n in present if n > top]
-        count = max(rollout.max_surge(spec.rollout, role), max(above, default=top) - top)
+        count = max(rollout_plan.max_surge(spec.rollout, role), max(above, default=top) - top)
         out[role] = Slots(base=tuple(sorted(base)), surge=tuple(range(top + 1, top + 1 + count)), waiting=waiting)
     return out
 

@@ -1,7 +1,7 @@
 """The tool-call canary's I/O: its requests, sent through the real `openai` client, concurrently, to a base URL
 (a router or one engine: `run`, what `pdfleet canary` calls), or to a prefill and a decode engine together as the
 router pairs them in PD (`run_pd`, what the toolCallCanary rollout gate calls). What to send and what the answers
-mean is `planning.toolcall_canary`. The cut check's two probes wait for the reference's answer (their max_tokens
+mean is `planning.rollout.toolcall_canary`. The cut check's two probes wait for the reference's answer (their max_tokens
 is read from it) while the rest of the load is in flight, so a run takes about one request longer.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 import httpx
 import openai
 
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import toolcall_canary as plan
-from pdfleet.operator.planning.toolcall_canary import (
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.rollout import toolcall_canary as plan
+from pdfleet.operator.planning.rollout.toolcall_canary import (
     DEFAULT_CONCURRENCY,
     DEFAULT_REQUESTS,
     Answer,

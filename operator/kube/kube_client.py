@@ -22,7 +22,7 @@ from kubernetes_asyncio import config as k8s_config
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from pdfleet.operator import metrics
-from pdfleet.operator.kube import resources
+from pdfleet.operator.kube import api_paths
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float = 30,
     ) -> Body:
-        resource = resources.resource_of(path)
+        resource = api_paths.resource_of(path)
         try:
             response = await self._api.call_api(
                 path, method,
@@ -130,7 +130,7 @@ class KubeClient:
         """The events of a watch on the list `path` (`watch=1` is added), each {"type", "object"}, as they come,
         until the apiserver ends the watch (its `timeoutSeconds`) or `timeout` passes. An ERROR event (410 Gone:
         the resourceVersion is too old to watch from) is raised as the KubeError it carries."""
-        resource = resources.resource_of(path)
+        resource = api_paths.resource_of(path)
         response = None
         try:
             response = await self._api.call_api(
@@ -166,7 +166,7 @@ class KubeClient:
     async def apply(self, obj: Mapping[str, Any], *, force: bool = True) -> Body:
         """Server-side apply with pdfleet's single field manager."""
         query = {"fieldManager": FIELD_MANAGER, "force": "true" if force else "false"}
-        return await self.request("PATCH", resources.object_path(obj), body=obj, query=query,
+        return await self.request("PATCH", api_paths.object_path(obj), body=obj, query=query,
                                   content_type="application/apply-patch+yaml")
 
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str,
@@ -178,7 +178,7 @@ class KubeClient:
             body["preconditions"] = {"uid": uid}
         if grace_period_seconds is not None:
             body["gracePeriodSeconds"] = grace_period_seconds
-        path = resources.path_for(api_version, kind, namespace, name)
+        path = api_paths.path_for(api_version, kind, namespace, name)
         try:
             await self.request("DELETE", path, body=body)
         except KubeError as e:
@@ -188,5 +188,5 @@ class KubeClient:
     async def create(self, obj: Mapping[str, Any]) -> Body:
         """Creates `obj`, recorded under pdfleet's field manager (a 409 when the name is taken)."""
         meta = obj["metadata"]
-        path = resources.path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"))
+        path = api_paths.path_for(obj["apiVersion"], obj["kind"], meta.get("namespace"))
         return await self.request("POST", path, body=obj, query={"fieldManager": FIELD_MANAGER})

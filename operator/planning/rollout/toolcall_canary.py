@@ -20,8 +20,8 @@ import json
 from collections.abc import Iterable
 from typing import Any
 
-from pdfleet.operator.planning import toolcall_cut
-from pdfleet.operator.planning.toolcall_cut import REFERENCE_MAX_TOKENS, STREAM_MISMATCH
+from pdfleet.operator.planning.rollout import toolcall_cut
+from pdfleet.operator.planning.rollout.toolcall_cut import REFERENCE_MAX_TOKENS, STREAM_MISMATCH
 from pdfleet.runtime.toolcalls.cut import json_object
 from pdfleet.runtime.toolcalls.markup import EXPECTED_BLOCK, Cause, contains_markup
 from pdfleet.runtime.toolcalls.stream import Action, Context, scan

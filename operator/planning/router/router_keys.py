@@ -1,5 +1,5 @@
 """The router's control-plane key: which keys the pool's Secret holds, which one new router pods get, and when
-one is rotated. Pure; `render.router_secret` writes the Secret out, `kube.router_keys` reads and applies it.
+one is rotated. Pure; `render.router_secret` writes the Secret out, `kube.router_key_secrets` reads and applies it.
 
 sglang-router takes its control-plane keys on its command line only, read once at start, so a rotation is a
 rolling restart of the router Deployment. To keep every router pod reachable by the operator throughout, keys

@@ -1,4 +1,4 @@
-"""The pools' router-key Secrets: made, rotated and pruned as `planning.router_keys` decides, and the key each
+"""The pools' router-key Secrets: made, rotated and pruned as `planning.router.router_keys` decides, and the key each
 router pod takes, for the operator's calls to it.
 
 The operator reads its Secrets by name (RBAC: secrets get/create/patch, no list or watch, so it can read no
@@ -14,10 +14,11 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
-from pdfleet.operator.kube import resources
-from pdfleet.operator.kube.client import KubeClient, KubeError
-from pdfleet.operator.planning import ownership, router_keys
-from pdfleet.operator.planning.router_keys import KeySet
+from pdfleet.operator.kube import api_paths
+from pdfleet.operator.kube.kube_client import KubeClient, KubeError
+from pdfleet.operator.planning import ownership
+from pdfleet.operator.planning.router import router_keys
+from pdfleet.operator.planning.router.router_keys import KeySet
 from pdfleet.operator.render import labels, router_secret
 from pdfleet.operator.render.context import RenderContext
 
@@ -122,7 +123,7 @@ class RouterKeys:
         meta = pool["metadata"]
         name = router_secret.secret_name(meta["name"])
         try:
-            found = await self._client.request("GET", resources.path_for("v1", "Secret", meta["namespace"], name))
+            found = await self._client.request("GET", api_paths.path_for("v1", "Secret", meta["namespace"], name))
         except KubeError as e:
             if e.not_found:
                 return None

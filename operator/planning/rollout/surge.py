@@ -23,8 +23,9 @@ from typing import Any
 from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
-from pdfleet.operator.planning import gang_wait, rollout
 from pdfleet.operator.planning.plan import Event
+from pdfleet.operator.planning.rollout import rollout_plan
+from pdfleet.operator.planning.scale import gang_wait
 from pdfleet.operator.render.desired import Desired
 
 Body = dict[str, Any]
@@ -74,5 +75,5 @@ def unschedulable(spec: InferencePoolSpec, want: Desired, pods: Mapping[str, lis
             "Warning", UNSCHEDULABLE_REASON,
             f"maxSurge: {role} group {group.name} of revision {group.revision} {said}; it "
             f"is deleted, and this rollout replaces {role} groups in place, up to maxUnavailable "
-            f"{rollout.max_unavailable(spec.rollout, role)} at a time"))
+            f"{rollout_plan.max_unavailable(spec.rollout, role)} at a time"))
     return held, events

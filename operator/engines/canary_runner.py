@@ -3,7 +3,7 @@ own, so a poll of the health monitor never waits for it; the finding is taken up
 
 Each run is bounded: a few requests (`REQUESTS`, all at once), a short timeout per request and for the whole
 run. Only the pods' own IPs (`status.podIP`) are contacted, without proxies. What a run means for the gate is
-`planning.canary_gate` (pure); an inconclusive run (the engines did not answer) is retried after `RETRY_S`.
+`planning.rollout.canary_gate` (pure); an inconclusive run (the engines did not answer) is retried after `RETRY_S`.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from pdfleet.operator import metrics
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import GateState
 from pdfleet.operator.cache import PoolKey
-from pdfleet.operator.engines import toolcall_canary
-from pdfleet.operator.engines.client import EngineClient
-from pdfleet.operator.planning import canary_gate, router_membership
-from pdfleet.operator.planning.canary_gate import CanaryFinding
+from pdfleet.operator.engines import canary_requests
+from pdfleet.operator.engines.engine_client import EngineClient
+from pdfleet.operator.planning.rollout import canary_gate
+from pdfleet.operator.planning.rollout.canary_gate import CanaryFinding
+from pdfleet.operator.planning.router import router_membership
 
 log = logging.getLogger(__name__)
 
@@ -64,13 +65,13 @@ async def run_once(engines: EngineClient, target: Target, *, requests: int = REQ
                    timeout_s: float = REQUEST_TIMEOUT_S, run_timeout_s: float = RUN_TIMEOUT_S) -> CanaryFinding:
     """One bounded canary run at `target`, as the gate reads it."""
     try:
-        report = await asyncio.wait_for(toolcall_canary.run_pd(
+        report = await asyncio.wait_for(canary_requests.run_pd(
             engines, router_membership.worker_url(target.prefill_ip, target.prefill_port),
             router_membership.worker_url(target.decode_ip, target.decode_port),
             bootstrap_host=target.prefill_ip, bootstrap_port=target.bootstrap_port, model=target.model,
             requests=requests, concurrency=requests, timeout_s=timeout_s, parser=target.parser,
             max_tokens=MAX_TOKENS), run_timeout_s)
-    except toolcall_canary.Unreachable as e:
+    except canary_requests.Unreachable as e:
         return canary_gate.inconclusive(str(e))
     except TimeoutError:
         return canary_gate.inconclusive(f"the run took longer than {run_timeout_s:.0f} s")
