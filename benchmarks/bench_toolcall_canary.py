@@ -27,7 +27,7 @@ import httpx
 import openai
 
 from pdfleet.operator.engines import canary_requests
-from pdfleet.operator.planning.rollout import toolcall_canary as plan
+from pdfleet.operator.planning.rollout import toolcall_canary
 
 
 def free_port() -> int:
@@ -68,15 +68,15 @@ async def bare(url: str, requests: int) -> float:
                                 http_client=openai.DefaultAsyncHttpxClient(
                                     limits=httpx.Limits(max_connections=requests)))
 
-    async def one(probe: plan.Probe) -> None:
-        answer = await client.chat.completions.create(**plan.body(probe, model="sim-model", max_tokens=32))
+    async def one(probe: toolcall_canary.Probe) -> None:
+        answer = await client.chat.completions.create(**toolcall_canary.body(probe, model="sim-model", max_tokens=32))
         if probe.stream:
             async for _ in answer:  # type: ignore[union-attr]
                 pass
 
     started = time.monotonic()
     async with client:
-        await asyncio.gather(*(one(p) for p in plan.plan(requests)))
+        await asyncio.gather(*(one(p) for p in toolcall_canary.plan(requests)))
     return time.monotonic() - started
 
 

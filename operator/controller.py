@@ -27,8 +27,7 @@ from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.kube.kueue import WorkloadReasons
 from pdfleet.operator.kube.router_key_secrets import RouterKeys
 from pdfleet.operator.kube.slots import Slots
-from pdfleet.operator.planning import ownership, reconcile, refusals
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import ownership, reconcile, refusals, status_writes
 from pdfleet.operator.planning.groups import Expectations
 from pdfleet.operator.planning.health import restarts
 from pdfleet.operator.planning.health.rank_health import GroupHealth
@@ -486,7 +485,7 @@ class Controller:
         was written less than `status_pause` ago. The pool is then reconciled again when the pause ends, and that
         reconcile writes what is true then."""
         if not self._status_pause or self._requeue is None or plan.status is None or not plan.status_only or \
-                status_mod.news(pool.get("status"), plan.status):
+                status_writes.news(pool.get("status"), plan.status):
             return False
         wait = self._status_at.get(key, -self._status_pause) + self._status_pause - time.monotonic()
         if wait <= 0:
@@ -500,7 +499,7 @@ class Controller:
         # A merge patch of the whole status, guarded by the resourceVersion we planned from: a status
         # computed from a stale pool is refused (409) and recomputed, never written over newer news.
         body = {"metadata": {"resourceVersion": meta["resourceVersion"]},
-                "status": status_mod.merge_patch(pool.get("status"), status)}
+                "status": status_writes.merge_patch(pool.get("status"), status)}
         stored = await self._client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
         self._status_at[(meta["namespace"], meta["name"])] = time.monotonic()
         if isinstance(stored, dict) and stored.get("metadata", {}).get("resourceVersion"):

@@ -19,7 +19,7 @@ import kopf
 from pdfleet.operator import cache as cache_mod
 from pdfleet.operator import controller as controller_mod
 from pdfleet.operator.api import meta as api_meta
-from pdfleet.operator.api import role_scale as role_scale_api
+from pdfleet.operator.api import role_scale
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.autoscaler import Autoscaler
 from pdfleet.operator.cache import PoolKey
@@ -268,12 +268,12 @@ async def pool_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
 
 
 # InferencePoolRoles (`role_scaler`): a pool's roles as scale targets, kept in step with the pool's replicas.
-@kopf.index(api_meta.GROUP, api_meta.VERSION, role_scale_api.PLURAL, labels=MANAGED)
+@kopf.index(api_meta.GROUP, api_meta.VERSION, role_scale.PLURAL, labels=MANAGED)
 async def role_objects(body: kopf.Body, **_: Any) -> dict[PoolKey, Any] | None:
-    return cache_mod.owned_entry(api_meta.API_VERSION, role_scale_api.KIND, body)
+    return cache_mod.owned_entry(api_meta.API_VERSION, role_scale.KIND, body)
 
 
-@kopf.on.event(api_meta.GROUP, api_meta.VERSION, role_scale_api.PLURAL, labels=MANAGED)
+@kopf.on.event(api_meta.GROUP, api_meta.VERSION, role_scale.PLURAL, labels=MANAGED)
 async def role_object_event(event: kopf.RawEvent, memo: kopf.Memo, **_: Any) -> None:
     state: OperatorState = memo["state"]
     meta = event["object"]["metadata"]

@@ -14,7 +14,7 @@ from typing import Any
 
 from pdfleet.operator import metrics
 from pdfleet.operator.cache import IndexView, PoolKey
-from pdfleet.operator.kube import role_scale_executor as kube_role_scale
+from pdfleet.operator.kube import role_scale_executor
 from pdfleet.operator.kube.kube_client import KubeClient, KubeError
 from pdfleet.operator.planning.scale import role_scale_plan
 
@@ -94,7 +94,7 @@ class RoleScaler:
             if not plan.steps and plan.pool_change is None and not plan.events:
                 return
             try:
-                written = await kube_role_scale.execute(self._client, pool, plan)
+                written = await role_scale_executor.execute(self._client, pool, plan)
             except KubeError as e:
                 log.warning("could not sync the InferencePoolRoles of %s/%s (retrying): %s", key[0], key[1], e)
                 self._retry_later(key)

@@ -17,7 +17,7 @@ import httpx
 import openai
 
 from pdfleet.operator.engines.engine_client import EngineClient
-from pdfleet.operator.planning.rollout import toolcall_canary as plan
+from pdfleet.operator.planning.rollout import toolcall_canary
 from pdfleet.operator.planning.rollout.toolcall_canary import (
     DEFAULT_CONCURRENCY,
     DEFAULT_REQUESTS,
@@ -84,7 +84,7 @@ async def ask(client: openai.AsyncOpenAI, probe: Probe, *, model: str, max_token
               extra_body: Mapping[str, Any] | None = None) -> Answer:
     """One probe's answer; any failure is an Answer with its error. `extra_body`: fields the `openai` client puts
     at the top level of the JSON body (PD's bootstrap fields)."""
-    kwargs = plan.body(probe, model=model, max_tokens=max_tokens)
+    kwargs = toolcall_canary.body(probe, model=model, max_tokens=max_tokens)
     if extra_body:
         kwargs["extra_body"] = dict(extra_body)
     try:
@@ -116,7 +116,7 @@ async def _judged(probes: list[Probe], one: Callable[[Probe], Awaitable[Answer]]
 
     async def cut_check(reference: Probe) -> tuple[list[tuple[Probe, Answer]], str | None]:
         first = await bounded(reference)
-        cuts, not_sent = plan.cuts(first[1], index=len(probes))
+        cuts, not_sent = toolcall_canary.cuts(first[1], index=len(probes))
         return [first, *await asyncio.gather(*(bounded(p) for p in cuts))], not_sent
 
     started = time.monotonic()
@@ -126,7 +126,7 @@ async def _judged(probes: list[Probe], one: Callable[[Probe], Awaitable[Answer]]
         results, (checked, not_sent) = await load, ([], None)
     else:
         results, (checked, not_sent) = await asyncio.gather(load, cut_check(reference))
-    found = plan.report([*results, *checked], parser=parser, duration_s=time.monotonic() - started,
+    found = toolcall_canary.report([*results, *checked], parser=parser, duration_s=time.monotonic() - started,
                         cut_not_sent=not_sent)
     found.model = model
     return found
@@ -144,7 +144,8 @@ async def run(url: str, *, requests: int = DEFAULT_REQUESTS, concurrency: int = 
         client = engines.openai(url, timeout=timeout_s)
         listed = await served_model(client)  # also proves the URL answers before any verdict is given
         chosen = model or listed
-        return await _judged(plan.plan(requests), lambda p: ask(client, p, model=chosen, max_tokens=max_tokens),
+        return await _judged(toolcall_canary.plan(requests),
+                             lambda p: ask(client, p, model=chosen, max_tokens=max_tokens),
                              concurrency=concurrency, parser=parser, model=chosen)
     finally:
         await engines.close()
@@ -173,5 +174,5 @@ async def run_pd(engines: EngineClient, prefill_url: str, decode_url: str, *, bo
             return Answer(error=f"prefill: {first.error}")
         return answer
 
-    probes = plan.plain(requests) if plain else plan.plan(requests)
+    probes = toolcall_canary.plain(requests) if plain else toolcall_canary.plan(requests)
     return await _judged(probes, paired, concurrency=concurrency, parser=parser, model=model)

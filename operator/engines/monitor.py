@@ -45,8 +45,7 @@ from pdfleet.operator.planning.groups import leader_pod, pods_by_group
 from pdfleet.operator.planning.health import engine_reads, rank_health
 from pdfleet.operator.planning.health.rank_health import GroupHealth
 from pdfleet.operator.planning.renders import Renders
-from pdfleet.operator.planning.rollout import bake
-from pdfleet.operator.planning.rollout import canary_gate as planning_canary
+from pdfleet.operator.planning.rollout import bake, canary_gate
 from pdfleet.operator.planning.rollout.verification import EngineFacts
 from pdfleet.operator.planning.router import router_membership
 from pdfleet.operator.planning.scale.engine_load import LoadSample, Work
@@ -273,7 +272,7 @@ class HealthMonitor:
                 continue
             head = leader_pod(rank_health.live_pods(judged_pods.get(group.name, [])))
             other = Role.PREFILL if group.role is Role.DECODE else Role.DECODE
-            partner = planning_canary.pick_prefill(judged_pods.values(), other)
+            partner = canary_gate.pick_prefill(judged_pods.values(), other)
             if head is None or partner is None:
                 continue
             prefill, decode = (partner, head) if group.role is Role.DECODE else (head, partner)
@@ -288,7 +287,7 @@ class HealthMonitor:
 
     def _start_canary(self, key: PoolKey, spec: InferencePoolSpec, leader: Body,
                       judged_pods: Mapping[str, list[Body]]) -> None:
-        prefill = planning_canary.pick_prefill(judged_pods.values())
+        prefill = canary_gate.pick_prefill(judged_pods.values())
         target = canary_runner.target(spec, leader, prefill) if prefill is not None else None
         if target is None:
             return  # no Ready prefill engine to pair with yet: the gate waits

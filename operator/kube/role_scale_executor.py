@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from pdfleet.operator.api import meta as api_meta
-from pdfleet.operator.api import role_scale as api
+from pdfleet.operator.api import role_scale
 from pdfleet.operator.kube import api_paths, pool_patch
 from pdfleet.operator.kube import events as kube_events
 from pdfleet.operator.kube.kube_client import KubeClient, KubeError
@@ -22,7 +22,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def path(namespace: str, name: str, *, status: bool = False) -> str:
-    return api_paths.path_for(api_meta.API_VERSION, api.KIND, namespace, name) + ("/status" if status else "")
+    return api_paths.path_for(api_meta.API_VERSION, role_scale.KIND, namespace, name) + ("/status" if status else "")
 
 
 async def execute(client: KubeClient, pool: Mapping[str, Any], plan: RoleScalePlan) -> Written:
@@ -62,7 +62,7 @@ class Written:
 async def _step(client: KubeClient, namespace: str, step: RoleStep) -> int | None:
     """Sends one step; the observedGeneration it wrote, if any."""
     if step.delete_uid is not None:
-        await client.delete(api_meta.API_VERSION, api.KIND, namespace, step.name, uid=step.delete_uid)
+        await client.delete(api_meta.API_VERSION, role_scale.KIND, namespace, step.name, uid=step.delete_uid)
         return None
     generation = step.observed_generation
     if step.create is not None:

@@ -24,7 +24,7 @@ from pdfleet.operator.api import checks
 from pdfleet.operator.api.engine import PatchPolicy
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus, PatchStatus
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import status_writes
 from pdfleet.operator.planning.plan import Event
 from pdfleet.operator.render import revision
 from pdfleet.runtime.patches import catalogue
@@ -78,7 +78,7 @@ def validated(pool: Mapping[str, Any]) -> tuple[InferencePoolSpec | None, list[c
     spec, problems = checks.validate_pool(pool)
     if spec is None:
         return None, problems
-    return resolve(spec, status_mod.parse_status(pool.get("status"))).spec, problems
+    return resolve(spec, status_writes.parse_status(pool.get("status"))).spec, problems
 
 
 def events(name: str, now: PatchStatus, before: PatchStatus | None) -> list[Event]:

@@ -44,8 +44,7 @@ from pdfleet.operator.api.status import (
     Verdict,
 )
 from pdfleet.operator.cache import Observed
-from pdfleet.operator.planning import patch_set
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import patch_set, status_writes
 from pdfleet.operator.planning.groups import (
     Expectations,
     GroupState,
@@ -180,8 +179,8 @@ def _changed_status(new: InferencePoolStatus, previous: InferencePoolStatus,
     the one parsed from the pool dumps to the same wire form, so the common case, nothing changed, dumps nothing."""
     if raw_previous is not None and new == previous:
         return None
-    wired = status_mod.wire(new)
-    return wired if raw_previous is None or wired != status_mod.wire(previous) else None
+    wired = status_writes.wire(new)
+    return wired if raw_previous is None or wired != status_writes.wire(previous) else None
 
 
 def _needs_write(obj: Body, observed: Mapping[tuple[str, str], Body], expect: Expectations) -> bool:
@@ -478,27 +477,27 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
     integrity = toolcall_integrity.judge(spec)
     conds = [
         _accepted(prev_conds, generation, now),
-        status_mod.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
+        status_writes.condition(prev_conds, ConditionType.READY, all_ready, "AllGroupsReady" if all_ready else
                              "GroupsNotReady", summary, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.PROGRESSING,
+        status_writes.condition(prev_conds, ConditionType.PROGRESSING,
                              ConditionStatus.UNKNOWN if paused else (not settled or watching) and not stopped,
                              rollout.reason if stopped or watching else "Stable" if settled else "Paused" if paused
                              else progressing_reason, rollout.message if stopped or watching else
                              _paused_message(states, summary) if paused else summary, generation=generation,
                              now=now),
-        status_mod.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
+        status_writes.condition(prev_conds, ConditionType.DEGRADED, degraded.status, degraded.reason,
                              degraded.message, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
+        status_writes.condition(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
                              rollout.message, generation=generation, now=now),
-        status_mod.condition(prev_conds, ConditionType.TOOL_CALL_INTEGRITY, integrity.status, integrity.reason,
+        status_writes.condition(prev_conds, ConditionType.TOOL_CALL_INTEGRITY, integrity.status, integrity.reason,
                              integrity.message, generation=generation, now=now),
     ]
-    if integrity.status is ConditionStatus.FALSE and not status_mod.holds(
+    if integrity.status is ConditionStatus.FALSE and not status_writes.holds(
             prev_conds, ConditionType.TOOL_CALL_INTEGRITY, integrity.status, integrity.reason, integrity.message):
         out.events.append(Event("Warning", "ToolCallLeakRisk", integrity.message))
     phase = Phase.FAILED if stopped else Phase.READY if all_ready else Phase.DEGRADED if degraded.status else \
         Phase.PROGRESSING if any(s is not GroupState.MISSING for s in states.values()) else Phase.PENDING
-    if stopped and not status_mod.holds(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
+    if stopped and not status_writes.holds(prev_conds, ConditionType.ROLLOUT_VERIFIED, rollout.status, rollout.reason,
                                         rollout.message):
         # Once per failure: the condition stays False with this message until the spec changes.
         reason = {verification.ANALYSIS_FAILED: "RolloutAnalysisFailed",
@@ -543,7 +542,7 @@ def _status(pool: Body, spec: InferencePoolSpec, want: Desired, states: Mapping[
                                    open_circuits=len(v.open_circuits), missing_workers=len(v.missing))
                      for v in router_views),
         autoscaling=previous.autoscaling,  # the autoscaler's to write (operator/autoscaler.py): carried as it is
-        conditions=status_mod.merge_conditions(prev_conds, conds),
+        conditions=status_writes.merge_conditions(prev_conds, conds),
     )
 
 
@@ -614,7 +613,7 @@ def _routers_lacking(views: list[RouterView]) -> str:
 
 
 def _accepted(conditions: Iterable[Condition], generation: int | None, now: datetime.datetime) -> Condition:
-    return status_mod.condition(conditions, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
+    return status_writes.condition(conditions, ConditionType.ACCEPTED, True, "Valid", "the spec passed every check",
                                 generation=generation, now=now)
 
 
@@ -622,16 +621,17 @@ def _paused_status(previous: InferencePoolStatus, generation: int | None,
                    now: datetime.datetime) -> InferencePoolStatus:
     # Accepted too: a pool refused, then mended and paused, would otherwise keep the refusal it no longer earns.
     conds = [_accepted(previous.conditions, generation, now),
-             status_mod.condition(previous.conditions, ConditionType.PROGRESSING, False, "Paused",
+             status_writes.condition(previous.conditions, ConditionType.PROGRESSING, False, "Paused",
                                   "the pool is paused: nothing is created, replaced or restarted",
                                   generation=generation, now=now)]
     return previous.model_copy(update={"phase": Phase.PAUSED, "observed_generation": generation,
-                                       "conditions": status_mod.merge_conditions(previous.conditions, conds)})
+                                       "conditions": status_writes.merge_conditions(previous.conditions, conds)})
 
 
 def _status_only(pool: Body, previous: InferencePoolStatus, new: InferencePoolStatus,
                  events: tuple[Event, ...] = ()) -> Plan:
-    return Plan(status=status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None, events=events)
+    return Plan(status=status_writes.wire(new) if status_writes.changed(new, pool.get("status")) else None,
+                events=events)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -650,10 +650,10 @@ REFUSED_BY_POLICY = Rejection("ForbiddenByPolicy", "PolicyRefused")
 def _rejected_plan(pool: Body, previous: InferencePoolStatus, problems: list[checks.Problem],
                    generation: int | None, now: datetime.datetime, *, reason: Rejection = INVALID_SPEC) -> Plan:
     message = "; ".join(str(p) for p in problems[:10]) or "the spec could not be read"
-    cond = status_mod.condition(previous.conditions, ConditionType.ACCEPTED, False, reason.condition, message,
+    cond = status_writes.condition(previous.conditions, ConditionType.ACCEPTED, False, reason.condition, message,
                                 generation=generation, now=now)
     new = previous.model_copy(update={"observed_generation": generation,
-                                      "conditions": status_mod.merge_conditions(previous.conditions, [cond])})
+                                      "conditions": status_writes.merge_conditions(previous.conditions, [cond])})
     before = next((c for c in previous.conditions if c.type == ConditionType.ACCEPTED), None)
     events: tuple[Event, ...] = ()
     if before is None or before.status != "False" or before.message != message:

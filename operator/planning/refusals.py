@@ -20,7 +20,7 @@ from typing import Any
 
 from pdfleet.operator.api.conditions import Condition, ConditionType
 from pdfleet.operator.api.status import Phase
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import status_writes
 from pdfleet.operator.planning.plan import Event
 
 Body = dict[str, Any]
@@ -105,11 +105,11 @@ def not_accepted(pool: Mapping[str, Any], planned: Body | None, reason: str, mes
     """The status that says `Accepted=False` (`reason`, `message`) and phase Degraded, from the one the planner
     computed (`planned`, None when it saw no change), or None when the pool already says exactly this; and the
     pool's Accepted condition before it, from which the caller tells whether its Warning is news."""
-    current = status_mod.parse_status(pool.get("status"))
-    base = status_mod.parse_status(planned) if planned is not None else current
-    cond = status_mod.condition(current.conditions, ConditionType.ACCEPTED, False, reason, message,
+    current = status_writes.parse_status(pool.get("status"))
+    base = status_writes.parse_status(planned) if planned is not None else current
+    cond = status_writes.condition(current.conditions, ConditionType.ACCEPTED, False, reason, message,
                                 generation=pool["metadata"].get("generation"), now=now.replace(microsecond=0))
     new = base.model_copy(update={"phase": Phase.DEGRADED,
-                                  "conditions": status_mod.merge_conditions(base.conditions, [cond])})
+                                  "conditions": status_writes.merge_conditions(base.conditions, [cond])})
     before = next((c for c in current.conditions if c.type == ConditionType.ACCEPTED), None)
-    return (status_mod.wire(new) if status_mod.changed(new, pool.get("status")) else None), before
+    return (status_writes.wire(new) if status_writes.changed(new, pool.get("status")) else None), before

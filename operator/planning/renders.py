@@ -25,8 +25,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.spec import InferencePoolSpec
 from pdfleet.operator.api.status import InferencePoolStatus
 from pdfleet.operator.cache import json_copy
-from pdfleet.operator.planning import patch_set
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import patch_set, status_writes
 from pdfleet.operator.render.context import RenderContext
 from pdfleet.operator.render.desired import Desired, Ordinals, desired
 
@@ -135,7 +134,7 @@ class Renders:
             self.counts.status_hits += 1
             return kept.parsed
         self.counts.status_misses += 1
-        kept = _Status(raw=json_copy(raw), parsed=status_mod.parse_status(raw))
+        kept = _Status(raw=json_copy(raw), parsed=status_writes.parse_status(raw))
         self._statuses[pid] = kept
         return kept.parsed
 

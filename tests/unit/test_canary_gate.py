@@ -20,7 +20,7 @@ from pdfleet.operator.api.roles import Role
 from pdfleet.operator.api.rollout import VerificationSpec
 from pdfleet.operator.api.status import GateState, Verdict
 from pdfleet.operator.controller import Controller
-from pdfleet.operator.engines import canary_runner as engines_canary
+from pdfleet.operator.engines import canary_runner
 from pdfleet.operator.engines.canary_runner import CanaryRunner, Target
 from pdfleet.operator.engines.engine_client import EngineClient
 from pdfleet.operator.planning.health.rank_health import GroupHealth
@@ -414,13 +414,13 @@ async def test_no_canary_runs_without_the_gate_or_in_a_group_verified_at_its_rev
     assert pool is not None
     assert all(g["verifiedRevision"] == g["revision"] for g in pool["status"]["groups"])
     runs: list[Target] = []
-    real = engines_canary.run_once
+    real = canary_runner.run_once
 
     def counted(client: EngineClient, t: Target) -> Any:
         runs.append(t)  # a run starts synchronously, within the poll
         return real(client, t)
 
-    monkeypatch.setattr(engines_canary, "run_once", counted)
+    monkeypatch.setattr(canary_runner, "run_once", counted)
     fleet.monitor.forget(KEY)  # as after an operator restart: nothing kept in memory
     await fleet.monitor.poll(KEY)
     assert runs == [], "a group verified at the revision it runs is not asked again"

@@ -14,7 +14,7 @@ import pytest
 from aiohttp import web
 
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.engines import engine_client as client_mod
+from pdfleet.operator.engines import engine_client
 from pdfleet.operator.engines.engine_client import MAX_BODY, EngineClient
 from pdfleet.operator.planning.router.router_membership import Registered, Worker
 from pdfleet.operator.render.engine_group import AGENT_PORT
@@ -107,9 +107,9 @@ async def engines() -> AsyncIterator[EngineClient]:
 
 
 def test_the_default_address_is_the_pods_ip_and_the_port_asked_and_nothing_else() -> None:
-    assert client_mod.pod_address(pod(ip="127.1.0.2"), AGENT_PORT) == ("127.1.0.2", AGENT_PORT)
-    assert client_mod.pod_address(pod(ip=None), 30000) is None
-    assert client_mod.pod_address(pod(ip="evil.example.com"), 30000) is None
+    assert engine_client.pod_address(pod(ip="127.1.0.2"), AGENT_PORT) == ("127.1.0.2", AGENT_PORT)
+    assert engine_client.pod_address(pod(ip=None), 30000) is None
+    assert engine_client.pod_address(pod(ip="evil.example.com"), 30000) is None
 
 
 async def test_a_live_agent_answers_with_its_ranks(served: int) -> None:

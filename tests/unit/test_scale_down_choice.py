@@ -12,8 +12,7 @@ import pytest
 
 from pdfleet.operator.api import checks
 from pdfleet.operator.api.roles import Role
-from pdfleet.operator.planning import reconcile
-from pdfleet.operator.planning import status_writes as status_mod
+from pdfleet.operator.planning import reconcile, status_writes
 from pdfleet.operator.planning.plan import Plan
 from pdfleet.operator.planning.scale import ordinals
 from pdfleet.operator.planning.scale.engine_load import EngineLoad, Work
@@ -137,7 +136,7 @@ def test_a_surge_group_of_a_rollout_is_adopted_as_a_replica_by_a_scale_up() -> N
     spec, _ = checks.validate_pool(cluster.pool)
     assert spec is not None
     got = ordinals.slots("tiny", spec.model_copy(update={"decode": spec.decode.model_copy(update={"replicas": 3})}),
-                         pods, status_mod.parse_status(previous))
+                         pods, status_writes.parse_status(previous))
     assert got[Role.DECODE].base == (0, 1, 2)
 
 
