@@ -117,8 +117,8 @@ class Client:
 
     async def patch_pod_status(self, namespace: str, name: str, uid: str, patch: Body) -> Body:
         """Writes the status of exactly this pod, as kubelet does: the patch names the pod's uid, which the API
-        server refuses to change, so a status about a pod deleted meanwhile (kwok's fallback deletes at the end
-        of the grace period) never lands on a new pod of the same name. Raises `Replaced` then."""
+        server refuses to change, so a status about a pod deleted meanwhile (force-deleted, say) never lands on a
+        new pod of the same name. Raises `Replaced` then."""
         body = {**patch, "metadata": {**patch.get("metadata", {}), "uid": uid}}
         try:
             return await self.request("PATCH", f"/api/v1/namespaces/{namespace}/pods/{quote(name)}/status",

@@ -54,7 +54,7 @@ class PodWorker:
         self.dir = node.pod_dir(meta["namespace"], meta["name"])
         self.changed = asyncio.Event()
         self.dirty = asyncio.Event()
-        self.removed = False  # the object is gone from the API (force-deleted, or deleted by kwok's fallback)
+        self.removed = False  # the object is gone from the API (force-deleted, say)
         self.shutdown = False  # the runner itself stops
         self.containers: list[Container] = []
         self.refusal: str | None = None
