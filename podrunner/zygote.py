@@ -17,6 +17,7 @@ parent (and child subreaper) of every container process, it reaps them all and r
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import json
@@ -180,6 +181,13 @@ class Zygote:
         try:
             os.killpg(pid, sig)
         except ProcessLookupError:
+            if pid in self.children:
+                # Forked but not its own group yet (the child's first act is setsid): the child alone is all there
+                # is of the container. Forgetting the group here would drop the SIGKILL that ends a grace period,
+                # and the pod would stay Terminating.
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+                return
             self.groups.discard(pid)
 
     def reap(self) -> None:

@@ -7,12 +7,14 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+from pdfleet.podrunner import zygote
 from tests.support.ports import free_port
 
 SERVE = ("from pdfleet.podrunner import zygote; zygote._prctl(zygote.PR_SET_CHILD_SUBREAPER, 1); "
@@ -104,3 +106,22 @@ def test_a_module_runs_as_python_dash_m_would_run_it(tmp_path: Path) -> None:
     printed = json.loads((tmp_path / "log").read_text().splitlines()[-1])
     assert printed == {"argv": ["5", "x y"], "helper": "imported from the cwd"}
     assert (tmp_path / "err").read_text() == "to stderr\n", "standard error apart, when asked"
+
+
+def test_a_container_signalled_before_it_is_its_own_process_group_is_signalled_all_the_same() -> None:
+    """Between the zygote's fork and the child's setsid, the container has no process group of its own: a signal
+    then (a pod deleted the moment it starts) reaches the child itself, and the group is not forgotten, so the
+    SIGKILL that ends the grace period still lands."""
+    # A process in this test's own group, as a forked child is until its setsid.
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert os.getpgid(child.pid) != child.pid
+        z = zygote.Zygote()
+        z.children.add(child.pid)
+        z.groups.add(child.pid)
+        z.signal(child.pid, signal.SIGTERM)
+        assert child.wait(timeout=30) == -signal.SIGTERM
+        assert child.pid in z.groups, "kept: the group's SIGKILL must still find it"
+    finally:
+        child.kill()
+        child.wait()
