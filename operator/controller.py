@@ -300,6 +300,8 @@ class Controller:
                               renders=self._renders, work=self._work(key) if self._work is not None else None,
                               gang_reasons=why, routers=self._routers(key))
         planned = time.perf_counter()
+        if plan.rejected:
+            write_secret = None  # a rejected spec (invalid, or refused by the pool policy) makes nothing, its key too
         applied, deleting = self._applied.get(key), self._deleting.get(key)
         if applied is None or deleting is None:
             # Forgotten while this plan was made (the pool deleted, or its namespace going): nothing to write.
@@ -307,13 +309,12 @@ class Controller:
         if on_planned is not None and not plan.empty:
             on_planned.set()  # what is left is writing: the worker may go on to the next pool
         if blocked := tuple(sorted({*held, *await self._blockers(key, pool, observed, plan, expect,
-                                                                write_secret is not None and not plan.rejected)})):
+                                                                write_secret is not None)})):
             return await self._blocked(key, pool, plan, blocked)
         # The router-key Secret goes out with the first objects, not before them: only the router Deployment
         # needs it (its pods take a key by name and must find it when they start), and `apply` holds that back
         # until the Secret is written. A new pool's engine pods no longer wait a request's round trip for it.
-        # A rejected spec (invalid, or refused by the pool policy) makes nothing, its router's key included.
-        secret = asyncio.ensure_future(write_secret()) if write_secret is not None and not plan.rejected else None
+        secret = asyncio.ensure_future(write_secret()) if write_secret is not None else None
         if secret is not None:
             secret.add_done_callback(_retrieved)
 

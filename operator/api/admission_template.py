@@ -9,15 +9,19 @@ VAP_API = "admissionregistration.k8s.io/v1/ValidatingAdmissionPolicy"
 NAME = '{{ include "pdfleet.clusterScopedName" . }}'
 
 
-def policy_head(suffix: str) -> str:
-    """From `apiVersion` to `spec:` of the policy named `<release name>-<suffix>`."""
+def _head(kind: str, suffix: str) -> str:
     return f"""apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicy
+kind: {kind}
 metadata:
   name: {NAME}-{suffix}
   labels:
     {{{{- include "pdfleet.labels" . | nindent 4 }}}}
 spec:"""
+
+
+def policy_head(suffix: str) -> str:
+    """From `apiVersion` to `spec:` of the policy named `<release name>-<suffix>`."""
+    return _head("ValidatingAdmissionPolicy", suffix)
 
 
 def match_constraints() -> str:
@@ -32,13 +36,7 @@ def match_constraints() -> str:
 
 def binding(suffix: str, action: str) -> str:
     """The policy's binding (`validationActions: [action]`), to the release's namespaces when it names them."""
-    return f"""apiVersion: admissionregistration.k8s.io/v1
-kind: ValidatingAdmissionPolicyBinding
-metadata:
-  name: {NAME}-{suffix}
-  labels:
-    {{{{- include "pdfleet.labels" . | nindent 4 }}}}
-spec:
+    return f"""{_head("ValidatingAdmissionPolicyBinding", suffix)}
   policyName: {NAME}-{suffix}
   validationActions: [{action}]
   {{{{- with .Values.watchNamespaces }}}}
